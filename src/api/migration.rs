@@ -1,0 +1,191 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+#[derive(CustomResource, KubeSchema, Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[kube(
+    group = "migration.k8s.io",
+    version = "v1alpha1",
+    kind = "StorageVersionMigration",
+    status = "StorageVersionMigrationStatus",
+    annotation("api-approved.kubernetes.io", "unapproved, kube-svm serves the kube-storage-version-migrator API"),
+    doc = "A request to migrate every stored object of one resource to its current storage version. kube-svm reads each object of the resource and writes it back unchanged, so that the apiserver re-encodes it in the current storage version and with the current encryption key. Progress and outcome are in status; .status.conditions[0].type is Running, Succeeded or Failed once kube-svm has picked the migration up.",
+    printcolumn(name = "Resource", type_ = "string", json_path = ".spec.resource.resource"),
+    printcolumn(name = "Group", type_ = "string", json_path = ".spec.resource.group"),
+    printcolumn(name = "Status", type_ = "string", json_path = ".status.conditions[0].type"),
+    printcolumn(
+        name = "Processed",
+        type_ = "integer",
+        json_path = ".status.progress.processed",
+        description = "Objects handled so far"
+    ),
+    printcolumn(
+        name = "Remaining",
+        type_ = "integer",
+        json_path = ".status.progress.remaining",
+        description = "Estimate of the objects still to handle"
+    ),
+    printcolumn(name = "Failed", type_ = "integer", json_path = ".status.progress.failed"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+/// What to migrate.
+#[serde(rename_all = "camelCase")]
+pub struct StorageVersionMigrationSpec {
+    /// The resource to migrate. kube-svm sends its requests to the endpoint serving this resource.
+    /// Immutable.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.resource is immutable"))]
+    pub resource: GroupVersionResource,
+
+    /// The continue token of the list request to resume from. Kept for compatibility with
+    /// migrations written for kube-storage-version-migrator: kube-svm resumes from it when the
+    /// status has no checkpoint of its own, and records its progress in `status.checkpoint`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continue_token: Option<String>,
+}
+
+/// A resource, named by API group, version and plural resource name.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupVersionResource {
+    /// The API group; empty for the core group (for example for `secrets`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub group: String,
+    /// The API version to send requests to. Any served version works: the apiserver always stores
+    /// in the storage version. Empty means the group's preferred version.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub version: String,
+    /// The resource, in its plural lowercase form, for example `secrets` or `crontabs`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub resource: String,
+}
+
+/// The observed state of a migration.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageVersionMigrationStatus {
+    /// The latest observations of the migration's state. Exactly one of Running, Succeeded and
+    /// Failed is present, and it is the first entry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<MigrationCondition>,
+
+    /// Object counts so far. Exact, including when the migration resumed after a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<MigrationProgress>,
+
+    /// Where a restarted controller resumes: the continue token of the next page to read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<Checkpoint>,
+
+    /// The first objects that could not be migrated (at most a few dozen are listed; the count in
+    /// `progress.failed` is always exact).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_objects: Vec<FailedObject>,
+
+    /// What the migration moved the objects to, recorded when it started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<MigrationTarget>,
+
+    /// When kube-svm started the migration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+
+    /// When the migration reached Succeeded or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+}
+
+/// Describes the state of a migration at a certain point.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationCondition {
+    /// Type of the condition: Running, Succeeded or Failed.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// Status of the condition, one of True, False, Unknown.
+    pub status: String,
+    /// The last time this condition was updated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_update_time: Option<Time>,
+    /// A machine-readable reason for the condition's last transition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// A human-readable message with details about the transition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Object counts of a migration.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationProgress {
+    /// Objects returned by the list requests so far.
+    #[serde(default)]
+    pub listed: u64,
+    /// Objects handled so far, whatever the result: rewritten + alreadyCurrent + skipped + failed.
+    #[serde(default)]
+    pub processed: u64,
+    /// Objects the apiserver wrote back to etcd, re-encoded.
+    #[serde(default)]
+    pub rewritten: u64,
+    /// Objects already stored in the current encoding: the apiserver skipped the write.
+    #[serde(default)]
+    pub already_current: u64,
+    /// Objects that needed no write from kube-svm: deleted since they were listed, or written by
+    /// someone else since (which re-encoded them).
+    #[serde(default)]
+    pub skipped: u64,
+    /// Objects that could not be migrated; see `failedObjects`.
+    #[serde(default)]
+    pub failed: u64,
+    /// Estimate of the objects still to handle, from the apiserver's `remainingItemCount`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remaining: Option<u64>,
+}
+
+/// A point to resume a migration from.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Checkpoint {
+    /// Continue token of the next page to read; empty when every page has been read.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub continue_token: String,
+    /// When the checkpoint was written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<Time>,
+}
+
+/// An object that could not be migrated.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FailedObject {
+    /// The object's namespace; empty for cluster-scoped resources.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    /// The object's name.
+    pub name: String,
+    /// HTTP status code of the last attempt; 0 when no response was received.
+    #[serde(default)]
+    pub code: u16,
+    /// The apiserver's reason for the last failure, for example `Invalid` or `Forbidden`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    /// The apiserver's message for the last failure.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+/// What a migration moves the objects to, recorded when it starts. For a CRD-backed resource these
+/// are what decide whether `status.storedVersions` can be pruned afterwards.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationTarget {
+    /// The storage version the apiserver encodes in, for example `v2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_version: Option<String>,
+    /// The resource's `storageVersionHash` from discovery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_version_hash: Option<String>,
+    /// `metadata.generation` of the CustomResourceDefinition, for CRD-backed resources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crd_generation: Option<i64>,
+}

@@ -1,0 +1,53 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[kube(
+    group = "migration.k8s.io",
+    version = "v1alpha1",
+    kind = "StorageState",
+    status = "StorageStateStatus",
+    annotation("api-approved.kubernetes.io", "unapproved, kube-svm serves the kube-storage-version-migrator API"),
+    doc = "The storage state of one resource: which storage versions its objects may be stored in. Named <resource>.<group>, or <resource> for the core group. The discovery trigger appends a new storage version hash to persistedStorageVersionHashes when the apiserver starts writing a new one and creates a StorageVersionMigration; once that succeeds the list holds the current hash alone.",
+    printcolumn(name = "Resource", type_ = "string", json_path = ".spec.resource.resource"),
+    printcolumn(name = "Group", type_ = "string", json_path = ".spec.resource.group"),
+    printcolumn(name = "Current", type_ = "string", json_path = ".status.currentStorageVersionHash"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+/// Which resource this storage state describes.
+#[serde(rename_all = "camelCase")]
+pub struct StorageStateSpec {
+    /// The resource this storage state is about.
+    #[serde(default)]
+    pub resource: GroupResource,
+}
+
+/// A resource within an API group.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupResource {
+    /// The API group; empty for the core group.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub group: String,
+    /// The resource, in its plural lowercase form, for example `secrets`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub resource: String,
+}
+
+/// What is known about how a resource's objects are stored.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageStateStatus {
+    /// Storage version hashes the resource's objects may be stored in. `["Unknown"]` when the state
+    /// was created and nothing is known yet; the current hash alone after a successful migration.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub persisted_storage_version_hashes: Vec<String>,
+    /// The storage version hash the apiserver currently writes, from discovery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_storage_version_hash: Option<String>,
+    /// When the discovery trigger last checked this resource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat_time: Option<Time>,
+}

@@ -1,0 +1,33 @@
+//! The `kube-svm` command line: one binary, one subcommand per job.
+
+mod crds;
+
+use clap::{Parser, Subcommand};
+
+use crate::telemetry::LogArgs;
+
+/// Kubernetes storage version migrator.
+#[derive(Parser, Debug)]
+#[command(name = "kube-svm", version, about, long_about = None)]
+pub struct Cli {
+    #[command(flatten)]
+    pub log: LogArgs,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print kube-svm's CustomResourceDefinitions as YAML.
+    Crds,
+}
+
+impl Cli {
+    /// Runs the chosen subcommand.
+    pub async fn run(self) -> anyhow::Result<()> {
+        match self.command {
+            Command::Crds => crds::run(),
+        }
+    }
+}

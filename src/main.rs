@@ -1,0 +1,9 @@
+use clap::Parser;
+use kube_svm::{cli::Cli, telemetry};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    telemetry::init(&cli.log)?;
+    cli.run().await
+}

@@ -1,0 +1,40 @@
+//! Logging setup: `tracing` with plain or JSON output, level from `--log-level` or `RUST_LOG`.
+
+use clap::{Args, ValueEnum};
+use tracing_subscriber::EnvFilter;
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Plain,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+/// Logging flags shared by every subcommand.
+#[derive(Args, Clone, Debug)]
+pub struct LogArgs {
+    /// Log line format.
+    #[arg(long, env = "KUBE_SVM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain, global = true)]
+    pub log_format: LogFormat,
+
+    /// Log filter, in `RUST_LOG` syntax (for example `info` or `kube_svm=debug,kube=info`).
+    #[arg(long, env = "RUST_LOG", default_value = "info", global = true)]
+    pub log_level: String,
+}
+
+/// Installs the global subscriber; logs go to standard error so standard output stays for data.
+pub fn init(args: &LogArgs) -> Result<(), tracing_subscriber::filter::ParseError> {
+    let LogArgs { log_format, log_level } = args;
+    let filter = EnvFilter::try_new(log_level)?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match log_format {
+        LogFormat::Plain => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+    Ok(())
+}
