@@ -3,18 +3,35 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+// Several printcolumn(...) share a `type_`, which clippy mistakes for a repeated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[kube(
     group = "migration.k8s.io",
     version = "v1alpha1",
     kind = "StorageState",
     status = "StorageStateStatus",
-    annotation("api-approved.kubernetes.io", "unapproved, kube-svm serves the kube-storage-version-migrator API"),
+    annotation(
+        "api-approved.kubernetes.io",
+        "unapproved, kube-svm serves the kube-storage-version-migrator API"
+    ),
     doc = "The storage state of one resource: which storage versions its objects may be stored in. Named <resource>.<group>, or <resource> for the core group. The discovery trigger appends a new storage version hash to persistedStorageVersionHashes when the apiserver starts writing a new one and creates a StorageVersionMigration; once that succeeds the list holds the current hash alone.",
-    printcolumn(name = "Resource", type_ = "string", json_path = ".spec.resource.resource"),
+    printcolumn(
+        name = "Resource",
+        type_ = "string",
+        json_path = ".spec.resource.resource"
+    ),
     printcolumn(name = "Group", type_ = "string", json_path = ".spec.resource.group"),
-    printcolumn(name = "Current", type_ = "string", json_path = ".status.currentStorageVersionHash"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Current",
+        type_ = "string",
+        json_path = ".status.currentStorageVersionHash"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 /// Which resource this storage state describes.
 #[serde(rename_all = "camelCase")]

@@ -1,0 +1,6 @@
+//! Tests against a real kube-apiserver and etcd, started by `support`.
+//!
+//! One binary, so one shared control plane serves every test; each test uses unique names.
+
+mod foundation;
+mod support;

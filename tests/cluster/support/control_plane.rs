@@ -1,0 +1,410 @@
+//! A real etcd and kube-apiserver, started as processes on free loopback ports.
+//!
+//! Binaries are found the envtest way: `TEST_ASSET_<NAME>`, then `$KUBEBUILDER_ASSETS/<name>`
+//! (`make test` points it at what `hack/control-plane.sh` built). Each control plane lives in its
+//! own temporary directory (data, certificates, logs). Dropping a control plane stops its servers; a
+//! watchdog process also stops them, and removes the directory, when the test binary exits however
+//! it exits. The directory is kept, and its path printed, when a test panicked.
+
+use std::fs;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, Once};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use tokio::sync::OnceCell;
+
+use super::etcd::Etcd;
+
+/// The bearer token of the `admin` user (group `system:masters`).
+const ADMIN_TOKEN: &str = "kube-svm-test-admin";
+
+/// How long a server may take to become ready; kube-apiserver needs 30-60 s on 2 cores.
+const READY_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// File whose presence tells the watchdog to keep the directory.
+const KEEP_MARKER: &str = "KEEP";
+
+pub struct ControlPlane {
+    dir: PathBuf,
+    etcd_url: String,
+    apiserver_port: u16,
+    apiserver: Mutex<Option<Child>>,
+    etcd_process: Mutex<Child>,
+    extra_flags: Mutex<Vec<String>>,
+    kubeconfig: PathBuf,
+}
+
+static SHARED: OnceCell<ControlPlane> = OnceCell::const_new();
+
+/// The control plane shared by every test of this binary. Tests isolate themselves with unique
+/// names and must not restart it; a test that needs other apiserver flags starts its own.
+pub async fn shared() -> &'static ControlPlane {
+    SHARED
+        .get_or_init(|| async {
+            ControlPlane::start(&[])
+                .await
+                .expect("the shared control plane starts")
+        })
+        .await
+}
+
+impl ControlPlane {
+    /// Starts etcd and kube-apiserver (with `extra_flags` appended) and waits until both serve.
+    pub async fn start(extra_flags: &[&str]) -> anyhow::Result<ControlPlane> {
+        let dir = tempfile::Builder::new()
+            .prefix("kube-svm-control-plane-")
+            .tempdir()?
+            .keep();
+        keep_on_panic(&dir);
+        fs::create_dir_all(dir.join("certs"))?;
+        spawn_watchdog(&dir)?;
+
+        let (etcd_port, peer_port, apiserver_port) = (free_port()?, free_port()?, free_port()?);
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let etcd_process = spawn(
+            &asset("etcd")?,
+            &[
+                "--data-dir".into(),
+                dir.join("etcd").display().to_string(),
+                format!("--listen-client-urls={etcd_url}"),
+                format!("--advertise-client-urls={etcd_url}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
+                format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
+                "--unsafe-no-fsync=true".into(),
+                "--log-level=warn".into(),
+            ],
+            &dir.join("etcd.log"),
+        )?;
+        record_pid(&dir, &etcd_process)?;
+
+        write_credentials(&dir, apiserver_port)?;
+        let control_plane = ControlPlane {
+            kubeconfig: dir.join("kubeconfig"),
+            apiserver: Mutex::new(None),
+            etcd_process: Mutex::new(etcd_process),
+            extra_flags: Mutex::new(extra_flags.iter().map(ToString::to_string).collect()),
+            dir,
+            etcd_url,
+            apiserver_port,
+        };
+        let started = async {
+            control_plane.etcd().wait_healthy(READY_TIMEOUT).await?;
+            control_plane.start_apiserver().await
+        };
+        if let Err(error) = started.await {
+            control_plane.keep();
+            let log = fs::read_to_string(control_plane.log("kube-apiserver")).unwrap_or_default();
+            let tail: Vec<_> = log.lines().rev().take(20).collect();
+            let tail: Vec<_> = tail.into_iter().rev().collect();
+            anyhow::bail!("{error}\n{}", tail.join("\n"));
+        }
+        Ok(control_plane)
+    }
+
+    /// A new admin client. Each test runs on its own runtime, so clients are never shared.
+    pub async fn client(&self) -> Client {
+        Client::try_from(self.config().await).expect("the admin kubeconfig makes a client")
+    }
+
+    /// The admin client configuration.
+    pub async fn config(&self) -> Config {
+        let kubeconfig =
+            Kubeconfig::read_from(&self.kubeconfig).expect("the kubeconfig is readable");
+        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("the kubeconfig is valid")
+    }
+
+    /// Raw access to the etcd behind the apiserver.
+    pub fn etcd(&self) -> Etcd {
+        Etcd::new(&self.etcd_url)
+    }
+
+    /// A file in this control plane's directory, for configuration the apiserver reads.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// Restarts kube-apiserver with `extra_flags` instead of the previous ones (etcd and its data
+    /// stay), and waits until it is ready again.
+    pub async fn restart_apiserver(&self, extra_flags: &[&str]) -> anyhow::Result<()> {
+        if let Some(mut child) = self.apiserver.lock().expect("apiserver lock").take() {
+            terminate(&mut child)?;
+        }
+        *self.extra_flags.lock().expect("flags lock") =
+            extra_flags.iter().map(ToString::to_string).collect();
+        self.start_apiserver().await
+    }
+
+    async fn start_apiserver(&self) -> anyhow::Result<()> {
+        let dir = &self.dir;
+        let port = self.apiserver_port;
+        let mut args = vec![
+            format!("--etcd-servers={}", self.etcd_url),
+            format!("--cert-dir={}", dir.join("certs").display()),
+            format!("--secure-port={port}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            // 1.37 refuses a loopback advertise address with the default endpoint reconciler.
+            "--endpoint-reconciler-type=none".into(),
+            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            "--allow-privileged=true".into(),
+            "--authorization-mode=RBAC".into(),
+            "--disable-admission-plugins=ServiceAccount".into(),
+            format!("--token-auth-file={}", dir.join("tokens.csv").display()),
+            format!("--service-account-issuer=https://127.0.0.1:{port}"),
+            format!(
+                "--service-account-key-file={}",
+                dir.join("sa.pub").display()
+            ),
+            format!(
+                "--service-account-signing-key-file={}",
+                dir.join("sa.key").display()
+            ),
+        ];
+        args.extend(self.extra_flags.lock().expect("flags lock").iter().cloned());
+        let child = spawn(
+            &asset("kube-apiserver")?,
+            &args,
+            &dir.join("kube-apiserver.log"),
+        )?;
+        record_pid(dir, &child)?;
+        *self.apiserver.lock().expect("apiserver lock") = Some(child);
+        self.wait_apiserver_ready().await
+    }
+
+    async fn wait_apiserver_ready(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let client = self.client().await;
+        loop {
+            let exited = match self.apiserver.lock().expect("apiserver lock").as_mut() {
+                Some(child) => child.try_wait()?,
+                None => None,
+            };
+            if let Some(status) = exited {
+                anyhow::bail!(
+                    "kube-apiserver exited ({status}); see {}",
+                    self.log("kube-apiserver")
+                );
+            }
+            let readyz = http::Request::get("/readyz").body(Vec::new())?;
+            if client.request_text(readyz).await.is_ok() {
+                break;
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "kube-apiserver not ready; see {}",
+                self.log("kube-apiserver")
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let namespaces: Api<Namespace> = Api::all(client);
+        while namespaces.get_opt("default").await?.is_none() {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "namespace default never appeared"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        Ok(())
+    }
+
+    /// Keeps this control plane's directory (data and logs) after the test binary exits.
+    pub fn keep(&self) {
+        let _ = fs::write(self.dir.join(KEEP_MARKER), "");
+        eprintln!("control plane logs kept in {}", self.dir.display());
+    }
+
+    /// Path of a server's log file.
+    pub fn log(&self, server: &str) -> String {
+        self.dir.join(format!("{server}.log")).display().to_string()
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        if let Ok(mut apiserver) = self.apiserver.lock()
+            && let Some(child) = apiserver.as_mut()
+        {
+            let _ = terminate(child);
+        }
+        if let Ok(mut etcd) = self.etcd_process.lock() {
+            let _ = terminate(&mut etcd);
+        }
+        // The watchdog removes the directory once the test binary exits, unless it is kept.
+    }
+}
+
+/// Finds a server binary the envtest way.
+fn asset(name: &str) -> anyhow::Result<PathBuf> {
+    let variable = format!("TEST_ASSET_{}", name.to_uppercase().replace('-', "_"));
+    if let Ok(path) = std::env::var(&variable) {
+        return Ok(PathBuf::from(path));
+    }
+    if let Ok(dir) = std::env::var("KUBEBUILDER_ASSETS") {
+        let path = Path::new(&dir).join(name);
+        if path.exists() {
+            return Ok(path);
+        }
+    }
+    anyhow::bail!(
+        "no {name} binary: set {variable} or KUBEBUILDER_ASSETS (`make test` builds them with hack/control-plane.sh)"
+    )
+}
+
+fn spawn(binary: &Path, args: &[String], log: &Path) -> anyhow::Result<Child> {
+    let out = fs::File::create(log)?;
+    let child = Command::new(binary)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()?;
+    Ok(child)
+}
+
+/// Stops a server with SIGTERM, then SIGKILL if it has not exited within a few seconds.
+fn terminate(child: &mut Child) -> anyhow::Result<()> {
+    if child.try_wait()?.is_some() {
+        return Ok(());
+    }
+    Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if child.try_wait()?.is_some() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill()?;
+    child.wait()?;
+    Ok(())
+}
+
+/// A port the kernel just handed out, released for a server to bind.
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Writes the admin token file, the service account key pair and an admin kubeconfig.
+fn write_credentials(dir: &Path, port: u16) -> anyhow::Result<()> {
+    fs::write(
+        dir.join("tokens.csv"),
+        format!("{ADMIN_TOKEN},admin,admin,\"system:masters\"\n"),
+    )?;
+    let key = dir.join("sa.key");
+    let status = Command::new("openssl")
+        .args([
+            "ecparam",
+            "-name",
+            "prime256v1",
+            "-genkey",
+            "-noout",
+            "-out",
+        ])
+        .arg(&key)
+        .status()?;
+    anyhow::ensure!(
+        status.success(),
+        "openssl could not generate the service account key"
+    );
+    let status = Command::new("openssl")
+        .args(["ec", "-pubout", "-in"])
+        .arg(&key)
+        .arg("-out")
+        .arg(dir.join("sa.pub"))
+        .stderr(Stdio::null())
+        .status()?;
+    anyhow::ensure!(
+        status.success(),
+        "openssl could not write the service account public key"
+    );
+    fs::write(
+        dir.join("kubeconfig"),
+        format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster:
+    server: https://127.0.0.1:{port}
+    insecure-skip-tls-verify: true
+users:
+- name: admin
+  user:
+    token: {ADMIN_TOKEN}
+contexts:
+- name: test
+  context:
+    cluster: test
+    user: admin
+current-context: test
+"
+        ),
+    )?;
+    Ok(())
+}
+
+fn record_pid(dir: &Path, child: &Child) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut pids = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("pids"))?;
+    writeln!(pids, "{}", child.id())
+}
+
+/// Starts a detached shell that waits for this test binary to exit, then kills every server
+/// recorded in `<dir>/pids` and removes `dir` unless a test marked it to be kept.
+fn spawn_watchdog(dir: &Path) -> std::io::Result<()> {
+    let script = r#"
+        while kill -0 "$1" 2>/dev/null; do sleep 1; done
+        [ -f "$2/pids" ] && xargs -r kill -TERM <"$2/pids" 2>/dev/null
+        sleep 3
+        [ -f "$2/pids" ] && xargs -r kill -KILL <"$2/pids" 2>/dev/null
+        [ -f "$2/KEEP" ] || rm -rf "$2"
+    "#;
+    Command::new("setsid")
+        .args(["sh", "-c", script, "watchdog"])
+        .arg(std::process::id().to_string())
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    Ok(())
+}
+
+/// Directories of this process's control planes, marked to be kept when any test panics.
+static DIRECTORIES: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Registers `dir` to be kept, and its path printed, when a test panics.
+fn keep_on_panic(dir: &Path) {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let default_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            default_hook(info);
+            let Ok(directories) = DIRECTORIES.lock() else {
+                return;
+            };
+            for dir in directories.iter() {
+                if fs::write(dir.join(KEEP_MARKER), "").is_ok() {
+                    eprintln!("control plane logs kept in {}", dir.display());
+                }
+            }
+        }));
+    });
+    if let Ok(mut directories) = DIRECTORIES.lock() {
+        directories.push(dir.to_owned());
+    }
+}

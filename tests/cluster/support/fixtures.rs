@@ -1,0 +1,232 @@
+//! Test objects: multi-version CRDs, their custom resources, kube-svm's own CRDs.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::{Api, Client};
+use kube_svm::storage_hash::storage_version_hash;
+use serde_json::json;
+
+/// How long the apiserver may take to act on a CRD change.
+const CRD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A name no other test of this run uses: `<prefix>-<pid>-<n>`.
+pub fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A test CRD `widgets.<group>` of kind `Widget`, served at v1, v2 and v3 with the same schema and
+/// no conversion webhook (conversion only rewrites `apiVersion`).
+pub struct WidgetCrd {
+    pub group: String,
+    pub namespaced: bool,
+}
+
+impl WidgetCrd {
+    pub const KIND: &str = "Widget";
+    pub const PLURAL: &str = "widgets";
+
+    /// A fresh group for one test.
+    pub fn new(test: &str, namespaced: bool) -> WidgetCrd {
+        WidgetCrd {
+            group: format!("{}.svm.example.com", unique(test)),
+            namespaced,
+        }
+    }
+
+    pub fn name(&self) -> String {
+        format!("{}.{}", Self::PLURAL, self.group)
+    }
+
+    /// The etcd key prefix of every widget: `/registry/<group>/widgets/`.
+    pub fn etcd_prefix(&self) -> String {
+        format!("/registry/{}/{}/", self.group, Self::PLURAL)
+    }
+
+    pub fn api_version(&self, version: &str) -> String {
+        format!("{}/{version}", self.group)
+    }
+
+    fn definition(&self, storage: &str) -> CustomResourceDefinition {
+        let versions: Vec<_> = ["v1", "v2", "v3"]
+            .iter()
+            .map(|&name| {
+                json!({
+                    "name": name,
+                    "served": true,
+                    "storage": name == storage,
+                    "schema": { "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": { "spec": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": true,
+                        }},
+                    }},
+                })
+            })
+            .collect();
+        serde_json::from_value(json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": { "name": self.name() },
+            "spec": {
+                "group": self.group,
+                "scope": if self.namespaced { "Namespaced" } else { "Cluster" },
+                "names": { "kind": Self::KIND, "plural": Self::PLURAL, "singular": "widget" },
+                "versions": versions,
+            },
+        }))
+        .expect("a valid CRD")
+    }
+
+    /// Creates the CRD stored at `storage` and waits until it is established and served.
+    pub async fn create(&self, client: &Client, storage: &str) {
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        crds.create(&PostParams::default(), &self.definition(storage))
+            .await
+            .expect("the CRD is created");
+        wait_established(client, &self.name()).await;
+        self.wait_storage_version(client, storage).await;
+    }
+
+    /// Switches the storage version and waits until discovery shows the apiserver writing it.
+    pub async fn set_storage_version(&self, client: &Client, storage: &str) {
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        let mut crd = crds.get(&self.name()).await.expect("the CRD exists");
+        for version in &mut crd.spec.versions {
+            version.storage = version.name == storage;
+        }
+        crds.replace(&self.name(), &PostParams::default(), &crd)
+            .await
+            .expect("the storage version is switched");
+        self.wait_storage_version(client, storage).await;
+    }
+
+    /// Waits until discovery publishes the storage version hash of `version`.
+    pub async fn wait_storage_version(&self, client: &Client, version: &str) {
+        let expected = storage_version_hash(&self.group, version, Self::KIND);
+        let deadline = Instant::now() + CRD_TIMEOUT;
+        loop {
+            let published = client
+                .list_api_group_resources(&self.api_version("v1"))
+                .await
+                .ok()
+                .and_then(|list| {
+                    list.resources
+                        .into_iter()
+                        .find(|r| r.name == Self::PLURAL)
+                        .and_then(|r| r.storage_version_hash)
+                });
+            if published.as_deref() == Some(expected.as_str()) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "discovery never published storage version {version}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The dynamic API for widgets at `version`, in `namespace` (ignored when cluster-scoped).
+    pub fn api(
+        &self,
+        client: &Client,
+        version: &str,
+        namespace: Option<&str>,
+    ) -> Api<DynamicObject> {
+        let gvk = GroupVersionKind::gvk(&self.group, version, Self::KIND);
+        let resource = ApiResource::from_gvk_with_plural(&gvk, Self::PLURAL);
+        match (self.namespaced, namespace) {
+            (true, Some(namespace)) => Api::namespaced_with(client.clone(), namespace, &resource),
+            _ => Api::all_with(client.clone(), &resource),
+        }
+    }
+
+    /// Creates a widget through `version` with a small spec.
+    pub async fn create_widget(
+        &self,
+        client: &Client,
+        version: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> DynamicObject {
+        let mut object: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": self.api_version(version),
+            "kind": Self::KIND,
+            "metadata": { "name": name },
+            "spec": { "size": name.len(), "note": "created by a test" },
+        }))
+        .expect("a valid widget");
+        object.metadata.namespace = namespace.filter(|_| self.namespaced).map(str::to_owned);
+        self.api(client, version, namespace)
+            .create(&PostParams::default(), &object)
+            .await
+            .expect("the widget is created")
+    }
+
+    /// The etcd key of one widget.
+    pub fn etcd_key(&self, namespace: Option<&str>, name: &str) -> String {
+        match namespace.filter(|_| self.namespaced) {
+            Some(namespace) => format!("{}{namespace}/{name}", self.etcd_prefix()),
+            None => format!("{}{name}", self.etcd_prefix()),
+        }
+    }
+}
+
+/// Waits until a CRD reports `Established`.
+pub async fn wait_established(client: &Client, name: &str) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let deadline = Instant::now() + CRD_TIMEOUT;
+    loop {
+        let crd = crds.get(name).await.expect("the CRD exists");
+        let established = crd
+            .status
+            .and_then(|status| status.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        if established {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "CRD {name} never became established"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Installs kube-svm's CRDs with server-side apply (idempotent across tests) and waits for them.
+pub async fn install_kube_svm_crds(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in kube_svm::api::crds() {
+        let name = crd.metadata.name.clone().expect("CRDs are named");
+        crds.patch(
+            &name,
+            &PatchParams::apply("kube-svm-tests").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .expect("kube-svm's CRD is applied");
+        wait_established(client, &name).await;
+    }
+}
+
+/// Creates a namespace.
+pub async fn create_namespace(client: &Client, name: &str) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let namespace = serde_json::from_value(json!({ "metadata": { "name": name } })).expect("valid");
+    namespaces
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("the namespace is created");
+}

@@ -1,0 +1,7 @@
+//! Test support: a real control plane, raw etcd reads, and small helpers for test objects.
+
+mod control_plane;
+mod etcd;
+pub mod fixtures;
+
+pub use control_plane::{ControlPlane, shared};
