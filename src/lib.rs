@@ -11,6 +11,7 @@
 
 pub mod api;
 pub mod cli;
+pub mod engine;
 pub mod storage_hash;
 pub mod stored;
 pub mod telemetry;

@@ -13,7 +13,7 @@ const PROTOBUF_PREFIX: &[u8] = b"k8s\0";
 const ENCRYPTED_PREFIX: &[u8] = b"k8s:enc:";
 
 /// The encoding of one stored value.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Stored {
     /// A JSON document with its `apiVersion` and `kind`.
     Json { api_version: String, kind: String },

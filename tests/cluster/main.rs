@@ -2,5 +2,6 @@
 //!
 //! One binary, so one shared control plane serves every test; each test uses unique names.
 
+mod engine;
 mod foundation;
 mod support;

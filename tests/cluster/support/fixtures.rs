@@ -3,12 +3,15 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, Client};
 use kube_svm::storage_hash::storage_version_hash;
 use serde_json::json;
+
+use super::Etcd;
 
 /// How long the apiserver may take to act on a CRD change.
 const CRD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -229,4 +232,49 @@ pub async fn create_namespace(client: &Client, name: &str) {
         .create(&PostParams::default(), &namespace)
         .await
         .expect("the namespace is created");
+}
+
+/// Objects created at once when seeding many.
+const CREATE_CONCURRENCY: usize = 32;
+
+impl WidgetCrd {
+    /// Creates `per_namespace` widgets named `w-<i>` in each namespace (or cluster-wide when the
+    /// CRD is cluster-scoped and `namespaces` is `[None]`), through `version`.
+    pub async fn seed(
+        &self,
+        client: &Client,
+        version: &str,
+        namespaces: &[Option<&str>],
+        per_namespace: usize,
+    ) {
+        let creates = namespaces.iter().flat_map(|namespace| {
+            (0..per_namespace).map(move |i| async move {
+                self.create_widget(client, version, *namespace, &format!("w-{i}"))
+                    .await;
+            })
+        });
+        futures::stream::iter(creates)
+            .buffer_unordered(CREATE_CONCURRENCY)
+            .collect::<Vec<()>>()
+            .await;
+    }
+
+    /// Asserts every stored widget is encoded as `version`, and returns how many there are.
+    pub async fn assert_all_stored_as(&self, etcd: &Etcd, version: &str) -> usize {
+        let stored = etcd.list(&self.etcd_prefix()).await.expect("etcd answers");
+        let expected = self.api_version(version);
+        let stale: Vec<_> = stored
+            .iter()
+            .filter(|kv| kv.api_version() != expected)
+            .map(|kv| &kv.key)
+            .collect();
+        assert!(
+            stale.is_empty(),
+            "{} of {} widgets not stored as {expected}: {:?}",
+            stale.len(),
+            stored.len(),
+            stale.iter().take(5).collect::<Vec<_>>()
+        );
+        stored.len()
+    }
 }

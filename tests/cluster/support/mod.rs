@@ -5,3 +5,4 @@ mod etcd;
 pub mod fixtures;
 
 pub use control_plane::{ControlPlane, shared};
+pub use etcd::{Etcd, KeyValue};

@@ -1,0 +1,288 @@
+//! The migration engine: pages through every object of one resource and writes each back
+//! unchanged, so the apiserver re-encodes it in the current storage version and encryption key.
+//!
+//! The engine knows nothing of StorageVersionMigration objects. It takes a resolved [`Resource`]
+//! and where to start, publishes [`Progress`] after each page on a `watch` channel, and stops
+//! promptly when its cancellation token fires.
+//!
+//! - [`resource`]: discovery lookup and request paths;
+//! - `pager`: metadata-only paginated lists, 410 handling;
+//! - `writer`: the minimal conditional write and its outcome;
+//! - [`retry`], [`rate_limit`]: backoff decisions and the client-side rate limit.
+
+mod pager;
+pub mod rate_limit;
+mod request;
+mod resource;
+pub mod retry;
+mod writer;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures::StreamExt;
+use kube::Client;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, instrument};
+
+pub use pager::Listed;
+pub use rate_limit::RateLimiter;
+pub use resource::{ResolveError, Resource};
+pub use retry::{Backoff, Failure, Retry};
+pub use writer::{NAMESPACE_GONE, ObjectFailure, Outcome};
+
+/// How the engine pages and writes.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Objects per list request.
+    pub page_size: u32,
+    /// Writes in flight at once, per migration.
+    pub writes_in_flight: usize,
+    /// Attempts per object before it is recorded as failed. Throttled attempts (429) count
+    /// against [`Settings::throttled_attempts`] instead.
+    pub write_attempts: u32,
+    /// Throttled attempts (429) per request before it counts as failed: the apiserver asked to
+    /// slow down, which is no reason to give up on an object soon.
+    pub throttled_attempts: u32,
+    /// Attempts per list request before the migration fails.
+    pub list_attempts: u32,
+    /// Failed objects kept with their details; the count is always exact.
+    pub failures_kept: usize,
+    pub backoff: Backoff,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            // The page size kube-storage-version-migrator and kubectl use.
+            page_size: 500,
+            writes_in_flight: 16,
+            write_attempts: 5,
+            throttled_attempts: 30,
+            list_attempts: 10,
+            failures_kept: 20,
+            backoff: Backoff::default(),
+        }
+    }
+}
+
+/// Where a migration stands. Published after every page; exact at page boundaries.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Objects returned by list requests.
+    pub listed: u64,
+    pub rewritten: u64,
+    pub already_current: u64,
+    /// Written by someone else (409) or deleted (404) since listed: nothing left to do.
+    pub skipped: u64,
+    pub failed: u64,
+    /// The apiserver's estimate of objects not yet listed.
+    pub remaining: Option<u64>,
+    /// The page to resume from; `None` once every page has been read (or before the first).
+    pub continue_token: Option<String>,
+    /// Pages fully written.
+    pub pages: u64,
+    /// Requests the apiserver throttled (429).
+    pub throttled: u64,
+    /// Continue tokens that expired (etcd compacted past them); the list went on from the
+    /// latest revision.
+    pub expired_tokens: u64,
+    /// The first failures, at most [`Settings::failures_kept`].
+    pub failures: Vec<ObjectFailure>,
+}
+
+impl Progress {
+    /// Objects handled, whatever the outcome.
+    pub fn processed(&self) -> u64 {
+        self.rewritten + self.already_current + self.skipped + self.failed
+    }
+
+    fn record(&mut self, outcome: Outcome, failures_kept: usize) {
+        match outcome {
+            Outcome::Rewritten => self.rewritten += 1,
+            Outcome::AlreadyCurrent => self.already_current += 1,
+            Outcome::Conflict | Outcome::Deleted => self.skipped += 1,
+            Outcome::Failed(failure) => {
+                self.failed += 1;
+                if self.failures.len() < failures_kept {
+                    self.failures.push(failure);
+                }
+            }
+        }
+    }
+}
+
+/// How a run ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Finished {
+    /// Every page was read and every object handled (some may have failed).
+    Completed(Progress),
+    /// Stopped by the cancellation token; progress is that of the last whole page.
+    Cancelled(Progress),
+}
+
+/// Why a run could not go on.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("failed to build a request for {0}")]
+    BuildRequest(String, #[source] kube::core::request::Error),
+    #[error("failed to list {resource}: HTTP {code} {reason}: {message}")]
+    List {
+        resource: String,
+        code: u16,
+        reason: String,
+        message: String,
+    },
+    #[error("failed to list {0}: no response")]
+    ListTransport(String, #[source] kube::Error),
+    #[error("failed to list {0}: the continue token expired and the apiserver offered no other")]
+    ListExpired(String),
+    #[error("failed to decode the list of {0}")]
+    Decode(String, #[source] serde_json::Error),
+}
+
+/// Counts kept while a page is in flight, shared by its concurrent requests.
+#[derive(Default)]
+struct RunCounters {
+    throttled: AtomicU64,
+    expired_tokens: AtomicU64,
+}
+
+impl RunCounters {
+    /// Moves the counts into `progress`.
+    fn drain_into(&self, progress: &mut Progress) {
+        progress.throttled += self.throttled.swap(0, Ordering::Relaxed);
+        progress.expired_tokens += self.expired_tokens.swap(0, Ordering::Relaxed);
+    }
+}
+
+/// Runs migrations. Cheap to clone; clones share the rate limiter.
+#[derive(Clone)]
+pub struct Engine {
+    client: Client,
+    limiter: Arc<RateLimiter>,
+    settings: Settings,
+}
+
+/// One migration to run.
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub resource: Resource,
+    /// Write through the `status` subresource instead of the resource itself.
+    pub write_to_status: bool,
+    /// Where a previous run stopped; counters go on from it.
+    pub resume: Progress,
+}
+
+impl Engine {
+    pub fn new(client: Client, limiter: Arc<RateLimiter>, settings: Settings) -> Engine {
+        Engine {
+            client,
+            limiter,
+            settings,
+        }
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Migrates every object of `job.resource`, publishing progress after each page on `report`.
+    #[instrument(skip_all, fields(resource = %job.resource))]
+    pub async fn run(
+        &self,
+        job: Job,
+        report: &watch::Sender<Progress>,
+        cancel: &CancellationToken,
+    ) -> Result<Finished, Error> {
+        let Job {
+            resource,
+            write_to_status,
+            resume,
+        } = job;
+        let mut progress = resume;
+        let counters = RunCounters::default();
+        let first = progress.continue_token.clone();
+        let mut page = tokio::select! {
+            _ = cancel.cancelled() => return Ok(Finished::Cancelled(progress)),
+            page = self.list_page(&resource, first.as_deref(), &counters) => page?,
+        };
+        loop {
+            let next_token = page.continue_token.clone();
+            let items = std::mem::take(&mut page.items);
+            let listed = items.len() as u64;
+            let writes = futures::stream::iter(items)
+                .map(|object| {
+                    let (resource, counters) = (&resource, &counters);
+                    async move {
+                        self.write(resource, &object, write_to_status, counters)
+                            .await
+                    }
+                })
+                .buffer_unordered(self.settings.writes_in_flight.max(1))
+                .collect::<Vec<_>>();
+            // The next page is read while this one is written: at most two pages in memory.
+            let prefetch = async {
+                match &next_token {
+                    Some(token) => Some(self.list_page(&resource, Some(token), &counters).await),
+                    None => None,
+                }
+            };
+            let (outcomes, next) = tokio::select! {
+                _ = cancel.cancelled() => {
+                    counters.drain_into(&mut progress);
+                    return Ok(Finished::Cancelled(progress));
+                }
+                done = futures::future::join(writes, prefetch) => done,
+            };
+            for outcome in outcomes {
+                progress.record(outcome, self.settings.failures_kept);
+            }
+            progress.listed += listed;
+            counters.drain_into(&mut progress);
+            progress.pages += 1;
+            progress.remaining = page.remaining;
+            progress.continue_token = next_token;
+            report.send_replace(progress.clone());
+            info!(
+                listed = progress.listed,
+                rewritten = progress.rewritten,
+                already_current = progress.already_current,
+                skipped = progress.skipped,
+                failed = progress.failed,
+                remaining = progress.remaining,
+                "page done"
+            );
+            match next {
+                None => return Ok(Finished::Completed(progress)),
+                Some(next) => page = next?,
+            }
+        }
+    }
+
+    /// The retry decision after a failure, counting it in `attempts`; gives up once the
+    /// throttled or the other failures reach their limit (`other_limit`).
+    fn retry_decision(&self, failure: Failure, attempts: &mut Attempts, other_limit: u32) -> Retry {
+        let (count, limit) = match failure {
+            Failure::Status { code: 429, .. } => {
+                (&mut attempts.throttled, self.settings.throttled_attempts)
+            }
+            _ => (&mut attempts.other, other_limit),
+        };
+        *count += 1;
+        if *count >= limit {
+            return Retry::Never;
+        }
+        self.settings
+            .backoff
+            .decide(failure, *count, fastrand::f64())
+    }
+}
+
+/// Failed attempts of one request so far.
+#[derive(Default)]
+struct Attempts {
+    throttled: u32,
+    other: u32,
+}

@@ -1,0 +1,155 @@
+//! Reading a resource page by page, metadata only.
+
+use std::sync::atomic::Ordering;
+
+use kube::api::ListParams;
+use serde::Deserialize;
+use tracing::warn;
+
+use super::request::Reply;
+use super::retry::{Failure, Retry};
+use super::{Attempts, Engine, Error, Resource, RunCounters};
+
+/// What a write needs of a listed object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    pub namespace: String,
+    pub name: String,
+    pub resource_version: String,
+}
+
+/// One page of a list.
+#[derive(Debug, Default)]
+pub struct Page {
+    pub items: Vec<Listed>,
+    /// The token for the next page; `None` on the last page.
+    pub continue_token: Option<String>,
+    /// The apiserver's estimate of the objects after this page.
+    pub remaining: Option<u64>,
+}
+
+// `PartialObjectMetadataList`, reduced to what a migration keeps: three strings an object.
+#[derive(Deserialize)]
+struct MetadataList {
+    #[serde(default)]
+    metadata: ListMeta,
+    #[serde(default)]
+    items: Vec<MetadataItem>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListMeta {
+    #[serde(default, rename = "continue")]
+    continue_token: String,
+    remaining_item_count: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct MetadataItem {
+    metadata: ObjectMeta,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ObjectMeta {
+    #[serde(default)]
+    namespace: String,
+    name: String,
+    resource_version: String,
+}
+
+impl Engine {
+    /// Reads the page at `continue_token` (the first page when `None`). An expired token goes on
+    /// from the inconsistent token the apiserver hands out; throttling and server errors are
+    /// retried with backoff.
+    pub(super) async fn list_page(
+        &self,
+        resource: &Resource,
+        continue_token: Option<&str>,
+        counters: &RunCounters,
+    ) -> Result<Page, Error> {
+        let mut token = continue_token.map(str::to_owned);
+        let mut attempts = Attempts::default();
+        loop {
+            let mut params = ListParams::default().limit(self.settings.page_size);
+            if let Some(token) = &token {
+                params = params.continue_token(token);
+            }
+            let request = kube::core::Request::new(resource.collection_path())
+                .list_metadata(&params)
+                .map_err(|source| Error::BuildRequest(resource.to_string(), source))?;
+            let reply = match self.send(request, counters).await {
+                Ok(reply) if reply.is_success() => return parse_page(resource, &reply),
+                Ok(reply) if reply.code == 410 => {
+                    token = Some(expired(resource, &reply)?);
+                    counters.expired_tokens.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                Ok(reply) => reply,
+                Err(error) => {
+                    warn!(%resource, %error, "list request failed");
+                    match self.retry_decision(
+                        Failure::Transport,
+                        &mut attempts,
+                        self.settings.list_attempts,
+                    ) {
+                        Retry::After(wait) => tokio::time::sleep(wait).await,
+                        Retry::Never => {
+                            return Err(Error::ListTransport(resource.to_string(), error));
+                        }
+                    }
+                    continue;
+                }
+            };
+            match self.retry_decision(reply.failure(), &mut attempts, self.settings.list_attempts) {
+                Retry::After(wait) => tokio::time::sleep(wait).await,
+                Retry::Never => {
+                    let status = reply.status();
+                    return Err(Error::List {
+                        resource: resource.to_string(),
+                        code: reply.code,
+                        reason: status.reason,
+                        message: status.message,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// The token to go on with after 410 Gone: the apiserver's inconsistent continue token, which
+/// reads on in key order from where the expired one pointed, at the latest revision. Writes are
+/// idempotent, so nothing is lost; objects created meanwhile are already in the new encoding.
+fn expired(resource: &Resource, reply: &Reply) -> Result<String, Error> {
+    let token = reply.status().metadata.continue_token;
+    if token.is_empty() {
+        return Err(Error::ListExpired(resource.to_string()));
+    }
+    warn!(%resource, "continue token expired; continuing from the latest revision");
+    Ok(token)
+}
+
+fn parse_page(resource: &Resource, reply: &Reply) -> Result<Page, Error> {
+    let list: MetadataList = serde_json::from_slice(&reply.body)
+        .map_err(|source| Error::Decode(resource.to_string(), source))?;
+    let items = list
+        .items
+        .into_iter()
+        .map(|item| Listed {
+            namespace: item.metadata.namespace,
+            name: item.metadata.name,
+            resource_version: item.metadata.resource_version,
+        })
+        .collect();
+    let continue_token = Some(list.metadata.continue_token).filter(|token| !token.is_empty());
+    let remaining = match continue_token {
+        Some(_) => list.metadata.remaining_item_count,
+        None => Some(0),
+    };
+    Ok(Page {
+        items,
+        continue_token,
+        remaining,
+    })
+}

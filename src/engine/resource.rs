@@ -1,0 +1,259 @@
+//! Resolving a migration's resource through discovery, and the request paths it is served at.
+
+use std::fmt;
+
+use kube::Client;
+
+use crate::api::GroupVersionResource;
+
+/// A resource that discovery says can be listed and patched.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resource {
+    /// API group; empty for the core group.
+    pub group: String,
+    /// The served version requests go to.
+    pub version: String,
+    /// Plural resource name, as in the URL.
+    pub plural: String,
+    pub kind: String,
+    pub namespaced: bool,
+    /// The resource's `storageVersionHash` from discovery, when published.
+    pub storage_version_hash: Option<String>,
+    /// Whether a `status` subresource can be patched.
+    pub patchable_status: bool,
+}
+
+/// Why a resource cannot be migrated.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    #[error("no resource named: spec.resource.resource is empty")]
+    Empty,
+    #[error("{0:?} is a subresource; name the resource itself")]
+    Subresource(String),
+    #[error("the apiserver does not serve API group {0:?}")]
+    UnknownGroup(String),
+    #[error("the apiserver does not serve {0}")]
+    UnknownGroupVersion(String),
+    #[error("the apiserver serves no resource {resource:?} in {api_version}")]
+    UnknownResource {
+        resource: String,
+        api_version: String,
+    },
+    #[error("{resource} does not support the verbs {missing:?}, which migration needs")]
+    MissingVerbs {
+        resource: String,
+        missing: Vec<&'static str>,
+    },
+    #[error("{0} has no status subresource to write through")]
+    NoStatusSubresource(String),
+    #[error("failed to read discovery for {0}")]
+    Discovery(String, #[source] kube::Error),
+}
+
+impl ResolveError {
+    /// Whether asking again later may succeed (discovery was unreachable), as opposed to the
+    /// resource being wrong.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ResolveError::Discovery(..))
+    }
+}
+
+/// Verbs every migrated resource must support.
+const REQUIRED_VERBS: [&str; 2] = ["list", "patch"];
+
+impl Resource {
+    /// Looks the resource up in discovery. An empty version means the group's preferred version.
+    pub async fn resolve(
+        client: &Client,
+        target: &GroupVersionResource,
+        write_to_status: bool,
+    ) -> Result<Resource, ResolveError> {
+        let GroupVersionResource {
+            group,
+            version,
+            resource,
+        } = target;
+        if resource.is_empty() {
+            return Err(ResolveError::Empty);
+        }
+        if resource.contains('/') {
+            return Err(ResolveError::Subresource(resource.clone()));
+        }
+        let version = match version.as_str() {
+            "" => preferred_version(client, group).await?,
+            version => version.to_owned(),
+        };
+        let api_version = api_version(group, &version);
+        let list = if group.is_empty() {
+            client.list_core_api_resources(&version).await
+        } else {
+            client.list_api_group_resources(&api_version).await
+        };
+        let list = match list {
+            Ok(list) => list,
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                return Err(ResolveError::UnknownGroupVersion(api_version));
+            }
+            Err(error) => return Err(ResolveError::Discovery(api_version, error)),
+        };
+        let found = list
+            .resources
+            .iter()
+            .find(|r| &r.name == resource)
+            .ok_or_else(|| ResolveError::UnknownResource {
+                resource: resource.clone(),
+                api_version: api_version.clone(),
+            })?;
+        let missing: Vec<_> = REQUIRED_VERBS
+            .into_iter()
+            .filter(|verb| !found.verbs.iter().any(|v| v == verb))
+            .collect();
+        let display = display_name(group, resource);
+        if !missing.is_empty() {
+            return Err(ResolveError::MissingVerbs {
+                resource: display,
+                missing,
+            });
+        }
+        let status_name = format!("{resource}/status");
+        let patchable_status = list
+            .resources
+            .iter()
+            .any(|r| r.name == status_name && r.verbs.iter().any(|v| v == "patch"));
+        if write_to_status && !patchable_status {
+            return Err(ResolveError::NoStatusSubresource(display));
+        }
+        Ok(Resource {
+            group: group.clone(),
+            version,
+            plural: resource.clone(),
+            kind: found.kind.clone(),
+            namespaced: found.namespaced,
+            storage_version_hash: found.storage_version_hash.clone(),
+            patchable_status,
+        })
+    }
+
+    /// `group/version`, or `version` for the core group.
+    pub fn api_version(&self) -> String {
+        api_version(&self.group, &self.version)
+    }
+
+    /// The URL path listing every object, across namespaces.
+    pub fn collection_path(&self) -> String {
+        match self.group.as_str() {
+            "" => format!("/api/{}/{}", self.version, self.plural),
+            group => format!("/apis/{group}/{}/{}", self.version, self.plural),
+        }
+    }
+
+    /// The URL path of the collection holding objects of `namespace` (ignored when cluster-scoped).
+    pub fn namespaced_path(&self, namespace: &str) -> String {
+        if !self.namespaced || namespace.is_empty() {
+            return self.collection_path();
+        }
+        match self.group.as_str() {
+            "" => format!(
+                "/api/{}/namespaces/{namespace}/{}",
+                self.version, self.plural
+            ),
+            group => format!(
+                "/apis/{group}/{}/namespaces/{namespace}/{}",
+                self.version, self.plural
+            ),
+        }
+    }
+}
+
+impl fmt::Display for Resource {
+    /// `plural.group`, or `plural` for the core group, as kubectl names resources.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&display_name(&self.group, &self.plural))
+    }
+}
+
+fn display_name(group: &str, resource: &str) -> String {
+    match group {
+        "" => resource.to_owned(),
+        group => format!("{resource}.{group}"),
+    }
+}
+
+fn api_version(group: &str, version: &str) -> String {
+    match group {
+        "" => version.to_owned(),
+        group => format!("{group}/{version}"),
+    }
+}
+
+async fn preferred_version(client: &Client, group: &str) -> Result<String, ResolveError> {
+    if group.is_empty() {
+        return Ok("v1".to_owned());
+    }
+    let groups = client
+        .list_api_groups()
+        .await
+        .map_err(|error| ResolveError::Discovery("the API group list".to_owned(), error))?;
+    let found = groups
+        .groups
+        .into_iter()
+        .find(|g| g.name == group)
+        .ok_or_else(|| ResolveError::UnknownGroup(group.to_owned()))?;
+    found
+        .preferred_version
+        .or_else(|| found.versions.into_iter().next())
+        .map(|v| v.version)
+        .ok_or_else(|| ResolveError::UnknownGroup(group.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resource(group: &str, namespaced: bool) -> Resource {
+        Resource {
+            group: group.into(),
+            version: "v1".into(),
+            plural: "widgets".into(),
+            kind: "Widget".into(),
+            namespaced,
+            storage_version_hash: None,
+            patchable_status: false,
+        }
+    }
+
+    #[test]
+    fn paths_follow_the_api_layout() {
+        assert_eq!(resource("", true).collection_path(), "/api/v1/widgets");
+        assert_eq!(
+            resource("", true).namespaced_path("ns"),
+            "/api/v1/namespaces/ns/widgets"
+        );
+        assert_eq!(
+            resource("example.com", true).collection_path(),
+            "/apis/example.com/v1/widgets"
+        );
+        assert_eq!(
+            resource("example.com", true).namespaced_path("ns"),
+            "/apis/example.com/v1/namespaces/ns/widgets"
+        );
+        assert_eq!(
+            resource("example.com", false).namespaced_path(""),
+            "/apis/example.com/v1/widgets"
+        );
+    }
+
+    #[test]
+    fn names_read_like_kubectl() {
+        assert_eq!(resource("", true).to_string(), "widgets");
+        assert_eq!(
+            resource("example.com", true).to_string(),
+            "widgets.example.com"
+        );
+        assert_eq!(
+            resource("example.com", true).api_version(),
+            "example.com/v1"
+        );
+        assert_eq!(resource("", true).api_version(), "v1");
+    }
+}
