@@ -18,6 +18,9 @@ control-plane: ## Build etcd and kube-apiserver for the tests into ~/.cache/kube
 test: ## Run unit and integration tests against a real kube-apiserver and etcd
 	KUBEBUILDER_ASSETS="$$(hack/control-plane.sh assets)" $(CARGO) test
 
+bench-engine: ## Measure engine throughput and requests per object on a local control plane
+	KUBEBUILDER_ASSETS="$$(hack/control-plane.sh assets)" $(CARGO) bench --bench engine
+
 lint: ## Check formatting and clippy lints
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
@@ -25,4 +28,4 @@ lint: ## Check formatting and clippy lints
 crds: ## Regenerate the committed CRDs from the Rust types
 	$(CARGO) run --quiet -- crds > config/crd/migration.k8s.io.yaml
 
-.PHONY: help build control-plane test lint crds
+.PHONY: help build control-plane test bench-engine lint crds

@@ -4,10 +4,7 @@
 //! of the `kube-svm` binary, [`telemetry`] logging setup, [`storage_hash`] the apiserver's
 //! storage version hash, and [`stored`] how a value in etcd is encoded.
 
-#![cfg_attr(
-    not(test),
-    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
-)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 pub mod api;
 pub mod cli;

@@ -67,10 +67,7 @@ fn encrypted(rest: &[u8]) -> Option<Stored> {
     let _format_version = fields.next()?;
     let key_name = std::str::from_utf8(fields.next()?).ok()?;
     fields.next()?;
-    Some(Stored::Encrypted {
-        provider: provider.to_owned(),
-        key_name: key_name.to_owned(),
-    })
+    Some(Stored::Encrypted { provider: provider.to_owned(), key_name: key_name.to_owned() })
 }
 
 /// Reads field 1 (TypeMeta: 1 = apiVersion, 2 = kind) of a `runtime.Unknown` message.
@@ -132,10 +129,7 @@ mod tests {
         let value = br#"{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"a"}}"#;
         assert_eq!(
             classify(value),
-            Stored::Json {
-                api_version: "example.com/v1".into(),
-                kind: "Widget".into()
-            }
+            Stored::Json { api_version: "example.com/v1".into(), kind: "Widget".into() }
         );
     }
 
@@ -146,13 +140,7 @@ mod tests {
         value.extend(field(1, &type_meta));
         value.extend(field(2, b"\x0a\x03raw"));
         let stored = classify(&value);
-        assert_eq!(
-            stored,
-            Stored::Protobuf {
-                api_version: "v1".into(),
-                kind: "Secret".into()
-            }
-        );
+        assert_eq!(stored, Stored::Protobuf { api_version: "v1".into(), kind: "Secret".into() });
         assert_eq!(stored.api_version(), Some("v1"));
     }
 
@@ -161,10 +149,7 @@ mod tests {
         let value = b"k8s:enc:aescbc:v1:key2:\x00\x01binary:ciphertext";
         assert_eq!(
             classify(value),
-            Stored::Encrypted {
-                provider: "aescbc".into(),
-                key_name: "key2".into()
-            }
+            Stored::Encrypted { provider: "aescbc".into(), key_name: "key2".into() }
         );
         assert_eq!(classify(value).api_version(), None);
     }

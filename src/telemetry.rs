@@ -27,14 +27,9 @@ pub struct LogArgs {
 
 /// Installs the global subscriber; logs go to standard error so standard output stays for data.
 pub fn init(args: &LogArgs) -> Result<(), tracing_subscriber::filter::ParseError> {
-    let LogArgs {
-        log_format,
-        log_level,
-    } = args;
+    let LogArgs { log_format, log_level } = args;
     let filter = EnvFilter::try_new(log_level)?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match log_format {
         LogFormat::Plain => builder.init(),
         LogFormat::Json => builder.json().init(),

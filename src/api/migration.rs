@@ -15,17 +15,9 @@ use serde::{Deserialize, Serialize};
         "unapproved, kube-svm serves the kube-storage-version-migrator API"
     ),
     doc = "A request to migrate every stored object of one resource to its current storage version. kube-svm reads each object of the resource and writes it back unchanged, so that the apiserver re-encodes it in the current storage version and with the current encryption key. Progress and outcome are in status; .status.conditions[0].type is Running, Succeeded or Failed once kube-svm has picked the migration up.",
-    printcolumn(
-        name = "Resource",
-        type_ = "string",
-        json_path = ".spec.resource.resource"
-    ),
+    printcolumn(name = "Resource", type_ = "string", json_path = ".spec.resource.resource"),
     printcolumn(name = "Group", type_ = "string", json_path = ".spec.resource.group"),
-    printcolumn(
-        name = "Status",
-        type_ = "string",
-        json_path = ".status.conditions[0].type"
-    ),
+    printcolumn(name = "Status", type_ = "string", json_path = ".status.conditions[0].type"),
     printcolumn(
         name = "Processed",
         type_ = "integer",
@@ -38,16 +30,8 @@ use serde::{Deserialize, Serialize};
         json_path = ".status.progress.remaining",
         description = "Estimate of the objects still to handle"
     ),
-    printcolumn(
-        name = "Failed",
-        type_ = "integer",
-        json_path = ".status.progress.failed"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn(name = "Failed", type_ = "integer", json_path = ".status.progress.failed"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 /// What to migrate.
 #[serde(rename_all = "camelCase")]

@@ -78,13 +78,7 @@ mod tests {
             assert_eq!(crd.spec.scope, "Cluster");
             let version = &crd.spec.versions[0];
             assert_eq!(version.name, "v1alpha1");
-            assert!(
-                version
-                    .subresources
-                    .as_ref()
-                    .and_then(|s| s.status.as_ref())
-                    .is_some()
-            );
+            assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
         }
     }
 }

@@ -16,22 +16,14 @@ use serde::{Deserialize, Serialize};
         "unapproved, kube-svm serves the kube-storage-version-migrator API"
     ),
     doc = "The storage state of one resource: which storage versions its objects may be stored in. Named <resource>.<group>, or <resource> for the core group. The discovery trigger appends a new storage version hash to persistedStorageVersionHashes when the apiserver starts writing a new one and creates a StorageVersionMigration; once that succeeds the list holds the current hash alone.",
-    printcolumn(
-        name = "Resource",
-        type_ = "string",
-        json_path = ".spec.resource.resource"
-    ),
+    printcolumn(name = "Resource", type_ = "string", json_path = ".spec.resource.resource"),
     printcolumn(name = "Group", type_ = "string", json_path = ".spec.resource.group"),
     printcolumn(
         name = "Current",
         type_ = "string",
         json_path = ".status.currentStorageVersionHash"
     ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 /// Which resource this storage state describes.
 #[serde(rename_all = "camelCase")]

@@ -8,7 +8,5 @@ use crate::api;
 
 pub fn run() -> anyhow::Result<()> {
     let yaml = api::crds_yaml().context("failed to serialize the CRDs")?;
-    std::io::stdout()
-        .write_all(yaml.as_bytes())
-        .context("failed to write the CRDs")
+    std::io::stdout().write_all(yaml.as_bytes()).context("failed to write the CRDs")
 }

@@ -15,6 +15,7 @@ pub mod rate_limit;
 mod request;
 mod resource;
 pub mod retry;
+mod window;
 mod writer;
 
 use std::sync::Arc;
@@ -30,6 +31,7 @@ pub use pager::Listed;
 pub use rate_limit::RateLimiter;
 pub use resource::{ResolveError, Resource};
 pub use retry::{Backoff, Failure, Retry};
+use window::Window;
 pub use writer::{NAMESPACE_GONE, ObjectFailure, Outcome};
 
 /// How the engine pages and writes.
@@ -37,7 +39,7 @@ pub use writer::{NAMESPACE_GONE, ObjectFailure, Outcome};
 pub struct Settings {
     /// Objects per list request.
     pub page_size: u32,
-    /// Writes in flight at once, per migration.
+    /// Writes in flight at once, per migration, at most: throttling narrows the window.
     pub writes_in_flight: usize,
     /// Attempts per object before it is recorded as failed. Throttled attempts (429) count
     /// against [`Settings::throttled_attempts`] instead.
@@ -83,6 +85,8 @@ pub struct Progress {
     pub continue_token: Option<String>,
     /// Pages fully written.
     pub pages: u64,
+    /// Requests sent, lists and writes, retries included.
+    pub requests: u64,
     /// Requests the apiserver throttled (429).
     pub throttled: u64,
     /// Continue tokens that expired (etcd compacted past them); the list went on from the
@@ -128,12 +132,7 @@ pub enum Error {
     #[error("failed to build a request for {0}")]
     BuildRequest(String, #[source] kube::core::request::Error),
     #[error("failed to list {resource}: HTTP {code} {reason}: {message}")]
-    List {
-        resource: String,
-        code: u16,
-        reason: String,
-        message: String,
-    },
+    List { resource: String, code: u16, reason: String, message: String },
     #[error("failed to list {0}: no response")]
     ListTransport(String, #[source] kube::Error),
     #[error("failed to list {0}: the continue token expired and the apiserver offered no other")]
@@ -142,16 +141,28 @@ pub enum Error {
     Decode(String, #[source] serde_json::Error),
 }
 
-/// Counts kept while a page is in flight, shared by its concurrent requests.
-#[derive(Default)]
-struct RunCounters {
+/// What a run's concurrent requests share: counts kept while a page is in flight, and the
+/// window of writes sent at once.
+struct RunState {
+    requests: AtomicU64,
     throttled: AtomicU64,
     expired_tokens: AtomicU64,
+    window: Window,
 }
 
-impl RunCounters {
+impl RunState {
+    fn new(writes_in_flight: usize) -> RunState {
+        RunState {
+            requests: AtomicU64::new(0),
+            throttled: AtomicU64::new(0),
+            expired_tokens: AtomicU64::new(0),
+            window: Window::new(writes_in_flight),
+        }
+    }
+
     /// Moves the counts into `progress`.
     fn drain_into(&self, progress: &mut Progress) {
+        progress.requests += self.requests.swap(0, Ordering::Relaxed);
         progress.throttled += self.throttled.swap(0, Ordering::Relaxed);
         progress.expired_tokens += self.expired_tokens.swap(0, Ordering::Relaxed);
     }
@@ -171,17 +182,22 @@ pub struct Job {
     pub resource: Resource,
     /// Write through the `status` subresource instead of the resource itself.
     pub write_to_status: bool,
-    /// Where a previous run stopped; counters go on from it.
+    /// Where a previous run stopped; run go on from it.
     pub resume: Progress,
 }
 
 impl Engine {
-    pub fn new(client: Client, limiter: Arc<RateLimiter>, settings: Settings) -> Engine {
-        Engine {
-            client,
-            limiter,
-            settings,
-        }
+    /// An engine talking to the cluster of `config`. The engine retries by its own rules
+    /// (throttling budget, `Retry-After`, write window), so the client's own retries are off:
+    /// they would hide the 429s the engine adapts to.
+    pub fn new(
+        mut config: kube::Config,
+        limiter: Arc<RateLimiter>,
+        settings: Settings,
+    ) -> Result<Engine, kube::Error> {
+        config.default_retry = false;
+        let client = Client::try_from(config)?;
+        Ok(Engine { client, limiter, settings })
     }
 
     pub fn settings(&self) -> &Settings {
@@ -196,17 +212,13 @@ impl Engine {
         report: &watch::Sender<Progress>,
         cancel: &CancellationToken,
     ) -> Result<Finished, Error> {
-        let Job {
-            resource,
-            write_to_status,
-            resume,
-        } = job;
+        let Job { resource, write_to_status, resume } = job;
         let mut progress = resume;
-        let counters = RunCounters::default();
+        let run = RunState::new(self.settings.writes_in_flight);
         let first = progress.continue_token.clone();
         let mut page = tokio::select! {
             _ = cancel.cancelled() => return Ok(Finished::Cancelled(progress)),
-            page = self.list_page(&resource, first.as_deref(), &counters) => page?,
+            page = self.list_page(&resource, first.as_deref(), &run) => page?,
         };
         loop {
             let next_token = page.continue_token.clone();
@@ -214,24 +226,21 @@ impl Engine {
             let listed = items.len() as u64;
             let writes = futures::stream::iter(items)
                 .map(|object| {
-                    let (resource, counters) = (&resource, &counters);
-                    async move {
-                        self.write(resource, &object, write_to_status, counters)
-                            .await
-                    }
+                    let (resource, run) = (&resource, &run);
+                    async move { self.write(resource, &object, write_to_status, run).await }
                 })
                 .buffer_unordered(self.settings.writes_in_flight.max(1))
                 .collect::<Vec<_>>();
             // The next page is read while this one is written: at most two pages in memory.
             let prefetch = async {
                 match &next_token {
-                    Some(token) => Some(self.list_page(&resource, Some(token), &counters).await),
+                    Some(token) => Some(self.list_page(&resource, Some(token), &run).await),
                     None => None,
                 }
             };
             let (outcomes, next) = tokio::select! {
                 _ = cancel.cancelled() => {
-                    counters.drain_into(&mut progress);
+                    run.drain_into(&mut progress);
                     return Ok(Finished::Cancelled(progress));
                 }
                 done = futures::future::join(writes, prefetch) => done,
@@ -240,7 +249,7 @@ impl Engine {
                 progress.record(outcome, self.settings.failures_kept);
             }
             progress.listed += listed;
-            counters.drain_into(&mut progress);
+            run.drain_into(&mut progress);
             progress.pages += 1;
             progress.remaining = page.remaining;
             progress.continue_token = next_token;
@@ -274,9 +283,7 @@ impl Engine {
         if *count >= limit {
             return Retry::Never;
         }
-        self.settings
-            .backoff
-            .decide(failure, *count, fastrand::f64())
+        self.settings.backoff.decide(failure, *count, fastrand::f64())
     }
 }
 

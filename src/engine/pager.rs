@@ -8,7 +8,7 @@ use tracing::warn;
 
 use super::request::Reply;
 use super::retry::{Failure, Retry};
-use super::{Attempts, Engine, Error, Resource, RunCounters};
+use super::{Attempts, Engine, Error, Resource, RunState};
 
 /// What a write needs of a listed object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,7 +67,7 @@ impl Engine {
         &self,
         resource: &Resource,
         continue_token: Option<&str>,
-        counters: &RunCounters,
+        run: &RunState,
     ) -> Result<Page, Error> {
         let mut token = continue_token.map(str::to_owned);
         let mut attempts = Attempts::default();
@@ -79,11 +79,11 @@ impl Engine {
             let request = kube::core::Request::new(resource.collection_path())
                 .list_metadata(&params)
                 .map_err(|source| Error::BuildRequest(resource.to_string(), source))?;
-            let reply = match self.send(request, counters).await {
+            let reply = match self.send(request, run).await {
                 Ok(reply) if reply.is_success() => return parse_page(resource, &reply),
                 Ok(reply) if reply.code == 410 => {
                     token = Some(expired(resource, &reply)?);
-                    counters.expired_tokens.fetch_add(1, Ordering::Relaxed);
+                    run.expired_tokens.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
                 Ok(reply) => reply,
@@ -147,9 +147,5 @@ fn parse_page(resource: &Resource, reply: &Reply) -> Result<Page, Error> {
         Some(_) => list.metadata.remaining_item_count,
         None => Some(0),
     };
-    Ok(Page {
-        items,
-        continue_token,
-        remaining,
-    })
+    Ok(Page { items, continue_token, remaining })
 }

@@ -25,10 +25,7 @@ impl RateLimiter {
         RateLimiter {
             qps,
             burst,
-            state: Mutex::new(Bucket {
-                tokens: burst,
-                updated: Instant::now(),
-            }),
+            state: Mutex::new(Bucket { tokens: burst, updated: Instant::now() }),
         }
     }
 
@@ -45,10 +42,7 @@ impl RateLimiter {
             return None;
         }
         // A poisoned lock only means another task panicked mid-update; the bucket is still valid.
-        let mut bucket = self
-            .state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut bucket = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let elapsed = now.saturating_duration_since(bucket.updated).as_secs_f64();
         bucket.tokens = (bucket.tokens + elapsed * self.qps).min(self.burst);
         bucket.updated = now;

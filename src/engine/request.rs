@@ -10,7 +10,7 @@ use kube::client::Body;
 use serde::Deserialize;
 
 use super::retry::Failure;
-use super::{Engine, RunCounters};
+use super::{Engine, RunState};
 
 /// An HTTP answer from the apiserver.
 pub struct Reply {
@@ -31,10 +31,7 @@ impl Reply {
 
     /// This reply as a failure, for the retry decision.
     pub fn failure(&self) -> Failure {
-        Failure::Status {
-            code: self.code,
-            retry_after: self.retry_after,
-        }
+        Failure::Status { code: self.code, retry_after: self.retry_after }
     }
 }
 
@@ -60,13 +57,14 @@ impl Engine {
     pub(super) async fn send(
         &self,
         request: http::Request<Vec<u8>>,
-        counters: &RunCounters,
+        run: &RunState,
     ) -> Result<Reply, kube::Error> {
         self.limiter.acquire().await;
+        run.requests.fetch_add(1, Ordering::Relaxed);
         let response = self.client.send(request.map(Body::from)).await?;
         let code = response.status().as_u16();
         if code == 429 {
-            counters.throttled.fetch_add(1, Ordering::Relaxed);
+            run.throttled.fetch_add(1, Ordering::Relaxed);
         }
         let retry_after = response
             .headers()
@@ -75,10 +73,6 @@ impl Engine {
             .and_then(|value| value.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
         let body = response.into_body().collect_bytes().await?;
-        Ok(Reply {
-            code,
-            retry_after,
-            body,
-        })
+        Ok(Reply { code, retry_after, body })
     }
 }

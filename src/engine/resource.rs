@@ -35,15 +35,9 @@ pub enum ResolveError {
     #[error("the apiserver does not serve {0}")]
     UnknownGroupVersion(String),
     #[error("the apiserver serves no resource {resource:?} in {api_version}")]
-    UnknownResource {
-        resource: String,
-        api_version: String,
-    },
+    UnknownResource { resource: String, api_version: String },
     #[error("{resource} does not support the verbs {missing:?}, which migration needs")]
-    MissingVerbs {
-        resource: String,
-        missing: Vec<&'static str>,
-    },
+    MissingVerbs { resource: String, missing: Vec<&'static str> },
     #[error("{0} has no status subresource to write through")]
     NoStatusSubresource(String),
     #[error("failed to read discovery for {0}")]
@@ -68,11 +62,7 @@ impl Resource {
         target: &GroupVersionResource,
         write_to_status: bool,
     ) -> Result<Resource, ResolveError> {
-        let GroupVersionResource {
-            group,
-            version,
-            resource,
-        } = target;
+        let GroupVersionResource { group, version, resource } = target;
         if resource.is_empty() {
             return Err(ResolveError::Empty);
         }
@@ -96,24 +86,19 @@ impl Resource {
             }
             Err(error) => return Err(ResolveError::Discovery(api_version, error)),
         };
-        let found = list
-            .resources
-            .iter()
-            .find(|r| &r.name == resource)
-            .ok_or_else(|| ResolveError::UnknownResource {
+        let found = list.resources.iter().find(|r| &r.name == resource).ok_or_else(|| {
+            ResolveError::UnknownResource {
                 resource: resource.clone(),
                 api_version: api_version.clone(),
-            })?;
+            }
+        })?;
         let missing: Vec<_> = REQUIRED_VERBS
             .into_iter()
             .filter(|verb| !found.verbs.iter().any(|v| v == verb))
             .collect();
         let display = display_name(group, resource);
         if !missing.is_empty() {
-            return Err(ResolveError::MissingVerbs {
-                resource: display,
-                missing,
-            });
+            return Err(ResolveError::MissingVerbs { resource: display, missing });
         }
         let status_name = format!("{resource}/status");
         let patchable_status = list
@@ -153,14 +138,10 @@ impl Resource {
             return self.collection_path();
         }
         match self.group.as_str() {
-            "" => format!(
-                "/api/{}/namespaces/{namespace}/{}",
-                self.version, self.plural
-            ),
-            group => format!(
-                "/apis/{group}/{}/namespaces/{namespace}/{}",
-                self.version, self.plural
-            ),
+            "" => format!("/api/{}/namespaces/{namespace}/{}", self.version, self.plural),
+            group => {
+                format!("/apis/{group}/{}/namespaces/{namespace}/{}", self.version, self.plural)
+            }
         }
     }
 }
@@ -225,14 +206,8 @@ mod tests {
     #[test]
     fn paths_follow_the_api_layout() {
         assert_eq!(resource("", true).collection_path(), "/api/v1/widgets");
-        assert_eq!(
-            resource("", true).namespaced_path("ns"),
-            "/api/v1/namespaces/ns/widgets"
-        );
-        assert_eq!(
-            resource("example.com", true).collection_path(),
-            "/apis/example.com/v1/widgets"
-        );
+        assert_eq!(resource("", true).namespaced_path("ns"), "/api/v1/namespaces/ns/widgets");
+        assert_eq!(resource("example.com", true).collection_path(), "/apis/example.com/v1/widgets");
         assert_eq!(
             resource("example.com", true).namespaced_path("ns"),
             "/apis/example.com/v1/namespaces/ns/widgets"
@@ -246,14 +221,8 @@ mod tests {
     #[test]
     fn names_read_like_kubectl() {
         assert_eq!(resource("", true).to_string(), "widgets");
-        assert_eq!(
-            resource("example.com", true).to_string(),
-            "widgets.example.com"
-        );
-        assert_eq!(
-            resource("example.com", true).api_version(),
-            "example.com/v1"
-        );
+        assert_eq!(resource("example.com", true).to_string(), "widgets.example.com");
+        assert_eq!(resource("example.com", true).api_version(), "example.com/v1");
         assert_eq!(resource("", true).api_version(), "v1");
     }
 }

@@ -17,10 +17,7 @@ pub enum Failure {
     /// No HTTP response: connection refused or reset, timeout, TLS failure.
     Transport,
     /// The apiserver answered with this status code, and maybe a `Retry-After` header.
-    Status {
-        code: u16,
-        retry_after: Option<Duration>,
-    },
+    Status { code: u16, retry_after: Option<Duration> },
 }
 
 /// Exponential backoff with full jitter, capped; `Retry-After` from the server wins.
@@ -81,10 +78,7 @@ mod tests {
     use super::*;
 
     fn status(code: u16) -> Failure {
-        Failure::Status {
-            code,
-            retry_after: None,
-        }
+        Failure::Status { code, retry_after: None }
     }
 
     #[test]
@@ -98,38 +92,19 @@ mod tests {
     #[test]
     fn throttling_server_errors_and_transport_errors_are_retried() {
         let backoff = Backoff::default();
-        for failure in [
-            status(429),
-            status(500),
-            status(503),
-            status(504),
-            Failure::Transport,
-        ] {
-            assert!(
-                matches!(backoff.decide(failure, 1, 0.5), Retry::After(_)),
-                "{failure:?}"
-            );
+        for failure in [status(429), status(500), status(503), status(504), Failure::Transport] {
+            assert!(matches!(backoff.decide(failure, 1, 0.5), Retry::After(_)), "{failure:?}");
         }
     }
 
     #[test]
     fn retry_after_is_honoured_and_capped() {
         let backoff = Backoff::default();
-        let throttled = |secs| Failure::Status {
-            code: 429,
-            retry_after: Some(Duration::from_secs(secs)),
-        };
-        assert_eq!(
-            backoff.decide(throttled(3), 1, 0.0),
-            Retry::After(Duration::from_secs(3))
-        );
-        assert_eq!(
-            backoff.decide(throttled(3600), 1, 0.0),
-            Retry::After(Duration::from_secs(60))
-        );
-        let Retry::After(jittered) = backoff.decide(throttled(10), 1, 0.99) else {
-            panic!()
-        };
+        let throttled =
+            |secs| Failure::Status { code: 429, retry_after: Some(Duration::from_secs(secs)) };
+        assert_eq!(backoff.decide(throttled(3), 1, 0.0), Retry::After(Duration::from_secs(3)));
+        assert_eq!(backoff.decide(throttled(3600), 1, 0.0), Retry::After(Duration::from_secs(60)));
+        let Retry::After(jittered) = backoff.decide(throttled(10), 1, 0.99) else { panic!() };
         assert!(jittered >= Duration::from_secs(10) && jittered < Duration::from_secs(11));
     }
 

@@ -10,7 +10,8 @@ use tracing::debug;
 use super::pager::Listed;
 use super::request::Reply;
 use super::retry::{Failure, Retry};
-use super::{Attempts, Engine, Resource, RunCounters};
+use super::window::Signal;
+use super::{Attempts, Engine, Resource, RunState};
 
 /// What became of one object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,7 +67,7 @@ impl Engine {
         resource: &Resource,
         object: &Listed,
         to_status: bool,
-        counters: &RunCounters,
+        run: &RunState,
     ) -> Outcome {
         // Only type, identity and the resourceVersion precondition: nothing to merge, so the
         // stored content is untouched, and a concurrent write turns this into a 409.
@@ -79,7 +80,18 @@ impl Engine {
         let mut attempts = Attempts::default();
         loop {
             let result = match self.write_request(resource, object, to_status, &body) {
-                Ok(request) => self.send(request, counters).await,
+                Ok(request) => {
+                    let slot = run.window.enter().await;
+                    let result = self.send(request, run).await;
+                    slot.leave(match &result {
+                        Ok(reply) if reply.code == 429 => Signal::Throttled,
+                        Ok(reply) if reply.code < 300 || reply.code == 404 || reply.code == 409 => {
+                            Signal::Success
+                        }
+                        _ => Signal::Neutral,
+                    });
+                    result
+                }
                 Err(error) => {
                     return Outcome::Failed(failure(
                         object,
@@ -175,10 +187,9 @@ impl Engine {
                 )),
             }),
             409 => Some(Outcome::Conflict),
-            404 if resource.namespaced => Some(not_found(
-                object,
-                self.namespace_exists(&object.namespace).await,
-            )),
+            404 if resource.namespaced => {
+                Some(not_found(object, self.namespace_exists(&object.namespace).await))
+            }
             404 => Some(Outcome::Deleted),
             _ => None,
         }
@@ -240,11 +251,7 @@ mod tests {
     use super::*;
 
     fn listed() -> Listed {
-        Listed {
-            namespace: "gone".into(),
-            name: "w".into(),
-            resource_version: "7".into(),
-        }
+        Listed { namespace: "gone".into(), name: "w".into(), resource_version: "7".into() }
     }
 
     #[test]
@@ -254,17 +261,9 @@ mod tests {
 
     #[test]
     fn not_found_in_a_vanished_namespace_is_a_failure_not_a_success() {
-        let Outcome::Failed(failure) = not_found(&listed(), Ok(false)) else {
-            panic!("must fail")
-        };
-        assert_eq!(
-            (failure.code, failure.reason.as_str()),
-            (404, NAMESPACE_GONE)
-        );
-        assert_eq!(
-            (failure.namespace.as_str(), failure.name.as_str()),
-            ("gone", "w")
-        );
+        let Outcome::Failed(failure) = not_found(&listed(), Ok(false)) else { panic!("must fail") };
+        assert_eq!((failure.code, failure.reason.as_str()), (404, NAMESPACE_GONE));
+        assert_eq!((failure.namespace.as_str(), failure.name.as_str()), ("gone", "w"));
     }
 
     #[test]

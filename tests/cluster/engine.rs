@@ -20,16 +20,12 @@ use crate::support::fixtures::{WidgetCrd, create_namespace, unique};
 use crate::support::{ControlPlane, shared};
 
 /// Settings for tests: no client-side rate limit, so the apiserver sets the pace.
-fn engine(client: &Client, settings: Settings) -> Engine {
-    Engine::new(client.clone(), Arc::new(RateLimiter::new(0.0, 1)), settings)
+fn engine(config: kube::Config, settings: Settings) -> Engine {
+    Engine::new(config, Arc::new(RateLimiter::new(0.0, 1)), settings).expect("an engine")
 }
 
 fn target(group: &str, resource: &str) -> GroupVersionResource {
-    GroupVersionResource {
-        group: group.into(),
-        version: String::new(),
-        resource: resource.into(),
-    }
+    GroupVersionResource { group: group.into(), version: String::new(), resource: resource.into() }
 }
 
 /// Resolves and migrates `resource` to completion.
@@ -38,16 +34,8 @@ async fn migrate(engine: &Engine, client: &Client, group: &str, resource: &str) 
         .await
         .expect("the resource resolves");
     let (report, _) = watch::channel(Progress::default());
-    let job = Job {
-        resource,
-        write_to_status: false,
-        resume: Progress::default(),
-    };
-    match engine
-        .run(job, &report, &CancellationToken::new())
-        .await
-        .expect("the migration runs")
-    {
+    let job = Job { resource, write_to_status: false, resume: Progress::default() };
+    match engine.run(job, &report, &CancellationToken::new()).await.expect("the migration runs") {
         Finished::Completed(progress) => progress,
         Finished::Cancelled(_) => panic!("nothing cancelled the migration"),
     }
@@ -76,17 +64,11 @@ async fn migrates_every_object_then_finds_nothing_left() {
     cluster.set_storage_version(&client, "v2").await;
     assert_eq!(namespaced.assert_all_stored_as(&etcd, "v1").await, 2400);
 
-    let engine = engine(&client, Settings::default());
+    let engine = engine(control_plane.config().await, Settings::default());
     let progress = migrate(&engine, &client, &namespaced.group, WidgetCrd::PLURAL).await;
     assert_eq!(namespaced.assert_all_stored_as(&etcd, "v2").await, 2400);
-    assert_eq!(
-        (progress.listed, progress.rewritten, progress.processed()),
-        (2400, 2400, 2400)
-    );
-    assert_eq!(
-        (progress.already_current, progress.skipped, progress.failed),
-        (0, 0, 0)
-    );
+    assert_eq!((progress.listed, progress.rewritten, progress.processed()), (2400, 2400, 2400));
+    assert_eq!((progress.already_current, progress.skipped, progress.failed), (0, 0, 0));
     assert_eq!(progress.pages, 5, "500 objects a page");
     assert_eq!(progress.remaining, Some(0));
     assert_eq!(progress.continue_token, None);
@@ -98,29 +80,18 @@ async fn migrates_every_object_then_finds_nothing_left() {
     // A second pass finds everything current and etcd is not written at all.
     let before = etcd.list(&namespaced.etcd_prefix()).await.expect("etcd");
     let again = migrate(&engine, &client, &namespaced.group, WidgetCrd::PLURAL).await;
-    assert_eq!(
-        (again.already_current, again.rewritten, again.processed()),
-        (2400, 0, 2400)
-    );
+    assert_eq!((again.already_current, again.rewritten, again.processed()), (2400, 0, 2400));
     let after = etcd.list(&namespaced.etcd_prefix()).await.expect("etcd");
     let revisions = |kvs: &[crate::support::KeyValue]| {
-        kvs.iter()
-            .map(|kv| (kv.key.clone(), kv.mod_revision))
-            .collect::<Vec<_>>()
+        kvs.iter().map(|kv| (kv.key.clone(), kv.mod_revision)).collect::<Vec<_>>()
     };
-    assert_eq!(
-        revisions(&before),
-        revisions(&after),
-        "no object was written again"
-    );
+    assert_eq!(revisions(&before), revisions(&after), "no object was written again");
 }
 
 /// Secrets written with key1 are re-encrypted with key2 once key2 is first in the configuration.
 #[tokio::test]
 async fn rotates_the_encryption_key_of_secrets() {
-    let control_plane = ControlPlane::start(&[])
-        .await
-        .expect("a private control plane starts");
+    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
     let write_config = |keys: &[(&str, &str)]| {
         let keys: String = keys
             .iter()
@@ -138,10 +109,7 @@ async fn rotates_the_encryption_key_of_secrets() {
     };
     const KEY1: (&str, &str) = ("key1", "MTIzNDU2Nzg5MDEyMzQ1Njc4OTAxMjM0NTY3ODkwMTI=");
     const KEY2: (&str, &str) = ("key2", "YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXoxMjM0NTY=");
-    control_plane
-        .restart_apiserver(&[&write_config(&[KEY1])])
-        .await
-        .expect("restarts with key1");
+    control_plane.restart_apiserver(&[&write_config(&[KEY1])]).await.expect("restarts with key1");
 
     let client = control_plane.client().await;
     let namespace = unique("secrets");
@@ -152,21 +120,13 @@ async fn rotates_the_encryption_key_of_secrets() {
             "metadata": { "name": format!("s-{i}") }, "stringData": { "token": format!("value-{i}") },
         }))
         .expect("valid");
-        secrets
-            .create(&PostParams::default(), &secret)
-            .await
-            .expect("created");
+        secrets.create(&PostParams::default(), &secret).await.expect("created");
     }
     let prefix = format!("/registry/secrets/{namespace}/");
     let keys_in_use = |kvs: Vec<crate::support::KeyValue>| {
-        kvs.into_iter()
-            .map(|kv| kv.stored())
-            .collect::<std::collections::BTreeSet<_>>()
+        kvs.into_iter().map(|kv| kv.stored()).collect::<std::collections::BTreeSet<_>>()
     };
-    let aescbc = |key: &str| Stored::Encrypted {
-        provider: "aescbc".into(),
-        key_name: key.into(),
-    };
+    let aescbc = |key: &str| Stored::Encrypted { provider: "aescbc".into(), key_name: key.into() };
     assert_eq!(
         keys_in_use(control_plane.etcd().list(&prefix).await.expect("etcd")),
         [aescbc("key1")].into()
@@ -177,18 +137,11 @@ async fn rotates_the_encryption_key_of_secrets() {
         .await
         .expect("restarts with key2 first");
     let client = control_plane.client().await;
-    let progress = migrate(
-        &engine(&client, Settings::default()),
-        &client,
-        "",
-        "secrets",
-    )
-    .await;
+    let progress =
+        migrate(&engine(control_plane.config().await, Settings::default()), &client, "", "secrets")
+            .await;
     assert_eq!(progress.failed, 0);
-    assert!(
-        progress.rewritten >= 50,
-        "every secret of the test was re-encrypted: {progress:?}"
-    );
+    assert!(progress.rewritten >= 50, "every secret of the test was re-encrypted: {progress:?}");
     assert_eq!(
         keys_in_use(control_plane.etcd().list(&prefix).await.expect("etcd")),
         [aescbc("key2")].into()
@@ -219,24 +172,16 @@ async fn concurrent_writes_are_never_lost() {
                 round += 1;
                 let name = format!("w-{}", (round * 37) % 400);
                 let patch = json!({ "spec": { "round": round } });
-                if api
-                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .is_ok()
-                {
+                if api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.is_ok() {
                     written.insert(name, round);
                 }
             }
             written
         })
     };
-    let settings = Settings {
-        page_size: 20,
-        writes_in_flight: 4,
-        ..Settings::default()
-    };
+    let settings = Settings { page_size: 20, writes_in_flight: 4, ..Settings::default() };
     let progress = migrate(
-        &engine(&client, settings),
+        &engine(control_plane.config().await, settings),
         &client,
         &widgets.group,
         WidgetCrd::PLURAL,
@@ -245,24 +190,14 @@ async fn concurrent_writes_are_never_lost() {
     stop.cancel();
     let written = writer.await.expect("the writer ran");
 
-    assert!(
-        written.len() > 10,
-        "the writer raced the migration: {} updates",
-        written.len()
-    );
+    assert!(written.len() > 10, "the writer raced the migration: {} updates", written.len());
     assert_eq!(progress.failed, 0);
     assert_eq!(progress.processed(), 400);
-    widgets
-        .assert_all_stored_as(&control_plane.etcd(), "v2")
-        .await;
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2").await;
     let api = widgets.api(&client, "v2", None);
     for (name, round) in written {
         let object = api.get(&name).await.expect("exists");
-        assert_eq!(
-            object.data["spec"]["round"],
-            json!(round),
-            "{name} kept its last update"
-        );
+        assert_eq!(object.data["spec"]["round"], json!(round), "{name} kept its last update");
     }
 }
 
@@ -279,18 +214,10 @@ async fn objects_deleted_mid_run_are_not_failures() {
     let resource = Resource::resolve(&client, &target(&widgets.group, WidgetCrd::PLURAL), false)
         .await
         .expect("resolves");
-    let settings = Settings {
-        page_size: 50,
-        writes_in_flight: 2,
-        ..Settings::default()
-    };
-    let engine = engine(&client, settings);
+    let settings = Settings { page_size: 50, writes_in_flight: 2, ..Settings::default() };
+    let engine = engine(control_plane.config().await, settings);
     let (report, mut updates) = watch::channel(Progress::default());
-    let job = Job {
-        resource,
-        write_to_status: false,
-        resume: Progress::default(),
-    };
+    let job = Job { resource, write_to_status: false, resume: Progress::default() };
     let cancel = CancellationToken::new();
     let run = engine.run(job, &report, &cancel);
     let api = widgets.api(&client, "v1", None);
@@ -298,32 +225,24 @@ async fn objects_deleted_mid_run_are_not_failures() {
         // After the first page, delete objects that later pages hold.
         updates.changed().await.expect("a page is reported");
         for i in (150..300).step_by(3) {
-            api.delete(&format!("w-{i}"), &Default::default())
-                .await
-                .expect("deleted");
+            api.delete(&format!("w-{i}"), &Default::default()).await.expect("deleted");
         }
     };
     let (finished, ()) = tokio::join!(run, delete);
-    let Finished::Completed(progress) = finished.expect("runs") else {
-        panic!("not cancelled")
-    };
+    let Finished::Completed(progress) = finished.expect("runs") else { panic!("not cancelled") };
     assert_eq!(progress.failed, 0, "{:?}", progress.failures);
     assert_eq!(progress.processed(), progress.listed);
     // Each of the 250 survivors was rewritten once; the deleted were either never listed or
     // listed and then skipped.
     assert_eq!(progress.rewritten, 250, "{progress:?}");
     assert_eq!(progress.listed - progress.skipped, 250, "{progress:?}");
-    widgets
-        .assert_all_stored_as(&control_plane.etcd(), "v2")
-        .await;
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2").await;
 }
 
 /// etcd compaction expires the continue token mid-run (410): the engine goes on and completes.
 #[tokio::test]
 async fn survives_compaction_mid_run() {
-    let control_plane = ControlPlane::start(&["--watch-cache=false"])
-        .await
-        .expect("starts");
+    let control_plane = ControlPlane::start(&["--watch-cache=false"]).await.expect("starts");
     let client = control_plane.client().await;
     let widgets = WidgetCrd::new("compaction", false);
     widgets.create(&client, "v1").await;
@@ -334,26 +253,16 @@ async fn survives_compaction_mid_run() {
         .await
         .expect("resolves");
     // One write at a time and one page of 10: the run spans many pages and revisions.
-    let settings = Settings {
-        page_size: 10,
-        writes_in_flight: 1,
-        ..Settings::default()
-    };
-    let engine = engine(&client, settings);
+    let settings = Settings { page_size: 10, writes_in_flight: 1, ..Settings::default() };
+    let engine = engine(control_plane.config().await, settings);
     let (report, mut updates) = watch::channel(Progress::default());
-    let job = Job {
-        resource,
-        write_to_status: false,
-        resume: Progress::default(),
-    };
+    let job = Job { resource, write_to_status: false, resume: Progress::default() };
     let cancel = CancellationToken::new();
     let etcd = control_plane.etcd();
     let compact = async {
         for _ in 0..3 {
             updates.changed().await.expect("a page is reported");
-            etcd.compact(etcd.revision().await.expect("revision"))
-                .await
-                .expect("compacted");
+            etcd.compact(etcd.revision().await.expect("revision")).await.expect("compacted");
         }
     };
     let (finished, ()) = tokio::join!(engine.run(job, &report, &cancel), compact);
@@ -363,10 +272,7 @@ async fn survives_compaction_mid_run() {
     assert_eq!(progress.failed, 0);
     widgets.assert_all_stored_as(&etcd, "v2").await;
     assert_eq!(progress.rewritten, 200, "{progress:?}");
-    assert!(
-        progress.expired_tokens >= 1,
-        "the compaction expired a continue token: {progress:?}"
-    );
+    assert!(progress.expired_tokens >= 1, "the compaction expired a continue token: {progress:?}");
 }
 
 /// A ValidatingAdmissionPolicy rejects updates of labelled objects: exactly those are reported
@@ -382,29 +288,21 @@ async fn admission_rejections_fail_only_the_rejected_objects() {
     let rejected: Vec<String> = (0..100).step_by(10).map(|i| format!("w-{i}")).collect();
     for name in &rejected {
         let label = json!({ "metadata": { "labels": { "frozen": "true" } } });
-        api.patch(name, &PatchParams::default(), &Patch::Merge(&label))
-            .await
-            .expect("labelled");
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&label)).await.expect("labelled");
     }
     reject_updates_of_frozen(&client, &widgets.group).await;
     widgets.set_storage_version(&client, "v2").await;
 
     let started = Instant::now();
-    let settings = Settings {
-        write_attempts: 3,
-        ..Settings::default()
-    };
+    let settings = Settings { write_attempts: 3, ..Settings::default() };
     let progress = migrate(
-        &engine(&client, settings),
+        &engine(control_plane.config().await, settings),
         &client,
         &widgets.group,
         WidgetCrd::PLURAL,
     )
     .await;
-    assert!(
-        started.elapsed() < Duration::from_secs(60),
-        "rejections are not retried for long"
-    );
+    assert!(started.elapsed() < Duration::from_secs(60), "rejections are not retried for long");
     assert_eq!((progress.failed, progress.rewritten), (10, 90));
     let mut failed: Vec<_> = progress.failures.iter().map(|f| f.name.clone()).collect();
     failed.sort();
@@ -422,9 +320,7 @@ async fn admission_rejections_fail_only_the_rejected_objects() {
     }
     let etcd = control_plane.etcd();
     for kv in etcd.list(&widgets.etcd_prefix()).await.expect("etcd") {
-        let frozen = rejected
-            .iter()
-            .any(|name| kv.key.ends_with(&format!("/{name}")));
+        let frozen = rejected.iter().any(|name| kv.key.ends_with(&format!("/{name}")));
         let expected = widgets.api_version(if frozen { "v1" } else { "v2" });
         assert_eq!(kv.api_version(), expected, "{}", kv.key);
     }
@@ -466,34 +362,23 @@ async fn reject_updates_of_frozen(client: &Client, group: &str) {
         .expect("binding");
 
     // Policies apply once the apiserver's informers see them: probe with a throwaway object.
-    let widgets = WidgetCrd {
-        group: group.to_owned(),
-        namespaced: false,
-    };
+    let widgets = WidgetCrd { group: group.to_owned(), namespaced: false };
     let probe = widgets.create_widget(client, "v1", None, "probe").await;
     let api = widgets.api(client, "v1", None);
     let deadline = Instant::now() + Duration::from_secs(30);
     let freeze = json!({ "metadata": { "labels": { "frozen": "true" } } });
-    api.patch("probe", &PatchParams::default(), &Patch::Merge(&freeze))
-        .await
-        .expect("labelled");
+    api.patch("probe", &PatchParams::default(), &Patch::Merge(&freeze)).await.expect("labelled");
     loop {
         let touch =
             json!({ "spec": { "touched": Instant::now().elapsed().as_nanos().to_string() } });
-        if api
-            .patch("probe", &PatchParams::default(), &Patch::Merge(&touch))
-            .await
-            .is_err()
-        {
+        if api.patch("probe", &PatchParams::default(), &Patch::Merge(&touch)).await.is_err() {
             break;
         }
         assert!(Instant::now() < deadline, "the policy never applied");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     drop(probe);
-    api.delete("probe", &Default::default())
-        .await
-        .expect("the probe is deleted");
+    api.delete("probe", &Default::default()).await.expect("the probe is deleted");
 }
 
 /// Unknown resources, subresources and resources without list/patch fail at once, by name.
@@ -508,18 +393,10 @@ async fn unmigratable_resources_are_refused_with_the_reason() {
     let started = Instant::now();
 
     let error = resolve("", "nosuchthings").await.expect_err("unknown");
-    assert!(
-        matches!(error, ResolveError::UnknownResource { .. }),
-        "{error}"
-    );
-    assert_eq!(
-        error.to_string(),
-        "the apiserver serves no resource \"nosuchthings\" in v1"
-    );
+    assert!(matches!(error, ResolveError::UnknownResource { .. }), "{error}");
+    assert_eq!(error.to_string(), "the apiserver serves no resource \"nosuchthings\" in v1");
 
-    let error = resolve("no.such.group", "widgets")
-        .await
-        .expect_err("unknown group");
+    let error = resolve("no.such.group", "widgets").await.expect_err("unknown group");
     assert!(matches!(error, ResolveError::UnknownGroup(_)), "{error}");
 
     let error = resolve("", "pods/status").await.expect_err("subresource");
@@ -531,22 +408,16 @@ async fn unmigratable_resources_are_refused_with_the_reason() {
         "bindings does not support the verbs [\"list\", \"patch\"], which migration needs"
     );
 
-    let error = Resource::resolve(&client, &target("", "configmaps"), true)
-        .await
-        .expect_err("no status");
-    assert!(
-        matches!(error, ResolveError::NoStatusSubresource(_)),
-        "{error}"
-    );
+    let error =
+        Resource::resolve(&client, &target("", "configmaps"), true).await.expect_err("no status");
+    assert!(matches!(error, ResolveError::NoStatusSubresource(_)), "{error}");
 
     let explicit = GroupVersionResource {
         group: "apps".into(),
         version: "v9".into(),
         resource: "deployments".into(),
     };
-    let error = Resource::resolve(&client, &explicit, false)
-        .await
-        .expect_err("unknown version");
+    let error = Resource::resolve(&client, &explicit, false).await.expect_err("unknown version");
     assert_eq!(error.to_string(), "the apiserver does not serve apps/v9");
     assert!(started.elapsed() < Duration::from_secs(5));
 }
@@ -555,54 +426,56 @@ async fn unmigratable_resources_are_refused_with_the_reason() {
 /// the migration still completes, and the throttling is counted.
 #[tokio::test]
 async fn completes_under_priority_and_fairness_throttling() {
-    // Few seats in all, so the test user's priority level gets one.
-    let control_plane = ControlPlane::start(&[
-        "--max-requests-inflight=10",
-        "--max-mutating-requests-inflight=5",
-    ])
-    .await
-    .expect("starts");
+    // 15 seats in all, so the test user's priority level gets one.
+    let control_plane =
+        ControlPlane::start(&["--max-requests-inflight=10", "--max-mutating-requests-inflight=5"])
+            .await
+            .expect("starts");
     let admin = control_plane.client().await;
     let widgets = WidgetCrd::new("throttled", false);
     widgets.create(&admin, "v1").await;
-    widgets.seed(&admin, "v1", &[None], 500).await;
+    widgets.seed(&admin, "v1", &[None], 200).await;
     widgets.set_storage_version(&admin, "v2").await;
 
     let user = unique("throttled-migrator");
     let flow_schema_uid = throttle_user(&admin, &user).await;
     let mut config = control_plane.config().await;
     config.auth_info.impersonate = Some(user.clone());
-    let client = Client::try_from(config).expect("client");
+    let client = Client::try_from(config.clone()).expect("client");
     wait_for_flow_schema(&client, &flow_schema_uid).await;
 
-    let settings = Settings {
-        writes_in_flight: 32,
-        ..Settings::default()
-    };
-    let progress = migrate(
-        &engine(&client, settings),
-        &client,
-        &widgets.group,
-        WidgetCrd::PLURAL,
-    )
-    .await;
-    assert!(
-        progress.throttled > 0,
-        "APF throttled the migration: {progress:?}"
-    );
+    // Other clients of the same priority level keep its seat busy now and then.
+    let stop = CancellationToken::new();
+    let noise: Vec<_> = (0..4)
+        .map(|_| {
+            let (api, stop) = (widgets.api(&client, "v1", None), stop.clone());
+            tokio::spawn(async move {
+                while !stop.is_cancelled() {
+                    let _ = api.get_metadata("w-1").await;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+        })
+        .collect();
+    let settings = Settings { writes_in_flight: 32, ..Settings::default() };
+    let progress =
+        migrate(&engine(config, settings), &client, &widgets.group, WidgetCrd::PLURAL).await;
+    stop.cancel();
+    for task in noise {
+        task.await.expect("the noise stops");
+    }
+    assert!(progress.throttled > 0, "APF throttled the migration: {progress:?}");
     assert_eq!(
-        (progress.rewritten, progress.failed),
-        (500, 0),
-        "{:?}",
-        progress.failures.first()
+        progress.requests,
+        1 + 200 + progress.throttled,
+        "one list, one write an object, and a retry for each throttled request"
     );
-    widgets
-        .assert_all_stored_as(&control_plane.etcd(), "v2")
-        .await;
+    assert_eq!((progress.rewritten, progress.failed), (200, 0), "{:?}", progress.failures.first());
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2").await;
 }
 
 /// Gives `user` cluster-admin and a priority level of its own that rejects what exceeds its few
-/// seats; returns the FlowSchema's UID.
+/// seat; returns the FlowSchema's UID.
 async fn throttle_user(admin: &Client, user: &str) -> String {
     use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
     use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
@@ -619,7 +492,7 @@ async fn throttle_user(admin: &Client, user: &str) -> String {
     let level: PriorityLevelConfiguration = serde_json::from_value(json!({
         "metadata": { "name": user },
         "spec": { "type": "Limited", "limited": {
-            // 1 share of ~246: a single one of the apiserver's 15 seats.
+            // 1 share of ~246: one of the apiserver's 15 seats; what comes on top is rejected.
             "nominalConcurrencyShares": 1,
             "lendablePercent": 0,
             "borrowingLimitPercent": 0,
@@ -663,10 +536,7 @@ async fn wait_for_flow_schema(client: &Client, uid: &str) {
             .body(kube::client::Body::empty())
             .expect("request");
         if let Ok(response) = client.send(request).await
-            && response
-                .headers()
-                .get("X-Kubernetes-PF-FlowSchema-UID")
-                .is_some_and(|v| v == uid)
+            && response.headers().get("X-Kubernetes-PF-FlowSchema-UID").is_some_and(|v| v == uid)
         {
             return;
         }
@@ -689,17 +559,12 @@ async fn objects_in_a_vanished_namespace_are_really_rewritten() {
     let (kept, vanished) = (unique("kept"), unique("vanished"));
     create_namespace(&client, &kept).await;
     create_namespace(&client, &vanished).await;
-    widgets
-        .seed(&client, "v1", &[Some(&kept), Some(&vanished)], 5)
-        .await;
+    widgets.seed(&client, "v1", &[Some(&kept), Some(&vanished)], 5).await;
 
     // No namespace controller runs here: deleting leaves the namespace terminating with its
     // contents, and removing its finalizer makes it vanish while the contents stay in etcd.
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .delete(&vanished, &Default::default())
-        .await
-        .expect("deletion starts");
+    namespaces.delete(&vanished, &Default::default()).await.expect("deletion starts");
     let mut terminating = namespaces.get(&vanished).await.expect("terminating");
     terminating.spec = Some(Default::default());
     namespaces
@@ -707,36 +572,25 @@ async fn objects_in_a_vanished_namespace_are_really_rewritten() {
         .await
         .expect("finalized");
     let deadline = Instant::now() + Duration::from_secs(30);
-    while namespaces
-        .get_opt(&vanished)
-        .await
-        .expect("reads")
-        .is_some()
-    {
+    while namespaces.get_opt(&vanished).await.expect("reads").is_some() {
         assert!(Instant::now() < deadline, "the namespace never vanished");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     widgets.set_storage_version(&client, "v2").await;
 
     let progress = migrate(
-        &engine(&client, Settings::default()),
+        &engine(control_plane.config().await, Settings::default()),
         &client,
         &widgets.group,
         WidgetCrd::PLURAL,
     )
     .await;
-    assert_eq!(
-        (progress.listed, progress.rewritten, progress.failed),
-        (10, 10, 0),
-        "{progress:?}"
-    );
+    assert_eq!((progress.listed, progress.rewritten, progress.failed), (10, 10, 0), "{progress:?}");
     let stranded = control_plane
         .etcd()
         .list(&format!("{}{vanished}/", widgets.etcd_prefix()))
         .await
         .expect("etcd");
     assert_eq!(stranded.len(), 5, "the objects outlived their namespace");
-    widgets
-        .assert_all_stored_as(&control_plane.etcd(), "v2")
-        .await;
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2").await;
 }

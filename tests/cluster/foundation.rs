@@ -23,10 +23,7 @@ async fn harness_runs_a_real_apiserver_backed_by_etcd() {
 
     // The apiserver's own namespace, read back from etcd as protobuf.
     let namespaces: Api<Namespace> = Api::all(client);
-    let default = namespaces
-        .get("default")
-        .await
-        .expect("namespace default exists");
+    let default = namespaces.get("default").await.expect("namespace default exists");
     let stored = control_plane
         .etcd()
         .get("/registry/namespaces/default")
@@ -35,15 +32,9 @@ async fn harness_runs_a_real_apiserver_backed_by_etcd() {
         .expect("the key exists");
     assert_eq!(
         stored.stored(),
-        Stored::Protobuf {
-            api_version: "v1".into(),
-            kind: "Namespace".into()
-        }
+        Stored::Protobuf { api_version: "v1".into(), kind: "Namespace".into() }
     );
-    assert_eq!(
-        Some(stored.mod_revision.to_string()),
-        default.resource_version()
-    );
+    assert_eq!(Some(stored.mod_revision.to_string()), default.resource_version());
 }
 
 /// A migration exactly as written for kube-storage-version-migrator (spec, and the status its
@@ -72,10 +63,7 @@ spec:
     let object: DynamicObject = serde_yaml_ng::from_str(&upstream_yaml).expect("valid YAML");
     let gvk = GroupVersionKind::gvk("migration.k8s.io", "v1alpha1", "StorageVersionMigration");
     let dynamic: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk));
-    dynamic
-        .create(&PostParams::default(), &object)
-        .await
-        .expect("the upstream object is accepted");
+    dynamic.create(&PostParams::default(), &object).await.expect("the upstream object is accepted");
 
     let upstream_status = json!({ "status": { "conditions": [{
         "type": "Succeeded",
@@ -85,26 +73,16 @@ spec:
         "message": "",
     }]}});
     dynamic
-        .patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(&upstream_status),
-        )
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&upstream_status))
         .await
         .expect("the upstream status is accepted");
 
     let typed: Api<StorageVersionMigration> = Api::all(client.clone());
-    let migration = typed
-        .get(&name)
-        .await
-        .expect("the migration reads as kube-svm's type");
+    let migration = typed.get(&name).await.expect("the migration reads as kube-svm's type");
     assert_eq!(migration.spec.resource.resource, "secrets");
     assert_eq!(migration.spec.resource.version, "v1");
     assert_eq!(migration.spec.resource.group, "");
-    assert_eq!(
-        migration.spec.continue_token.as_deref(),
-        Some("eyJ2IjoibWV0YS5rOHMuaW8vdjEifQ")
-    );
+    assert_eq!(migration.spec.continue_token.as_deref(), Some("eyJ2IjoibWV0YS5rOHMuaW8vdjEifQ"));
     let status = migration.status.expect("status was written");
     assert_eq!(status.conditions.len(), 1);
     assert_eq!(status.conditions[0].type_, "Succeeded");
@@ -114,10 +92,7 @@ spec:
     let raw = dynamic.get(&name).await.expect("the object reads back");
     let raw = serde_json::to_value(raw).expect("serializable");
     assert_eq!(raw["spec"]["resource"]["resource"], "secrets");
-    assert_eq!(
-        raw["status"]["conditions"][0]["lastUpdateTime"],
-        "2026-01-02T03:04:05Z"
-    );
+    assert_eq!(raw["status"]["conditions"][0]["lastUpdateTime"], "2026-01-02T03:04:05Z");
 
     // spec.resource is immutable.
     let change = json!({ "spec": { "resource": { "resource": "configmaps" } } });
@@ -128,11 +103,7 @@ spec:
     match error {
         kube::Error::Api(status) => {
             assert_eq!(status.code, 422);
-            assert!(
-                status.message.contains("spec.resource is immutable"),
-                "{}",
-                status.message
-            );
+            assert!(status.message.contains("spec.resource is immutable"), "{}", status.message);
         }
         other => panic!("expected a validation error, got {other}"),
     }
@@ -146,30 +117,20 @@ spec:
     }))
     .expect("valid StorageState");
     let states: Api<StorageState> = Api::all(client.clone());
-    states
-        .create(&PostParams::default(), &state)
-        .await
-        .expect("the StorageState is created");
+    states.create(&PostParams::default(), &state).await.expect("the StorageState is created");
     let upstream_state_status = json!({ "status": {
         "persistedStorageVersionHashes": ["Unknown"],
         "currentStorageVersionHash": "S6u1pOWzb84=",
         "lastHeartbeatTime": "2026-01-02T03:04:05Z",
     }});
     states
-        .patch_status(
-            &state_name,
-            &PatchParams::default(),
-            &Patch::Merge(&upstream_state_status),
-        )
+        .patch_status(&state_name, &PatchParams::default(), &Patch::Merge(&upstream_state_status))
         .await
         .expect("the upstream status is accepted");
     let state = states.get(&state_name).await.expect("the state reads back");
     let status = state.status.expect("status was written");
     assert_eq!(status.persisted_storage_version_hashes, ["Unknown"]);
-    assert_eq!(
-        status.current_storage_version_hash.as_deref(),
-        Some("S6u1pOWzb84=")
-    );
+    assert_eq!(status.current_storage_version_hash.as_deref(), Some("S6u1pOWzb84="));
 }
 
 /// Changing a CRD's storage version leaves stored objects alone; writing an object back unchanged
@@ -186,34 +147,20 @@ async fn writing_back_unchanged_reencodes_once_then_is_elided() {
 
     let names = ["alpha", "beta", "gamma"];
     for name in names {
-        widgets
-            .create_widget(&client, "v1", Some(&namespace), name)
-            .await;
+        widgets.create_widget(&client, "v1", Some(&namespace), name).await;
     }
     widgets.set_storage_version(&client, "v2").await;
 
-    let stored = etcd
-        .list(&widgets.etcd_prefix())
-        .await
-        .expect("etcd answers");
+    let stored = etcd.list(&widgets.etcd_prefix()).await.expect("etcd answers");
     assert_eq!(stored.len(), names.len());
     for kv in &stored {
-        assert_eq!(
-            kv.api_version(),
-            widgets.api_version("v1"),
-            "{} is still stored as v1",
-            kv.key
-        );
+        assert_eq!(kv.api_version(), widgets.api_version("v1"), "{} is still stored as v1", kv.key);
     }
 
     // The write a migrator sends: only type, identity and the resourceVersion precondition.
     let api = widgets.api(&client, "v2", Some(&namespace));
     let key = widgets.etcd_key(Some(&namespace), "beta");
-    let before = etcd
-        .get(&key)
-        .await
-        .expect("etcd answers")
-        .expect("beta is stored");
+    let before = etcd.get(&key).await.expect("etcd answers").expect("beta is stored");
     let write_back = |resource_version: String| {
         json!({
             "apiVersion": widgets.api_version("v2"),
@@ -230,24 +177,11 @@ async fn writing_back_unchanged_reencodes_once_then_is_elided() {
         )
         .await
         .expect("the write-back succeeds");
-    let after = etcd
-        .get(&key)
-        .await
-        .expect("etcd answers")
-        .expect("beta is stored");
+    let after = etcd.get(&key).await.expect("etcd answers").expect("beta is stored");
     assert_eq!(after.api_version(), widgets.api_version("v2"));
-    assert!(
-        after.mod_revision > before.mod_revision,
-        "the object was rewritten"
-    );
-    assert_eq!(
-        written.resource_version(),
-        Some(after.mod_revision.to_string())
-    );
-    assert_eq!(
-        written.data["spec"]["note"], "created by a test",
-        "the content is unchanged"
-    );
+    assert!(after.mod_revision > before.mod_revision, "the object was rewritten");
+    assert_eq!(written.resource_version(), Some(after.mod_revision.to_string()));
+    assert_eq!(written.data["spec"]["note"], "created by a test", "the content is unchanged");
 
     let rewritten_again = api
         .patch(
@@ -257,19 +191,9 @@ async fn writing_back_unchanged_reencodes_once_then_is_elided() {
         )
         .await
         .expect("the second write-back succeeds");
-    let again = etcd
-        .get(&key)
-        .await
-        .expect("etcd answers")
-        .expect("beta is stored");
-    assert_eq!(
-        again.mod_revision, after.mod_revision,
-        "an identical write is elided"
-    );
-    assert_eq!(
-        rewritten_again.resource_version(),
-        Some(after.mod_revision.to_string())
-    );
+    let again = etcd.get(&key).await.expect("etcd answers").expect("beta is stored");
+    assert_eq!(again.mod_revision, after.mod_revision, "an identical write is elided");
+    assert_eq!(rewritten_again.resource_version(), Some(after.mod_revision.to_string()));
 
     // The other objects were not touched.
     for name in ["alpha", "gamma"] {
@@ -290,42 +214,26 @@ async fn writing_back_unchanged_reencodes_once_then_is_elided() {
         })))
         .await
         .expect_err("a stale resourceVersion conflicts");
-    assert!(
-        matches!(stale, kube::Error::Api(ref status) if status.code == 409),
-        "{stale}"
-    );
+    assert!(matches!(stale, kube::Error::Api(ref status) if status.code == 409), "{stale}");
 }
 
 /// A test can run its own control plane and restart its apiserver with other flags; here, an
 /// encryption configuration, which the stored bytes then show.
 #[tokio::test]
 async fn a_private_control_plane_restarts_with_new_flags() {
-    let control_plane = ControlPlane::start(&[])
-        .await
-        .expect("a private control plane starts");
+    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
     let client = control_plane.client().await;
     let secrets: Api<Secret> = Api::namespaced(client, "default");
     let plain: Secret = serde_json::from_value(json!({
         "metadata": { "name": "plain" }, "stringData": { "password": "hunter2" },
     }))
     .expect("valid secret");
-    secrets
-        .create(&PostParams::default(), &plain)
-        .await
-        .expect("the secret is created");
+    secrets.create(&PostParams::default(), &plain).await.expect("the secret is created");
     let key = "/registry/secrets/default/plain";
-    let stored = control_plane
-        .etcd()
-        .get(key)
-        .await
-        .expect("etcd")
-        .expect("stored");
+    let stored = control_plane.etcd().get(key).await.expect("etcd").expect("stored");
     assert_eq!(
         stored.stored(),
-        Stored::Protobuf {
-            api_version: "v1".into(),
-            kind: "Secret".into()
-        }
+        Stored::Protobuf { api_version: "v1".into(), kind: "Secret".into() }
     );
 
     let config = control_plane.path("encryption.yaml");
@@ -345,20 +253,14 @@ resources:
     )
     .expect("the encryption configuration is written");
     let flag = format!("--encryption-provider-config={}", config.display());
-    control_plane
-        .restart_apiserver(&[&flag])
-        .await
-        .expect("the apiserver restarts");
+    control_plane.restart_apiserver(&[&flag]).await.expect("the apiserver restarts");
 
     let secrets: Api<Secret> = Api::namespaced(control_plane.client().await, "default");
     let encrypted: Secret = serde_json::from_value(json!({
         "metadata": { "name": "encrypted" }, "stringData": { "password": "hunter2" },
     }))
     .expect("valid secret");
-    secrets
-        .create(&PostParams::default(), &encrypted)
-        .await
-        .expect("the secret is created");
+    secrets.create(&PostParams::default(), &encrypted).await.expect("the secret is created");
     let stored = control_plane
         .etcd()
         .get("/registry/secrets/default/encrypted")
@@ -367,19 +269,11 @@ resources:
         .expect("stored");
     assert_eq!(
         stored.stored(),
-        Stored::Encrypted {
-            provider: "aescbc".into(),
-            key_name: "key1".into()
-        }
+        Stored::Encrypted { provider: "aescbc".into(), key_name: "key1".into() }
     );
     assert!(!String::from_utf8_lossy(&stored.value).contains("hunter2"));
     // Written before the restart, still in clear, still readable.
-    let stored = control_plane
-        .etcd()
-        .get(key)
-        .await
-        .expect("etcd")
-        .expect("stored");
+    let stored = control_plane.etcd().get(key).await.expect("etcd").expect("stored");
     assert!(matches!(stored.stored(), Stored::Protobuf { .. }));
     assert!(secrets.get("plain").await.is_ok());
 }
@@ -389,9 +283,7 @@ resources:
 /// so fault tests that need the 410 turn the cache off.
 #[tokio::test]
 async fn compaction_expires_continue_tokens() {
-    let control_plane = ControlPlane::start(&["--watch-cache=false"])
-        .await
-        .expect("starts");
+    let control_plane = ControlPlane::start(&["--watch-cache=false"]).await.expect("starts");
     let client = control_plane.client().await;
     let widgets = WidgetCrd::new("compaction", false);
     widgets.create(&client, "v1").await;
@@ -399,18 +291,13 @@ async fn compaction_expires_continue_tokens() {
         widgets.create_widget(&client, "v1", None, name).await;
     }
     let api = widgets.api(&client, "v1", None);
-    let first = api
-        .list_metadata(&ListParams::default().limit(1))
-        .await
-        .expect("first page");
+    let first = api.list_metadata(&ListParams::default().limit(1)).await.expect("first page");
     let token = first.metadata.continue_.expect("more pages");
 
     // Compaction keeps the revision it compacts at: write once more so the token's is gone.
     widgets.create_widget(&client, "v1", None, "four").await;
     let etcd = control_plane.etcd();
-    etcd.compact(etcd.revision().await.expect("revision"))
-        .await
-        .expect("compaction");
+    etcd.compact(etcd.revision().await.expect("revision")).await.expect("compaction");
 
     let error = api
         .list_metadata(&ListParams::default().limit(1).continue_token(&token))

@@ -46,9 +46,7 @@ static SHARED: OnceCell<ControlPlane> = OnceCell::const_new();
 pub async fn shared() -> &'static ControlPlane {
     SHARED
         .get_or_init(|| async {
-            ControlPlane::start(&[])
-                .await
-                .expect("the shared control plane starts")
+            ControlPlane::start(&[]).await.expect("the shared control plane starts")
         })
         .await
 }
@@ -56,10 +54,7 @@ pub async fn shared() -> &'static ControlPlane {
 impl ControlPlane {
     /// Starts etcd and kube-apiserver (with `extra_flags` appended) and waits until both serve.
     pub async fn start(extra_flags: &[&str]) -> anyhow::Result<ControlPlane> {
-        let dir = tempfile::Builder::new()
-            .prefix("kube-svm-control-plane-")
-            .tempdir()?
-            .keep();
+        let dir = tempfile::Builder::new().prefix("kube-svm-control-plane-").tempdir()?.keep();
         keep_on_panic(&dir);
         fs::create_dir_all(dir.join("certs"))?;
         spawn_watchdog(&dir)?;
@@ -159,21 +154,11 @@ impl ControlPlane {
             "--disable-admission-plugins=ServiceAccount".into(),
             format!("--token-auth-file={}", dir.join("tokens.csv").display()),
             format!("--service-account-issuer=https://127.0.0.1:{port}"),
-            format!(
-                "--service-account-key-file={}",
-                dir.join("sa.pub").display()
-            ),
-            format!(
-                "--service-account-signing-key-file={}",
-                dir.join("sa.key").display()
-            ),
+            format!("--service-account-key-file={}", dir.join("sa.pub").display()),
+            format!("--service-account-signing-key-file={}", dir.join("sa.key").display()),
         ];
         args.extend(self.extra_flags.lock().expect("flags lock").iter().cloned());
-        let child = spawn(
-            &asset("kube-apiserver")?,
-            &args,
-            &dir.join("kube-apiserver.log"),
-        )?;
+        let child = spawn(&asset("kube-apiserver")?, &args, &dir.join("kube-apiserver.log"))?;
         record_pid(dir, &child)?;
         *self.apiserver.lock().expect("apiserver lock") = Some(child);
         self.wait_apiserver_ready().await
@@ -206,10 +191,7 @@ impl ControlPlane {
         }
         let namespaces: Api<Namespace> = Api::all(client);
         while namespaces.get_opt("default").await?.is_none() {
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "namespace default never appeared"
-            );
+            anyhow::ensure!(Instant::now() < deadline, "namespace default never appeared");
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         Ok(())
@@ -274,10 +256,7 @@ fn terminate(child: &mut Child) -> anyhow::Result<()> {
     if child.try_wait()?.is_some() {
         return Ok(());
     }
-    Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().to_string())
-        .status()?;
+    Command::new("kill").arg("-TERM").arg(child.id().to_string()).status()?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         if child.try_wait()?.is_some() {
@@ -297,26 +276,13 @@ fn free_port() -> std::io::Result<u16> {
 
 /// Writes the admin token file, the service account key pair and an admin kubeconfig.
 fn write_credentials(dir: &Path, port: u16) -> anyhow::Result<()> {
-    fs::write(
-        dir.join("tokens.csv"),
-        format!("{ADMIN_TOKEN},admin,admin,\"system:masters\"\n"),
-    )?;
+    fs::write(dir.join("tokens.csv"), format!("{ADMIN_TOKEN},admin,admin,\"system:masters\"\n"))?;
     let key = dir.join("sa.key");
     let status = Command::new("openssl")
-        .args([
-            "ecparam",
-            "-name",
-            "prime256v1",
-            "-genkey",
-            "-noout",
-            "-out",
-        ])
+        .args(["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out"])
         .arg(&key)
         .status()?;
-    anyhow::ensure!(
-        status.success(),
-        "openssl could not generate the service account key"
-    );
+    anyhow::ensure!(status.success(), "openssl could not generate the service account key");
     let status = Command::new("openssl")
         .args(["ec", "-pubout", "-in"])
         .arg(&key)
@@ -324,10 +290,7 @@ fn write_credentials(dir: &Path, port: u16) -> anyhow::Result<()> {
         .arg(dir.join("sa.pub"))
         .stderr(Stdio::null())
         .status()?;
-    anyhow::ensure!(
-        status.success(),
-        "openssl could not write the service account public key"
-    );
+    anyhow::ensure!(status.success(), "openssl could not write the service account public key");
     fs::write(
         dir.join("kubeconfig"),
         format!(
@@ -356,10 +319,7 @@ current-context: test
 
 fn record_pid(dir: &Path, child: &Child) -> std::io::Result<()> {
     use std::io::Write;
-    let mut pids = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("pids"))?;
+    let mut pids = fs::OpenOptions::new().create(true).append(true).open(dir.join("pids"))?;
     writeln!(pids, "{}", child.id())
 }
 

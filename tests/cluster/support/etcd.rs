@@ -27,11 +27,7 @@ impl KeyValue {
     pub fn api_version(&self) -> String {
         match self.stored().api_version() {
             Some(version) => version.to_owned(),
-            None => panic!(
-                "{} holds no readable apiVersion: {:?}",
-                self.key,
-                self.stored()
-            ),
+            None => panic!("{} holds no readable apiVersion: {:?}", self.key, self.stored()),
         }
     }
 }
@@ -64,10 +60,7 @@ struct RawKeyValue {
 
 impl Etcd {
     pub fn new(url: &str) -> Etcd {
-        Etcd {
-            url: url.to_owned(),
-            http: reqwest::Client::new(),
-        }
+        Etcd { url: url.to_owned(), http: reqwest::Client::new() }
     }
 
     pub async fn wait_healthy(&self, timeout: Duration) -> anyhow::Result<()> {
@@ -77,11 +70,7 @@ impl Etcd {
             if health.is_ok_and(|r| r.status().is_success()) {
                 return Ok(());
             }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "etcd at {} never became healthy",
-                self.url
-            );
+            anyhow::ensure!(Instant::now() < deadline, "etcd at {} never became healthy", self.url);
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -103,9 +92,8 @@ impl Etcd {
 
     /// etcd's current revision.
     pub async fn revision(&self) -> anyhow::Result<i64> {
-        let (revision, _) = self
-            .range(json!({ "key": STANDARD.encode("/"), "count_only": true }))
-            .await?;
+        let (revision, _) =
+            self.range(json!({ "key": STANDARD.encode("/"), "count_only": true })).await?;
         Ok(revision)
     }
 
@@ -126,17 +114,9 @@ impl Etcd {
     }
 
     async fn range(&self, request: serde_json::Value) -> anyhow::Result<(i64, Vec<KeyValue>)> {
-        let response = self
-            .http
-            .post(format!("{}/v3/kv/range", self.url))
-            .json(&request)
-            .send()
-            .await?;
-        anyhow::ensure!(
-            response.status().is_success(),
-            "range failed: {}",
-            response.text().await?
-        );
+        let response =
+            self.http.post(format!("{}/v3/kv/range", self.url)).json(&request).send().await?;
+        anyhow::ensure!(response.status().is_success(), "range failed: {}", response.text().await?);
         let RangeResponse { header, kvs } = response.json().await?;
         let kvs = kvs
             .into_iter()

@@ -19,11 +19,7 @@ const CRD_TIMEOUT: Duration = Duration::from_secs(60);
 /// A name no other test of this run uses: `<prefix>-<pid>-<n>`.
 pub fn unique(prefix: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "{prefix}-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
+    format!("{prefix}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// A test CRD `widgets.<group>` of kind `Widget`, served at v1, v2 and v3 with the same schema and
@@ -39,10 +35,7 @@ impl WidgetCrd {
 
     /// A fresh group for one test.
     pub fn new(test: &str, namespaced: bool) -> WidgetCrd {
-        WidgetCrd {
-            group: format!("{}.svm.example.com", unique(test)),
-            namespaced,
-        }
+        WidgetCrd { group: format!("{}.svm.example.com", unique(test)), namespaced }
     }
 
     pub fn name(&self) -> String {
@@ -118,16 +111,15 @@ impl WidgetCrd {
         let expected = storage_version_hash(&self.group, version, Self::KIND);
         let deadline = Instant::now() + CRD_TIMEOUT;
         loop {
-            let published = client
-                .list_api_group_resources(&self.api_version("v1"))
-                .await
-                .ok()
-                .and_then(|list| {
-                    list.resources
-                        .into_iter()
-                        .find(|r| r.name == Self::PLURAL)
-                        .and_then(|r| r.storage_version_hash)
-                });
+            let published =
+                client.list_api_group_resources(&self.api_version("v1")).await.ok().and_then(
+                    |list| {
+                        list.resources
+                            .into_iter()
+                            .find(|r| r.name == Self::PLURAL)
+                            .and_then(|r| r.storage_version_hash)
+                    },
+                );
             if published.as_deref() == Some(expected.as_str()) {
                 return;
             }
@@ -200,10 +192,7 @@ pub async fn wait_established(client: &Client, name: &str) {
         if established {
             return;
         }
-        assert!(
-            Instant::now() < deadline,
-            "CRD {name} never became established"
-        );
+        assert!(Instant::now() < deadline, "CRD {name} never became established");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -213,13 +202,9 @@ pub async fn install_kube_svm_crds(client: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in kube_svm::api::crds() {
         let name = crd.metadata.name.clone().expect("CRDs are named");
-        crds.patch(
-            &name,
-            &PatchParams::apply("kube-svm-tests").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .expect("kube-svm's CRD is applied");
+        crds.patch(&name, &PatchParams::apply("kube-svm-tests").force(), &Patch::Apply(&crd))
+            .await
+            .expect("kube-svm's CRD is applied");
         wait_established(client, &name).await;
     }
 }
@@ -228,10 +213,7 @@ pub async fn install_kube_svm_crds(client: &Client) {
 pub async fn create_namespace(client: &Client, name: &str) {
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     let namespace = serde_json::from_value(json!({ "metadata": { "name": name } })).expect("valid");
-    namespaces
-        .create(&PostParams::default(), &namespace)
-        .await
-        .expect("the namespace is created");
+    namespaces.create(&PostParams::default(), &namespace).await.expect("the namespace is created");
 }
 
 /// Objects created at once when seeding many.
@@ -249,8 +231,7 @@ impl WidgetCrd {
     ) {
         let creates = namespaces.iter().flat_map(|namespace| {
             (0..per_namespace).map(move |i| async move {
-                self.create_widget(client, version, *namespace, &format!("w-{i}"))
-                    .await;
+                self.create_widget(client, version, *namespace, &format!("w-{i}")).await;
             })
         });
         futures::stream::iter(creates)
@@ -263,11 +244,8 @@ impl WidgetCrd {
     pub async fn assert_all_stored_as(&self, etcd: &Etcd, version: &str) -> usize {
         let stored = etcd.list(&self.etcd_prefix()).await.expect("etcd answers");
         let expected = self.api_version(version);
-        let stale: Vec<_> = stored
-            .iter()
-            .filter(|kv| kv.api_version() != expected)
-            .map(|kv| &kv.key)
-            .collect();
+        let stale: Vec<_> =
+            stored.iter().filter(|kv| kv.api_version() != expected).map(|kv| &kv.key).collect();
         assert!(
             stale.is_empty(),
             "{} of {} widgets not stored as {expected}: {:?}",
