@@ -8,7 +8,21 @@
 
 pub mod api;
 pub mod cli;
+pub mod controller;
 pub mod engine;
+pub mod leader;
 pub mod storage_hash;
 pub mod stored;
 pub mod telemetry;
+
+/// An error and its sources, joined with `: `, for logs and status messages.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
+}

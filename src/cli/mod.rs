@@ -1,6 +1,8 @@
 //! The `kube-svm` command line: one binary, one subcommand per job.
 
+mod controller;
 mod crds;
+pub mod kube;
 
 use clap::{Parser, Subcommand};
 
@@ -19,6 +21,8 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Run the controller: reconcile StorageVersionMigrations (what the container runs).
+    Controller(controller::ControllerArgs),
     /// Print kube-svm's CustomResourceDefinitions as YAML.
     Crds,
 }
@@ -27,6 +31,7 @@ impl Cli {
     /// Runs the chosen subcommand.
     pub async fn run(self) -> anyhow::Result<()> {
         match self.command {
+            Command::Controller(args) => controller::run(args).await,
             Command::Crds => crds::run(),
         }
     }

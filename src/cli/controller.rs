@@ -1,0 +1,149 @@
+//! `kube-svm controller`: what the container runs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use super::kube::{KubeArgs, in_cluster};
+use crate::controller::{self, Stopped};
+use crate::engine::{self, Engine, RateLimiter};
+use crate::leader;
+
+#[derive(Args, Debug)]
+pub struct ControllerArgs {
+    #[command(flatten)]
+    pub kube: KubeArgs,
+
+    /// Requests per second to the apiserver, averaged (upstream's flag).
+    #[arg(long, env = "KUBE_SVM_KUBE_API_QPS", default_value_t = 100.0)]
+    pub kube_api_qps: f64,
+
+    /// Requests sent at once above the average rate (upstream's flag).
+    #[arg(long, env = "KUBE_SVM_KUBE_API_BURST", default_value_t = 200)]
+    pub kube_api_burst: u32,
+
+    /// Migrations of different resources run at once.
+    #[arg(long, env = "KUBE_SVM_CONCURRENCY", default_value_t = 2)]
+    pub concurrency: usize,
+
+    /// Writes in flight per migration, at most (throttling narrows it).
+    #[arg(long, env = "KUBE_SVM_WRITES_IN_FLIGHT", default_value_t = 16)]
+    pub writes_in_flight: usize,
+
+    /// Objects per list request.
+    #[arg(long, env = "KUBE_SVM_PAGE_SIZE", default_value_t = 500)]
+    pub page_size: u32,
+
+    /// Least seconds between two progress writes to a migration's status.
+    #[arg(long, env = "KUBE_SVM_CHECKPOINT_INTERVAL", default_value_t = 5.0)]
+    pub checkpoint_interval: f64,
+
+    /// Elect a leader on a Lease so only one replica migrates; on by default in a pod.
+    #[arg(long, env = "KUBE_SVM_LEADER_ELECT")]
+    pub leader_elect: Option<bool>,
+
+    /// Namespace of the Lease; defaults to the kubeconfig's (or the pod's) namespace.
+    #[arg(long, env = "KUBE_SVM_LEADER_ELECTION_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+
+    /// Name of the Lease.
+    #[arg(long, env = "KUBE_SVM_LEADER_ELECTION_NAME", default_value = "kube-svm")]
+    pub leader_election_name: String,
+
+    /// Seconds a Lease is valid without renewal.
+    #[arg(long, env = "KUBE_SVM_LEASE_DURATION", default_value_t = 15)]
+    pub lease_duration: u64,
+
+    /// This replica's identity in the Lease and on Events; defaults to the pod or host name.
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+}
+
+pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
+    let ControllerArgs {
+        kube,
+        kube_api_qps,
+        kube_api_burst,
+        concurrency,
+        writes_in_flight,
+        page_size,
+        checkpoint_interval,
+        leader_elect,
+        leader_election_namespace,
+        leader_election_name,
+        lease_duration,
+        identity,
+    } = args;
+    let config = kube.config().await?;
+    let client = kube::Client::try_from(config.clone()).context("failed to create a client")?;
+    let identity = identity.unwrap_or_else(default_identity);
+    let limiter = Arc::new(RateLimiter::new(kube_api_qps, kube_api_burst));
+    let engine_settings =
+        engine::Settings { page_size, writes_in_flight, ..engine::Settings::default() };
+    let engine =
+        Engine::new(config, limiter, engine_settings).context("failed to create a client")?;
+    let settings = controller::Settings {
+        concurrency,
+        checkpoint_interval: Duration::from_secs_f64(checkpoint_interval.max(0.0)),
+        identity: identity.clone(),
+    };
+
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+
+    if !leader_elect.unwrap_or_else(in_cluster) {
+        controller::run(client, engine, settings, shutdown, CancellationToken::new()).await;
+        return Ok(());
+    }
+    let lease_duration = Duration::from_secs(lease_duration.max(2));
+    let leader_settings = leader::Settings {
+        namespace: leader_election_namespace
+            .unwrap_or_else(|| client.default_namespace().to_owned()),
+        name: leader_election_name,
+        identity,
+        lease_duration,
+        // client-go's ratios: renew deadline 2/3 of the lease, retries every 2 s.
+        renew_deadline: lease_duration * 2 / 3,
+        retry_period: Duration::from_secs(2).min(lease_duration / 3),
+    };
+    let Some(leadership) = leader::acquire(client.clone(), leader_settings, &shutdown).await?
+    else {
+        info!("stopped before becoming the leader");
+        return Ok(());
+    };
+    match controller::run(client, engine, settings, shutdown, leadership.lost()).await {
+        Stopped::Shutdown => {
+            leadership.release().await;
+            Ok(())
+        }
+        Stopped::LeadershipLost => {
+            anyhow::bail!("lost leadership; exiting so a new leader takes over")
+        }
+    }
+}
+
+fn default_identity() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "kube-svm".to_owned());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Fires `shutdown` on SIGTERM or SIGINT.
+async fn cancel_on_signal(shutdown: CancellationToken) {
+    let mut terminate =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                return;
+            }
+        };
+    tokio::select! {
+        _ = terminate.recv() => info!("SIGTERM: stopping"),
+        _ = tokio::signal::ctrl_c() => info!("SIGINT: stopping"),
+    }
+    shutdown.cancel();
+}

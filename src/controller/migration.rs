@@ -1,0 +1,211 @@
+//! One running migration: resolve its resource, run the engine, checkpoint progress into status,
+//! and record the outcome. Stops promptly when the migration is deleted or the controller stops.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource as _, ResourceExt};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, instrument, warn};
+
+use super::Context;
+use super::status::{self, Phase, reasons};
+use crate::api::{MigrationTarget, StorageVersionMigration, StorageVersionMigrationStatus};
+use crate::engine::{Finished, Job, Resource};
+
+/// How often a running migration checks that its object still exists.
+const DELETION_CHECK: Duration = Duration::from_millis(250);
+
+/// How long to wait before asking discovery again after it could not be read.
+const DISCOVERY_RETRY: Duration = Duration::from_secs(5);
+
+#[instrument(skip_all, fields(migration = %migration.name_any(), resource = %migration.spec.resource.resource))]
+pub(super) async fn run(context: &Context, migration: Arc<StorageVersionMigration>) {
+    let name = migration.name_any();
+    let cancel = context.stopping.child_token();
+    let deleted = watch_deletion(context, &migration, cancel.clone());
+    let outcome = tokio::select! {
+        outcome = migrate(context, &migration, &cancel) => outcome,
+        () = deleted => {
+            info!("migration deleted; stopped");
+            return;
+        }
+    };
+    if let Err(error) = outcome {
+        warn!(error = %crate::error_chain(&error), "failed to record the migration's status");
+    }
+    info!(migration = name, "migration task ended");
+}
+
+/// Resolves when the migration object is deleted (or replaced by another of the same name).
+async fn watch_deletion(
+    context: &Context,
+    migration: &StorageVersionMigration,
+    cancel: CancellationToken,
+) {
+    let reference = ObjectRef::from_obj(migration);
+    let uid = migration.uid();
+    loop {
+        tokio::time::sleep(DELETION_CHECK).await;
+        let current = context.store.get(&reference);
+        let gone = match &current {
+            None => true,
+            Some(current) => current.uid() != uid || current.metadata.deletion_timestamp.is_some(),
+        };
+        // An empty store means the watch is restarting, not that everything was deleted.
+        if gone && !context.store.state().is_empty() {
+            cancel.cancel();
+            return;
+        }
+    }
+}
+
+async fn migrate(
+    context: &Context,
+    migration: &StorageVersionMigration,
+    cancel: &CancellationToken,
+) -> Result<(), kube::Error> {
+    let api: Api<StorageVersionMigration> = Api::all(context.client.clone());
+    let name = migration.name_any();
+    let previous = migration.status.clone();
+    let resource = loop {
+        match Resource::resolve(&context.client, &migration.spec.resource, false).await {
+            Ok(resource) => break resource,
+            Err(error) if error.is_transient() => {
+                warn!(error = %crate::error_chain(&error), "discovery failed; trying again");
+                tokio::select! {
+                    _ = cancel.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(DISCOVERY_RETRY) => continue,
+                }
+            }
+            Err(error) => {
+                let message = crate::error_chain(&error);
+                let status = status::failed(
+                    previous.as_ref(),
+                    reasons::INVALID_RESOURCE,
+                    message.clone(),
+                    Timestamp::now(),
+                );
+                write_status(&api, &name, &status).await?;
+                publish(context, migration, EventType::Warning, "Failed", message).await;
+                return Ok(());
+            }
+        }
+    };
+    let target = MigrationTarget {
+        storage_version_hash: resource.storage_version_hash.clone(),
+        ..previous.as_ref().and_then(|s| s.target.clone()).unwrap_or_default()
+    };
+    let resumed = Phase::of(migration) == Phase::Running;
+    let start = status::resume_point(migration);
+    let mut current = status::running(previous.as_ref(), &target, &start, Timestamp::now());
+    write_status(&api, &name, &current).await?;
+    let (reason, note) = match (&start.continue_token, resumed) {
+        (Some(_), _) => {
+            ("Resumed", format!("resuming the migration of {resource} from a checkpoint"))
+        }
+        (None, true) => {
+            ("Restarted", format!("migrating every object of {resource} again from the start"))
+        }
+        (None, false) => ("Started", format!("migrating every object of {resource}")),
+    };
+    publish(context, migration, EventType::Normal, reason, note).await;
+
+    let (report, mut updates) = watch::channel(start.clone());
+    let job = Job { resource: resource.clone(), write_to_status: false, resume: start };
+    let run = context.engine.run(job, &report, cancel);
+    tokio::pin!(run);
+    let mut last_write = Instant::now();
+    let finished = loop {
+        tokio::select! {
+            finished = &mut run => break finished,
+            Ok(()) = updates.changed() => {
+                if last_write.elapsed() >= context.settings.checkpoint_interval {
+                    let progress = updates.borrow_and_update().clone();
+                    current = status::running(Some(&current), &target, &progress, Timestamp::now());
+                    if let Err(error) = write_status(&api, &name, &current).await {
+                        warn!(%error, "failed to checkpoint");
+                    }
+                    last_write = Instant::now();
+                }
+            }
+        }
+    };
+    let now = Timestamp::now();
+    match finished {
+        Ok(Finished::Completed(progress)) => {
+            let done = status::completed(Some(&current), &target, &progress, now);
+            write_status(&api, &name, &done).await?;
+            let (type_, reason) = match progress.failed {
+                0 => (EventType::Normal, "Succeeded"),
+                _ => (EventType::Warning, "Failed"),
+            };
+            let message = done.conditions[0].message.clone().unwrap_or_default();
+            info!(rewritten = progress.rewritten, failed = progress.failed, "migration finished");
+            publish(context, migration, type_, reason, message).await;
+        }
+        Ok(Finished::Cancelled(progress)) => {
+            // The controller is stopping: leave the migration Running with its checkpoint.
+            let checkpoint = status::running(Some(&current), &target, &progress, now);
+            write_status(&api, &name, &checkpoint).await?;
+            info!(processed = progress.processed(), "checkpointed for the next leader");
+        }
+        Err(error) => {
+            let message = crate::error_chain(&error);
+            let progress = updates.borrow().clone();
+            let with_progress = status::running(Some(&current), &target, &progress, now);
+            let failed =
+                status::failed(Some(&with_progress), reasons::LIST_FAILED, message.clone(), now);
+            write_status(&api, &name, &failed).await?;
+            publish(context, migration, EventType::Warning, "Failed", message).await;
+        }
+    }
+    Ok(())
+}
+
+/// Writes the whole status with a merge patch; fields the status leaves out are cleared.
+async fn write_status(
+    api: &Api<StorageVersionMigration>,
+    name: &str,
+    status: &StorageVersionMigrationStatus,
+) -> Result<(), kube::Error> {
+    let mut value = serde_json::to_value(status).map_err(kube::Error::SerdeError)?;
+    if let Value::Object(fields) = &mut value {
+        for field in
+            ["progress", "checkpoint", "failedObjects", "target", "startTime", "completionTime"]
+        {
+            fields.entry(field).or_insert(Value::Null);
+        }
+    }
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(json!({ "status": value })))
+        .await?;
+    Ok(())
+}
+
+async fn publish(
+    context: &Context,
+    migration: &StorageVersionMigration,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    // Event notes are limited to 1 kB.
+    let note: String = note.chars().take(1000).collect();
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Migrate".into(),
+        secondary: None,
+    };
+    if let Err(error) = context.recorder.publish(&event, &migration.object_ref(&())).await {
+        warn!(%error, "failed to publish an event");
+    }
+}
