@@ -45,6 +45,8 @@ pub(super) async fn run(context: &Context, migration: Arc<StorageVersionMigratio
 }
 
 /// Resolves when the migration object is deleted (or replaced by another of the same name).
+/// The watch cache says so first; the apiserver confirms, as an empty cache may only mean the
+/// watch is restarting.
 async fn watch_deletion(
     context: &Context,
     migration: &StorageVersionMigration,
@@ -52,17 +54,23 @@ async fn watch_deletion(
 ) {
     let reference = ObjectRef::from_obj(migration);
     let uid = migration.uid();
+    let api: Api<StorageVersionMigration> = Api::all(context.client.clone());
+    let is_gone = |current: Option<&StorageVersionMigration>| match current {
+        None => true,
+        Some(current) => current.uid() != uid || current.metadata.deletion_timestamp.is_some(),
+    };
     loop {
         tokio::time::sleep(DELETION_CHECK).await;
-        let current = context.store.get(&reference);
-        let gone = match &current {
-            None => true,
-            Some(current) => current.uid() != uid || current.metadata.deletion_timestamp.is_some(),
-        };
-        // An empty store means the watch is restarting, not that everything was deleted.
-        if gone && !context.store.state().is_empty() {
-            cancel.cancel();
-            return;
+        if !is_gone(context.store.get(&reference).as_deref()) {
+            continue;
+        }
+        match api.get_opt(&reference.name).await {
+            Ok(current) if is_gone(current.as_ref()) => {
+                cancel.cancel();
+                return;
+            }
+            Ok(_) => {}
+            Err(error) => warn!(%error, "failed to check whether the migration still exists"),
         }
     }
 }

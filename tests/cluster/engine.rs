@@ -327,7 +327,7 @@ async fn admission_rejections_fail_only_the_rejected_objects() {
 }
 
 /// Installs a policy denying updates of widgets labelled `frozen`, and waits until it applies.
-async fn reject_updates_of_frozen(client: &Client, group: &str) {
+pub(crate) async fn reject_updates_of_frozen(client: &Client, group: &str) {
     use k8s_openapi::api::admissionregistration::v1::{
         ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
     };

@@ -116,6 +116,11 @@ impl ControlPlane {
             .expect("the kubeconfig is valid")
     }
 
+    /// Path of an admin kubeconfig, for processes (`kube-svm --kubeconfig`).
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
     /// Raw access to the etcd behind the apiserver.
     pub fn etcd(&self) -> Etcd {
         Etcd::new(&self.etcd_url)

@@ -3,6 +3,7 @@
 mod control_plane;
 mod etcd;
 pub mod fixtures;
+pub mod process;
 
 pub use control_plane::{ControlPlane, shared};
 pub use etcd::{Etcd, KeyValue};

@@ -1,0 +1,431 @@
+//! `kube-svm controller` as a real process against a real control plane: upstream migrations
+//! succeed, kills and signals lose nothing, deletion stops work, one leader at a time, parallel
+//! and serial scheduling, and malformed migrations fail fast.
+//!
+//! Each test runs its own control plane: a controller acts on every migration it can see.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{ListParams, PostParams};
+use kube::{Api, Client};
+use kube_svm::api::{GroupVersionResource, StorageVersionMigration, StorageVersionMigrationSpec};
+use kube_svm::controller::status::Phase;
+
+use crate::engine::reject_updates_of_frozen;
+use crate::support::ControlPlane;
+use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds};
+use crate::support::process::KubeSvm;
+
+/// A private control plane with kube-svm's CRDs and `count` widgets stored at v1, storage v2.
+async fn setup(count: usize) -> (ControlPlane, Client, WidgetCrd) {
+    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let widgets = widgets(&client, "ctl", count).await;
+    (control_plane, client, widgets)
+}
+
+async fn widgets(client: &Client, name: &str, count: usize) -> WidgetCrd {
+    let widgets = WidgetCrd::new(name, false);
+    widgets.create(client, "v1").await;
+    widgets.seed(client, "v1", &[None], count).await;
+    widgets.set_storage_version(client, "v2").await;
+    widgets
+}
+
+async fn create_migration(client: &Client, name: &str, group: &str, resource: &str) {
+    let spec = StorageVersionMigrationSpec {
+        resource: GroupVersionResource {
+            group: group.into(),
+            version: String::new(),
+            resource: resource.into(),
+        },
+        continue_token: None,
+    };
+    let api: Api<StorageVersionMigration> = Api::all(client.clone());
+    api.create(&PostParams::default(), &StorageVersionMigration::new(name, spec))
+        .await
+        .expect("created");
+}
+
+/// Polls the migration until `done` holds, failing after `timeout` with the controller's logs.
+async fn wait_for(
+    client: &Client,
+    name: &str,
+    timeout: Duration,
+    controllers: &[&KubeSvm],
+    done: impl Fn(&StorageVersionMigration) -> bool,
+) -> StorageVersionMigration {
+    let api: Api<StorageVersionMigration> = Api::all(client.clone());
+    let deadline = Instant::now() + timeout;
+    loop {
+        let migration = api.get(name).await.expect("the migration exists");
+        if done(&migration) {
+            return migration;
+        }
+        if Instant::now() > deadline {
+            let logs: Vec<String> = controllers.iter().map(|c| c.logs()).collect();
+            panic!(
+                "timed out waiting for {name}: {:?}\n{}",
+                migration.status,
+                logs.join("\n----\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn phase_is(phase: Phase) -> impl Fn(&StorageVersionMigration) -> bool {
+    move |m| Phase::of(m) == phase
+}
+
+fn processed_at_least(n: u64) -> impl Fn(&StorageVersionMigration) -> bool {
+    move |m| m.status.as_ref().and_then(|s| s.progress.as_ref()).is_some_and(|p| p.processed >= n)
+}
+
+fn progress(migration: &StorageVersionMigration) -> kube_svm::api::MigrationProgress {
+    migration.status.as_ref().and_then(|s| s.progress.clone()).expect("progress is reported")
+}
+
+async fn event_reasons(client: &Client, name: &str) -> Vec<String> {
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let selector = format!("involvedObject.name={name}");
+    let list = events.list(&ListParams::default().fields(&selector)).await.expect("events");
+    list.items.into_iter().filter_map(|e| e.reason).collect()
+}
+
+/// A migration written exactly as for kube-storage-version-migrator succeeds.
+#[tokio::test]
+async fn an_upstream_migration_succeeds() {
+    let (control_plane, client, widgets) = setup(300).await;
+    let controller =
+        KubeSvm::start(&control_plane, "controller", &["controller", "--leader-elect=false"]);
+    let yaml = format!(
+        "apiVersion: migration.k8s.io/v1alpha1\nkind: StorageVersionMigration\nmetadata:\n  name: upstream\nspec:\n  resource:\n    group: {}\n    version: v1\n    resource: widgets\n",
+        widgets.group
+    );
+    let migration: StorageVersionMigration = serde_yaml_ng::from_str(&yaml).expect("valid");
+    Api::<StorageVersionMigration>::all(client.clone())
+        .create(&PostParams::default(), &migration)
+        .await
+        .expect("created");
+
+    let done = wait_for(
+        &client,
+        "upstream",
+        Duration::from_secs(60),
+        &[&controller],
+        phase_is(Phase::Succeeded),
+    )
+    .await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.conditions[0].type_, "Succeeded");
+    assert_eq!(
+        status
+            .conditions
+            .iter()
+            .filter(|c| ["Running", "Succeeded", "Failed"].contains(&c.type_.as_str()))
+            .count(),
+        1
+    );
+    let counts = progress(&done);
+    assert_eq!(
+        (counts.processed, counts.rewritten, counts.failed, counts.remaining),
+        (300, 300, 0, Some(0))
+    );
+    assert!(status.start_time.is_some() && status.completion_time.is_some());
+    assert_eq!(
+        status.target.and_then(|t| t.storage_version_hash),
+        Some(kube_svm::storage_hash::storage_version_hash(&widgets.group, "v2", "Widget"))
+    );
+    assert_eq!(widgets.assert_all_stored_as(&control_plane.etcd(), "v2").await, 300);
+    let reasons = event_reasons(&client, "upstream").await;
+    assert!(
+        reasons.contains(&"Started".into()) && reasons.contains(&"Succeeded".into()),
+        "{reasons:?}"
+    );
+}
+
+/// SIGKILL mid-migration, then a new controller: it resumes from the checkpoint, so at most one
+/// page is written twice, and the counts stay exact.
+#[tokio::test]
+async fn a_killed_controller_resumes_from_its_checkpoint() {
+    let (control_plane, client, widgets) = setup(600).await;
+    let slow = [
+        "controller",
+        "--leader-elect=false",
+        "--page-size=20",
+        "--writes-in-flight=1",
+        "--kube-api-qps=150",
+        "--checkpoint-interval=0",
+    ];
+    let mut first = KubeSvm::start(&control_plane, "first", &slow);
+    create_migration(&client, "killed", &widgets.group, "widgets").await;
+    wait_for(&client, "killed", Duration::from_secs(60), &[&first], processed_at_least(200)).await;
+    first.signal("KILL");
+    first.wait(Duration::from_secs(5)).expect("killed");
+    let checkpointed = wait_for(&client, "killed", Duration::from_secs(1), &[], |_| true).await;
+    assert_eq!(Phase::of(&checkpointed), Phase::Running);
+    assert!(progress(&checkpointed).processed < 600, "killed before the end");
+
+    let second = KubeSvm::start(&control_plane, "second", &slow);
+    let done = wait_for(
+        &client,
+        "killed",
+        Duration::from_secs(90),
+        &[&second],
+        phase_is(Phase::Succeeded),
+    )
+    .await;
+    let counts = progress(&done);
+    assert_eq!((counts.processed, counts.failed), (600, 0), "{counts:?}");
+    // Objects rewritten after the last checkpoint are found current on the second pass.
+    assert!(counts.already_current <= 20, "at most one page redone: {counts:?}");
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2").await;
+    assert!(event_reasons(&client, "killed").await.contains(&"Resumed".into()));
+}
+
+/// SIGTERM: the controller checkpoints, releases its Lease and exits 0 within seconds.
+#[tokio::test]
+async fn sigterm_checkpoints_releases_the_lease_and_exits() {
+    let (control_plane, client, widgets) = setup(600).await;
+    let mut controller = KubeSvm::start(
+        &control_plane,
+        "controller",
+        &[
+            "controller",
+            "--leader-elect=true",
+            "--leader-election-namespace=default",
+            "--identity=only",
+            "--page-size=20",
+            "--kube-api-qps=50",
+            "--kube-api-burst=1",
+            "--checkpoint-interval=60",
+        ],
+    );
+    create_migration(&client, "terminated", &widgets.group, "widgets").await;
+    wait_for(&client, "terminated", Duration::from_secs(60), &[&controller], phase_is(Phase::Running))
+        .await;
+    // A few pages in; no progress is written before the end (the interval is a minute).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let holder = |lease: Lease| lease.spec.and_then(|s| s.holder_identity);
+    assert_eq!(holder(leases.get("kube-svm").await.expect("lease")), Some("only".into()));
+
+    controller.signal("TERM");
+    let exit = controller.wait(Duration::from_secs(10)).expect("exits within seconds");
+    assert!(exit.success(), "exit status {exit}: {}", controller.logs());
+    let stopped = wait_for(&client, "terminated", Duration::from_secs(1), &[], |_| true).await;
+    assert_eq!(Phase::of(&stopped), Phase::Running, "left for the next leader");
+    let status = stopped.status.expect("status");
+    let checkpoint = status.checkpoint.expect("a checkpoint");
+    assert!(!checkpoint.continue_token.is_empty(), "the checkpoint says where to resume");
+    // The checkpoint interval is a minute: this progress was written on the way out.
+    assert!(status.progress.expect("progress").processed >= 40);
+    assert_eq!(
+        holder(leases.get("kube-svm").await.expect("lease")),
+        None,
+        "the lease was released"
+    );
+}
+
+/// Deleting a running migration stops its writes.
+#[tokio::test]
+async fn deleting_a_migration_stops_its_writes() {
+    let (control_plane, client, widgets) = setup(600).await;
+    let controller = KubeSvm::start(
+        &control_plane,
+        "controller",
+        &[
+            "controller",
+            "--leader-elect=false",
+            "--page-size=20",
+            "--writes-in-flight=1",
+            "--kube-api-qps=100",
+            "--kube-api-burst=1",
+        ],
+    );
+    create_migration(&client, "deleted", &widgets.group, "widgets").await;
+    wait_for(&client, "deleted", Duration::from_secs(60), &[&controller], processed_at_least(100))
+        .await;
+    Api::<StorageVersionMigration>::all(client.clone())
+        .delete("deleted", &Default::default())
+        .await
+        .expect("deleted");
+
+    let etcd = control_plane.etcd();
+    let migrated = || async {
+        let stored = etcd.list(&widgets.etcd_prefix()).await.expect("etcd");
+        stored.iter().filter(|kv| kv.api_version() == widgets.api_version("v2")).count()
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after_a_second = migrated().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(migrated().await, after_a_second, "no writes after the deletion");
+    assert!(after_a_second < 600, "stopped before the end: {after_a_second}");
+}
+
+/// Two controllers: only the leader migrates; when it dies the other takes over and finishes.
+#[tokio::test]
+async fn a_standby_takes_over_when_the_leader_dies() {
+    let (control_plane, client, widgets) = setup(800).await;
+    let args = |identity: &'static str| {
+        vec![
+            "controller",
+            "--leader-elect=true",
+            "--leader-election-namespace=default",
+            "--lease-duration=4",
+            identity,
+            "--page-size=20",
+            "--kube-api-qps=100",
+            "--checkpoint-interval=0",
+        ]
+    };
+    let mut leader = KubeSvm::start(&control_plane, "leader", &args("--identity=leader"));
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let holder = || async {
+        leases
+            .get_opt("kube-svm")
+            .await
+            .expect("reads")
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while holder().await.as_deref() != Some("leader") {
+        assert!(Instant::now() < deadline, "the first controller never led");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let standby = KubeSvm::start(&control_plane, "standby", &args("--identity=standby"));
+    create_migration(&client, "failover", &widgets.group, "widgets").await;
+    wait_for(&client, "failover", Duration::from_secs(60), &[&leader], processed_at_least(100))
+        .await;
+    assert_eq!(holder().await.as_deref(), Some("leader"));
+    assert!(!standby.logs().contains("became the leader"), "the standby waits");
+
+    leader.signal("KILL");
+    leader.wait(Duration::from_secs(5)).expect("killed");
+    let done = wait_for(
+        &client,
+        "failover",
+        Duration::from_secs(90),
+        &[&standby],
+        phase_is(Phase::Succeeded),
+    )
+    .await;
+    assert_eq!(holder().await.as_deref(), Some("standby"));
+    assert_eq!(progress(&done).processed, 800);
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2").await;
+}
+
+/// Different resources run in parallel, the same resource one after another, and a migration
+/// that fails (admission rejections) does not hold up the others.
+#[tokio::test]
+async fn migrations_are_scheduled_per_resource() {
+    let (control_plane, client, slow) = setup(600).await;
+    let quick = widgets(&client, "quick", 50).await;
+    let frozen = WidgetCrd::new("frozen", false);
+    frozen.create(&client, "v1").await;
+    frozen.seed(&client, "v1", &[None], 20).await;
+    let label = serde_json::json!({ "metadata": { "labels": { "frozen": "true" } } });
+    frozen
+        .api(&client, "v1", None)
+        .patch("w-3", &Default::default(), &kube::api::Patch::Merge(&label))
+        .await
+        .expect("labelled");
+    reject_updates_of_frozen(&client, &frozen.group).await;
+    frozen.set_storage_version(&client, "v2").await;
+
+    let controller = KubeSvm::start(
+        &control_plane,
+        "controller",
+        &[
+            "controller",
+            "--leader-elect=false",
+            "--concurrency=2",
+            "--page-size=50",
+            "--kube-api-qps=150",
+        ],
+    );
+    create_migration(&client, "slow-1", &slow.group, "widgets").await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    create_migration(&client, "slow-2", &slow.group, "widgets").await;
+    create_migration(&client, "quick", &quick.group, "widgets").await;
+    create_migration(&client, "frozen", &frozen.group, "widgets").await;
+
+    let timeout = Duration::from_secs(90);
+    let failed =
+        wait_for(&client, "frozen", timeout, &[&controller], phase_is(Phase::Failed)).await;
+    let message =
+        failed.status.as_ref().and_then(|s| s.conditions[0].message.clone()).unwrap_or_default();
+    assert!(message.starts_with("1 of 20 objects could not be migrated"), "{message}");
+    assert!(message.contains("frozen objects cannot be updated"), "{message}");
+    let quick_done =
+        wait_for(&client, "quick", timeout, &[&controller], phase_is(Phase::Succeeded)).await;
+    let first =
+        wait_for(&client, "slow-1", timeout, &[&controller], phase_is(Phase::Succeeded)).await;
+    let second =
+        wait_for(&client, "slow-2", timeout, &[&controller], phase_is(Phase::Succeeded)).await;
+
+    let time = |m: &StorageVersionMigration, completion: bool| {
+        let status = m.status.as_ref().expect("status");
+        let time = if completion { &status.completion_time } else { &status.start_time };
+        time.as_ref().expect("recorded").0
+    };
+    assert!(time(&second, false) >= time(&first, true), "the same resource runs one after another");
+    assert!(time(&quick_done, false) < time(&first, true), "another resource runs alongside");
+    assert_eq!(progress(&second).already_current, 600, "the second found nothing left to do");
+}
+
+/// Malformed migrations end Failed within seconds, saying what is wrong.
+#[tokio::test]
+async fn malformed_migrations_fail_fast_with_the_reason() {
+    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let controller = KubeSvm::start(
+        &control_plane,
+        "controller",
+        &["controller", "--leader-elect=false", "--concurrency=4"],
+    );
+    let cases = [
+        ("empty", "", "", "no resource named: spec.resource.resource is empty"),
+        ("unknown", "", "nosuchthings", "the apiserver serves no resource \"nosuchthings\" in v1"),
+        (
+            "subresource",
+            "",
+            "pods/status",
+            "\"pods/status\" is a subresource; name the resource itself",
+        ),
+        (
+            "no-patch",
+            "",
+            "bindings",
+            "bindings does not support the verbs [\"list\", \"patch\"], which migration needs",
+        ),
+        (
+            "no-group",
+            "no.such.group",
+            "widgets",
+            "the apiserver does not serve API group \"no.such.group\"",
+        ),
+    ];
+    for (name, group, resource, _) in cases {
+        create_migration(&client, name, group, resource).await;
+    }
+    for (name, _, _, expected) in cases {
+        let failed = wait_for(
+            &client,
+            name,
+            Duration::from_secs(15),
+            &[&controller],
+            phase_is(Phase::Failed),
+        )
+        .await;
+        let condition = &failed.status.expect("status").conditions[0];
+        assert_eq!(condition.reason.as_deref(), Some("InvalidResource"));
+        assert_eq!(condition.message.as_deref(), Some(expected), "{name}");
+    }
+}
