@@ -23,16 +23,8 @@ async fn setup(count: usize) -> (ControlPlane, Client, WidgetCrd) {
     let control_plane = ControlPlane::start(&[]).await.expect("control plane");
     let client = control_plane.client().await;
     install_kube_svm_crds(&client).await;
-    let widgets = widgets(&client, "ctl", count).await;
+    let widgets = WidgetCrd::stale(&client, "ctl", count).await;
     (control_plane, client, widgets)
-}
-
-async fn widgets(client: &Client, name: &str, count: usize) -> WidgetCrd {
-    let widgets = WidgetCrd::new(name, false);
-    widgets.create(client, "v1").await;
-    widgets.seed(client, "v1", &[None], count).await;
-    widgets.set_storage_version(client, "v2").await;
-    widgets
 }
 
 async fn create_migration(client: &Client, name: &str, group: &str, resource: &str) {
@@ -206,8 +198,14 @@ async fn sigterm_checkpoints_releases_the_lease_and_exits() {
         ],
     );
     create_migration(&client, "terminated", &widgets.group, "widgets").await;
-    wait_for(&client, "terminated", Duration::from_secs(60), &[&controller], phase_is(Phase::Running))
-        .await;
+    wait_for(
+        &client,
+        "terminated",
+        Duration::from_secs(60),
+        &[&controller],
+        phase_is(Phase::Running),
+    )
+    .await;
     // A few pages in; no progress is written before the end (the interval is a minute).
     tokio::time::sleep(Duration::from_secs(3)).await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
@@ -325,7 +323,7 @@ async fn a_standby_takes_over_when_the_leader_dies() {
 #[tokio::test]
 async fn migrations_are_scheduled_per_resource() {
     let (control_plane, client, slow) = setup(600).await;
-    let quick = widgets(&client, "quick", 50).await;
+    let quick = WidgetCrd::stale(&client, "quick", 50).await;
     let frozen = WidgetCrd::new("frozen", false);
     frozen.create(&client, "v1").await;
     frozen.seed(&client, "v1", &[None], 20).await;

@@ -30,12 +30,33 @@ fn target(group: &str, resource: &str) -> GroupVersionResource {
 
 /// Resolves and migrates `resource` to completion.
 async fn migrate(engine: &Engine, client: &Client, group: &str, resource: &str) -> Progress {
-    let resource = Resource::resolve(client, &target(group, resource), false)
-        .await
-        .expect("the resource resolves");
-    let (report, _) = watch::channel(Progress::default());
+    migrate_during(engine, client, &target(group, resource), |_| async {}).await
+}
+
+/// Migrates every widget with an engine of `settings`.
+async fn migrate_widgets(
+    control_plane: &ControlPlane,
+    client: &Client,
+    widgets: &WidgetCrd,
+    settings: Settings,
+) -> Progress {
+    let engine = engine(control_plane.config().await, settings);
+    migrate(&engine, client, &widgets.group, WidgetCrd::PLURAL).await
+}
+
+/// Migrates `target` while `during` runs alongside, watching the progress reports.
+async fn migrate_during<F: Future<Output = ()>>(
+    engine: &Engine,
+    client: &Client,
+    target: &GroupVersionResource,
+    during: impl FnOnce(watch::Receiver<Progress>) -> F,
+) -> Progress {
+    let resource = Resource::resolve(client, target, false).await.expect("the resource resolves");
+    let (report, updates) = watch::channel(Progress::default());
     let job = Job { resource, write_to_status: false, resume: Progress::default() };
-    match engine.run(job, &report, &CancellationToken::new()).await.expect("the migration runs") {
+    let cancel = CancellationToken::new();
+    let (finished, ()) = tokio::join!(engine.run(job, &report, &cancel), during(updates));
+    match finished.expect("the migration runs") {
         Finished::Completed(progress) => progress,
         Finished::Cancelled(_) => panic!("nothing cancelled the migration"),
     }
@@ -157,10 +178,7 @@ async fn rotates_the_encryption_key_of_secrets() {
 async fn concurrent_writes_are_never_lost() {
     let control_plane = shared().await;
     let client = control_plane.client().await;
-    let widgets = WidgetCrd::new("concurrent", false);
-    widgets.create(&client, "v1").await;
-    widgets.seed(&client, "v1", &[None], 400).await;
-    widgets.set_storage_version(&client, "v2").await;
+    let widgets = WidgetCrd::stale(&client, "concurrent", 400).await;
 
     let stop = CancellationToken::new();
     let writer = {
@@ -180,13 +198,7 @@ async fn concurrent_writes_are_never_lost() {
         })
     };
     let settings = Settings { page_size: 20, writes_in_flight: 4, ..Settings::default() };
-    let progress = migrate(
-        &engine(control_plane.config().await, settings),
-        &client,
-        &widgets.group,
-        WidgetCrd::PLURAL,
-    )
-    .await;
+    let progress = migrate_widgets(control_plane, &client, &widgets, settings).await;
     stop.cancel();
     let written = writer.await.expect("the writer ran");
 
@@ -206,30 +218,24 @@ async fn concurrent_writes_are_never_lost() {
 async fn objects_deleted_mid_run_are_not_failures() {
     let control_plane = shared().await;
     let client = control_plane.client().await;
-    let widgets = WidgetCrd::new("deleted", false);
-    widgets.create(&client, "v1").await;
-    widgets.seed(&client, "v1", &[None], 300).await;
-    widgets.set_storage_version(&client, "v2").await;
+    let widgets = WidgetCrd::stale(&client, "deleted", 300).await;
 
-    let resource = Resource::resolve(&client, &target(&widgets.group, WidgetCrd::PLURAL), false)
-        .await
-        .expect("resolves");
     let settings = Settings { page_size: 50, writes_in_flight: 2, ..Settings::default() };
     let engine = engine(control_plane.config().await, settings);
-    let (report, mut updates) = watch::channel(Progress::default());
-    let job = Job { resource, write_to_status: false, resume: Progress::default() };
-    let cancel = CancellationToken::new();
-    let run = engine.run(job, &report, &cancel);
     let api = widgets.api(&client, "v1", None);
-    let delete = async {
-        // After the first page, delete objects that later pages hold.
-        updates.changed().await.expect("a page is reported");
-        for i in (150..300).step_by(3) {
-            api.delete(&format!("w-{i}"), &Default::default()).await.expect("deleted");
-        }
-    };
-    let (finished, ()) = tokio::join!(run, delete);
-    let Finished::Completed(progress) = finished.expect("runs") else { panic!("not cancelled") };
+    let progress = migrate_during(
+        &engine,
+        &client,
+        &target(&widgets.group, WidgetCrd::PLURAL),
+        |mut updates| async move {
+            // After the first page, delete objects that later pages hold.
+            updates.changed().await.expect("a page is reported");
+            for i in (150..300).step_by(3) {
+                api.delete(&format!("w-{i}"), &Default::default()).await.expect("deleted");
+            }
+        },
+    )
+    .await;
     assert_eq!(progress.failed, 0, "{:?}", progress.failures);
     assert_eq!(progress.processed(), progress.listed);
     // Each of the 250 survivors was rewritten once; the deleted were either never listed or
@@ -244,31 +250,25 @@ async fn objects_deleted_mid_run_are_not_failures() {
 async fn survives_compaction_mid_run() {
     let control_plane = ControlPlane::start(&["--watch-cache=false"]).await.expect("starts");
     let client = control_plane.client().await;
-    let widgets = WidgetCrd::new("compaction", false);
-    widgets.create(&client, "v1").await;
-    widgets.seed(&client, "v1", &[None], 200).await;
-    widgets.set_storage_version(&client, "v2").await;
+    let widgets = WidgetCrd::stale(&client, "compaction", 200).await;
 
-    let resource = Resource::resolve(&client, &target(&widgets.group, WidgetCrd::PLURAL), false)
-        .await
-        .expect("resolves");
     // One write at a time and one page of 10: the run spans many pages and revisions.
     let settings = Settings { page_size: 10, writes_in_flight: 1, ..Settings::default() };
     let engine = engine(control_plane.config().await, settings);
-    let (report, mut updates) = watch::channel(Progress::default());
-    let job = Job { resource, write_to_status: false, resume: Progress::default() };
-    let cancel = CancellationToken::new();
     let etcd = control_plane.etcd();
-    let compact = async {
-        for _ in 0..3 {
-            updates.changed().await.expect("a page is reported");
-            etcd.compact(etcd.revision().await.expect("revision")).await.expect("compacted");
-        }
-    };
-    let (finished, ()) = tokio::join!(engine.run(job, &report, &cancel), compact);
-    let Finished::Completed(progress) = finished.expect("the run survives compaction") else {
-        panic!()
-    };
+    let progress = migrate_during(
+        &engine,
+        &client,
+        &target(&widgets.group, WidgetCrd::PLURAL),
+        |mut updates| async move {
+            let etcd = control_plane.etcd();
+            for _ in 0..3 {
+                updates.changed().await.expect("a page is reported");
+                etcd.compact(etcd.revision().await.expect("revision")).await.expect("compacted");
+            }
+        },
+    )
+    .await;
     assert_eq!(progress.failed, 0);
     widgets.assert_all_stored_as(&etcd, "v2").await;
     assert_eq!(progress.rewritten, 200, "{progress:?}");
@@ -295,13 +295,7 @@ async fn admission_rejections_fail_only_the_rejected_objects() {
 
     let started = Instant::now();
     let settings = Settings { write_attempts: 3, ..Settings::default() };
-    let progress = migrate(
-        &engine(control_plane.config().await, settings),
-        &client,
-        &widgets.group,
-        WidgetCrd::PLURAL,
-    )
-    .await;
+    let progress = migrate_widgets(control_plane, &client, &widgets, settings).await;
     assert!(started.elapsed() < Duration::from_secs(60), "rejections are not retried for long");
     assert_eq!((progress.failed, progress.rewritten), (10, 90));
     let mut failed: Vec<_> = progress.failures.iter().map(|f| f.name.clone()).collect();
@@ -432,10 +426,7 @@ async fn completes_under_priority_and_fairness_throttling() {
             .await
             .expect("starts");
     let admin = control_plane.client().await;
-    let widgets = WidgetCrd::new("throttled", false);
-    widgets.create(&admin, "v1").await;
-    widgets.seed(&admin, "v1", &[None], 200).await;
-    widgets.set_storage_version(&admin, "v2").await;
+    let widgets = WidgetCrd::stale(&admin, "throttled", 200).await;
 
     let user = unique("throttled-migrator");
     let flow_schema_uid = throttle_user(&admin, &user).await;
@@ -578,13 +569,7 @@ async fn objects_in_a_vanished_namespace_are_really_rewritten() {
     }
     widgets.set_storage_version(&client, "v2").await;
 
-    let progress = migrate(
-        &engine(control_plane.config().await, Settings::default()),
-        &client,
-        &widgets.group,
-        WidgetCrd::PLURAL,
-    )
-    .await;
+    let progress = migrate_widgets(control_plane, &client, &widgets, Settings::default()).await;
     assert_eq!((progress.listed, progress.rewritten, progress.failed), (10, 10, 0), "{progress:?}");
     let stranded = control_plane
         .etcd()

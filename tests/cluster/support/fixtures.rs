@@ -168,6 +168,16 @@ impl WidgetCrd {
             .expect("the widget is created")
     }
 
+    /// A fresh cluster-scoped widget CRD holding `count` widgets stored at v1, with its storage
+    /// version switched to v2: the state a migration starts from.
+    pub async fn stale(client: &Client, test: &str, count: usize) -> WidgetCrd {
+        let widgets = WidgetCrd::new(test, false);
+        widgets.create(client, "v1").await;
+        widgets.seed(client, "v1", &[None], count).await;
+        widgets.set_storage_version(client, "v2").await;
+        widgets
+    }
+
     /// The etcd key of one widget.
     pub fn etcd_key(&self, namespace: Option<&str>, name: &str) -> String {
         match namespace.filter(|_| self.namespaced) {
