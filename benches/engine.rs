@@ -35,8 +35,13 @@ async fn run(
         resource: WidgetCrd::PLURAL.into(),
     };
     let resource = Resource::resolve(client, &target, false).await.expect("resolves");
-    let engine = Engine::new(config.clone(), Arc::new(RateLimiter::new(0.0, 1)), settings)
-        .expect("an engine");
+    let engine = Engine::new(
+        config.clone(),
+        Arc::new(RateLimiter::new(0.0, 1)),
+        settings,
+        Arc::new(kube_svm::metrics::Metrics::new().expect("metrics")),
+    )
+    .expect("an engine");
     let (report, _) = watch::channel(Progress::default());
     let started = Instant::now();
     let job = Job { resource, write_to_status: false, resume: Progress::default() };

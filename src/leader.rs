@@ -85,10 +85,12 @@ impl Drop for Leadership {
 }
 
 /// Waits until this candidate holds the lease; `None` when `shutdown` fires first.
+/// `on_attempt` runs after every attempt, with whether it won.
 pub async fn acquire(
     client: Client,
     settings: Settings,
     shutdown: &CancellationToken,
+    on_attempt: impl Fn(bool),
 ) -> Result<Option<Leadership>, Error> {
     let lease: Api<Lease> = Api::namespaced(client, &settings.namespace);
     let mut observed: Option<(String, Instant)> = None;
@@ -99,7 +101,9 @@ pub async fn acquire(
         "waiting for leadership"
     );
     loop {
-        if try_acquire(&lease, &settings, &mut observed).await? {
+        let won = try_acquire(&lease, &settings, &mut observed).await?;
+        on_attempt(won);
+        if won {
             info!(lease = settings.name, identity = settings.identity, "became the leader");
             let (lost, stop) = (CancellationToken::new(), CancellationToken::new());
             let renewals =

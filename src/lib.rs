@@ -11,6 +11,8 @@ pub mod cli;
 pub mod controller;
 pub mod engine;
 pub mod leader;
+pub mod metrics;
+pub mod server;
 pub mod storage_hash;
 pub mod stored;
 pub mod telemetry;

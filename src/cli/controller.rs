@@ -1,6 +1,8 @@
 //! `kube-svm controller`: what the container runs.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -12,6 +14,8 @@ use super::kube::{KubeArgs, in_cluster};
 use crate::controller::{self, Stopped};
 use crate::engine::{self, Engine, RateLimiter};
 use crate::leader;
+use crate::metrics::Metrics;
+use crate::server::{self, Health};
 
 #[derive(Args, Debug)]
 pub struct ControllerArgs {
@@ -61,6 +65,10 @@ pub struct ControllerArgs {
     /// This replica's identity in the Lease and on Events; defaults to the pod or host name.
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+
+    /// Address of the admin server: /metrics, /healthz, /readyz (upstream's port).
+    #[arg(long, env = "KUBE_SVM_METRICS_BIND_ADDRESS", default_value = "0.0.0.0:2112")]
+    pub metrics_bind_address: SocketAddr,
 }
 
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
@@ -77,15 +85,18 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         leader_election_name,
         lease_duration,
         identity,
+        metrics_bind_address,
     } = args;
+    let metrics = Arc::new(Metrics::new().context("failed to register the metrics")?);
+    let health = Arc::new(Health::default());
     let config = kube.config().await?;
     let client = kube::Client::try_from(config.clone()).context("failed to create a client")?;
     let identity = identity.unwrap_or_else(default_identity);
     let limiter = Arc::new(RateLimiter::new(kube_api_qps, kube_api_burst));
     let engine_settings =
         engine::Settings { page_size, writes_in_flight, ..engine::Settings::default() };
-    let engine =
-        Engine::new(config, limiter, engine_settings).context("failed to create a client")?;
+    let engine = Engine::new(config, limiter, engine_settings, metrics.clone())
+        .context("failed to create a client")?;
     let settings = controller::Settings {
         concurrency,
         checkpoint_interval: Duration::from_secs_f64(checkpoint_interval.max(0.0)),
@@ -94,9 +105,18 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
 
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
+    let server_stop = CancellationToken::new();
+    let listener = server::bind(metrics_bind_address)
+        .await
+        .with_context(|| format!("failed to listen on {metrics_bind_address}"))?;
+    tokio::spawn(server::serve(listener, metrics.clone(), health.clone(), server_stop.clone()));
+    let _stop_server = server_stop.drop_guard();
+    tokio::spawn(wait_for_crds(client.clone(), health.clone()));
 
     if !leader_elect.unwrap_or_else(in_cluster) {
-        controller::run(client, engine, settings, shutdown, CancellationToken::new()).await;
+        health.leadership_known.store(true, Ordering::Relaxed);
+        metrics.leader.set(1);
+        controller::run(client, engine, settings, health, shutdown, CancellationToken::new()).await;
         return Ok(());
     }
     let lease_duration = Duration::from_secs(lease_duration.max(2));
@@ -110,12 +130,21 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         renew_deadline: lease_duration * 2 / 3,
         retry_period: Duration::from_secs(2).min(lease_duration / 3),
     };
-    let Some(leadership) = leader::acquire(client.clone(), leader_settings, &shutdown).await?
+    let on_attempt = |won: bool| {
+        health.leadership_known.store(true, Ordering::Relaxed);
+        health.beat();
+        metrics.leader.set(i64::from(won));
+    };
+    let Some(leadership) =
+        leader::acquire(client.clone(), leader_settings, &shutdown, on_attempt).await?
     else {
         info!("stopped before becoming the leader");
         return Ok(());
     };
-    match controller::run(client, engine, settings, shutdown, leadership.lost()).await {
+    let stopped =
+        controller::run(client, engine, settings, health, shutdown, leadership.lost()).await;
+    metrics.leader.set(0);
+    match stopped {
         Stopped::Shutdown => {
             leadership.release().await;
             Ok(())
@@ -123,6 +152,29 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         Stopped::LeadershipLost => {
             anyhow::bail!("lost leadership; exiting so a new leader takes over")
         }
+    }
+}
+
+/// Marks the CRDs established once the apiserver says both are.
+async fn wait_for_crds(client: kube::Client, health: Arc<Health>) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: kube::Api<CustomResourceDefinition> = kube::Api::all(client);
+    loop {
+        let mut established = true;
+        for crd in crate::api::crds() {
+            let name = crd.metadata.name.unwrap_or_default();
+            let conditions = match crds.get_opt(&name).await {
+                Ok(Some(found)) => found.status.and_then(|s| s.conditions).unwrap_or_default(),
+                Ok(None) | Err(_) => Vec::new(),
+            };
+            established &=
+                conditions.iter().any(|c| c.type_ == "Established" && c.status == "True");
+        }
+        if established {
+            health.crds_established.store(true, Ordering::Relaxed);
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
     }
 }
 

@@ -22,7 +22,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the controller: reconcile StorageVersionMigrations (what the container runs).
-    Controller(controller::ControllerArgs),
+    Controller(Box<controller::ControllerArgs>),
     /// Print kube-svm's CustomResourceDefinitions as YAML.
     Crds,
 }
@@ -31,7 +31,7 @@ impl Cli {
     /// Runs the chosen subcommand.
     pub async fn run(self) -> anyhow::Result<()> {
         match self.command {
-            Command::Controller(args) => controller::run(args).await,
+            Command::Controller(args) => controller::run(*args).await,
             Command::Crds => crds::run(),
         }
     }

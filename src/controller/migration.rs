@@ -17,8 +17,10 @@ use tracing::{info, instrument, warn};
 
 use super::Context;
 use super::status::{self, Phase, reasons};
+use crate::api::conditions::{FAILED, SUCCEEDED};
 use crate::api::{MigrationTarget, StorageVersionMigration, StorageVersionMigrationStatus};
 use crate::engine::{Finished, Job, Resource};
+use crate::metrics::resource_label;
 
 /// How often a running migration checks that its object still exists.
 const DELETION_CHECK: Duration = Duration::from_millis(250);
@@ -30,6 +32,9 @@ const DISCOVERY_RETRY: Duration = Duration::from_secs(5);
 pub(super) async fn run(context: &Context, migration: Arc<StorageVersionMigration>) {
     let name = migration.name_any();
     let cancel = context.stopping.child_token();
+    let metrics = context.engine.metrics().clone();
+    metrics.migrations_running.inc();
+    let _running = scopeguard(move || metrics.migrations_running.dec());
     let deleted = watch_deletion(context, &migration, cancel.clone());
     let outcome = tokio::select! {
         outcome = migrate(context, &migration, &cancel) => outcome,
@@ -102,11 +107,15 @@ async fn migrate(
                     Timestamp::now(),
                 );
                 write_status(&api, &name, &status).await?;
+                let target = &migration.spec.resource;
+                let label = resource_label(&target.group, &target.version, &target.resource);
+                observe_finished(context, &label, &status);
                 publish(context, migration, EventType::Warning, "Failed", message).await;
                 return Ok(());
             }
         }
     };
+    let label = resource_label(&resource.group, &resource.version, &resource.plural);
     let target = MigrationTarget {
         storage_version_hash: resource.storage_version_hash.clone(),
         ..previous.as_ref().and_then(|s| s.target.clone()).unwrap_or_default()
@@ -151,6 +160,7 @@ async fn migrate(
         Ok(Finished::Completed(progress)) => {
             let done = status::completed(Some(&current), &target, &progress, now);
             write_status(&api, &name, &done).await?;
+            observe_finished(context, &label, &done);
             let (type_, reason) = match progress.failed {
                 0 => (EventType::Normal, "Succeeded"),
                 _ => (EventType::Warning, "Failed"),
@@ -172,10 +182,26 @@ async fn migrate(
             let failed =
                 status::failed(Some(&with_progress), reasons::LIST_FAILED, message.clone(), now);
             write_status(&api, &name, &failed).await?;
+            observe_finished(context, &label, &failed);
             publish(context, migration, EventType::Warning, "Failed", message).await;
         }
     }
     Ok(())
+}
+
+/// Counts a finished migration in the upstream and kube-svm metrics.
+fn observe_finished(context: &Context, label: &str, status: &StorageVersionMigrationStatus) {
+    let metrics = context.engine.metrics();
+    let outcome = match status.conditions.first().map(|c| c.type_.as_str()) {
+        Some(SUCCEEDED) => SUCCEEDED,
+        _ => FAILED,
+    };
+    metrics.migrations.with_label_values(&[label, outcome]).inc();
+    metrics.remaining_objects.with_label_values(&[label]).set(0);
+    if let (Some(start), Some(end)) = (&status.start_time, &status.completion_time) {
+        let seconds = end.0.duration_since(start.0).as_secs_f64().max(0.0);
+        metrics.migration_duration.with_label_values(&[outcome]).observe(seconds);
+    }
 }
 
 /// Writes the whole status with a merge patch; fields the status leaves out are cleared.
@@ -216,4 +242,17 @@ async fn publish(
     if let Err(error) = context.recorder.publish(&event, &migration.object_ref(&())).await {
         warn!(%error, "failed to publish an event");
     }
+}
+
+/// Runs `f` when dropped, however the task ends.
+fn scopeguard(f: impl FnOnce()) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
 }

@@ -10,6 +10,7 @@ mod reconcile;
 pub mod status;
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,6 +27,10 @@ use tracing::{info, warn};
 
 use crate::api::{GroupResource, StorageVersionMigration};
 use crate::engine::Engine;
+use crate::server::Health;
+
+/// How often the controller's loop reports that it is alive.
+const HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// How the controller schedules and checkpoints migrations.
 #[derive(Clone, Debug)]
@@ -74,6 +79,7 @@ pub async fn run(
     client: Client,
     engine: Engine,
     settings: Settings,
+    health: Arc<Health>,
     shutdown: CancellationToken,
     leadership_lost: CancellationToken,
 ) -> Stopped {
@@ -105,15 +111,29 @@ pub async fn run(
         }
     };
     info!("controller started");
-    controller
+    let store = context.store.clone();
+    let reconciling = controller
         .graceful_shutdown_on(stopped)
         .run(reconcile::reconcile, reconcile::error_policy, context.clone())
         .for_each(|result| async move {
             if let Err(error) = result {
                 warn!(error = %crate::error_chain(&error), "reconcile failed");
             }
-        })
-        .await;
+        });
+    // The heartbeat lives as long as the reconcile loop does.
+    let heartbeat = async {
+        if store.wait_until_ready().await.is_ok() {
+            health.caches_synced.store(true, Ordering::Relaxed);
+        }
+        loop {
+            health.beat();
+            tokio::time::sleep(HEARTBEAT).await;
+        }
+    };
+    tokio::select! {
+        () = reconciling => {}
+        () = heartbeat => {}
+    }
     // Running migrations saw `stopping` and are writing their checkpoints.
     context.tasks.close();
     context.tasks.wait().await;

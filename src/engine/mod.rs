@@ -22,6 +22,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::StreamExt;
+
+use crate::metrics::{self, Metrics, results};
 use kube::Client;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -174,6 +176,7 @@ pub struct Engine {
     client: Client,
     limiter: Arc<RateLimiter>,
     settings: Settings,
+    metrics: Arc<Metrics>,
 }
 
 /// One migration to run.
@@ -194,14 +197,20 @@ impl Engine {
         mut config: kube::Config,
         limiter: Arc<RateLimiter>,
         settings: Settings,
+        metrics: Arc<Metrics>,
     ) -> Result<Engine, kube::Error> {
         config.default_retry = false;
         let client = Client::try_from(config)?;
-        Ok(Engine { client, limiter, settings })
+        Ok(Engine { client, limiter, settings, metrics })
     }
 
     pub fn settings(&self) -> &Settings {
         &self.settings
+    }
+
+    /// The metrics this engine records into, shared with whoever serves them.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// Migrates every object of `job.resource`, publishing progress after each page on `report`.
@@ -245,6 +254,7 @@ impl Engine {
                 }
                 done = futures::future::join(writes, prefetch) => done,
             };
+            let before = progress.clone();
             for outcome in outcomes {
                 progress.record(outcome, self.settings.failures_kept);
             }
@@ -253,6 +263,7 @@ impl Engine {
             progress.pages += 1;
             progress.remaining = page.remaining;
             progress.continue_token = next_token;
+            self.observe_page(&resource, &before, &progress);
             report.send_replace(progress.clone());
             info!(
                 listed = progress.listed,
@@ -284,6 +295,26 @@ impl Engine {
             return Retry::Never;
         }
         self.settings.backoff.decide(failure, *count, fastrand::f64())
+    }
+}
+
+impl Engine {
+    /// Adds a page's outcomes to the metrics.
+    fn observe_page(&self, resource: &Resource, before: &Progress, after: &Progress) {
+        let label = metrics::resource_label(&resource.group, &resource.version, &resource.plural);
+        let metrics = &self.metrics;
+        for (result, count) in [
+            (results::REWRITTEN, after.rewritten - before.rewritten),
+            (results::ALREADY_CURRENT, after.already_current - before.already_current),
+            (results::SKIPPED, after.skipped - before.skipped),
+            (results::FAILED, after.failed - before.failed),
+        ] {
+            metrics.objects.with_label_values(&[label.as_str(), result]).inc_by(count);
+        }
+        let migrated = (after.processed() - before.processed()) - (after.failed - before.failed);
+        metrics.migrated_objects.with_label_values(&[&label]).inc_by(migrated);
+        let remaining = i64::try_from(after.remaining.unwrap_or(0)).unwrap_or(i64::MAX);
+        metrics.remaining_objects.with_label_values(&[&label]).set(remaining);
     }
 }
 

@@ -61,10 +61,27 @@ impl Engine {
     ) -> Result<Reply, kube::Error> {
         self.limiter.acquire().await;
         run.requests.fetch_add(1, Ordering::Relaxed);
-        let response = self.client.send(request.map(Body::from)).await?;
+        let verb = match *request.method() {
+            http::Method::GET => "list",
+            http::Method::PATCH => "patch",
+            _ => "other",
+        };
+        let metrics = &self.metrics;
+        let writing = (verb == "patch").then(|| InFlight::enter(&metrics.writes_in_flight));
+        let started = std::time::Instant::now();
+        let response = self.client.send(request.map(Body::from)).await;
+        drop(writing);
+        metrics
+            .request_duration
+            .with_label_values(&[verb])
+            .observe(started.elapsed().as_secs_f64());
+        let code = response.as_ref().ok().map(|r| r.status().as_u16());
+        metrics.requests.with_label_values(&[verb, crate::metrics::code_class(code)]).inc();
+        let response = response?;
         let code = response.status().as_u16();
         if code == 429 {
             run.throttled.fetch_add(1, Ordering::Relaxed);
+            metrics.throttled.with_label_values(&[verb]).inc();
         }
         let retry_after = response
             .headers()
@@ -74,5 +91,21 @@ impl Engine {
             .map(Duration::from_secs);
         let body = response.into_body().collect_bytes().await?;
         Ok(Reply { code, retry_after, body })
+    }
+}
+
+/// Counts a request in a gauge while it is in flight.
+struct InFlight<'a>(&'a prometheus::IntGauge);
+
+impl<'a> InFlight<'a> {
+    fn enter(gauge: &'a prometheus::IntGauge) -> InFlight<'a> {
+        gauge.inc();
+        InFlight(gauge)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }

@@ -21,7 +21,8 @@ use crate::support::{ControlPlane, shared};
 
 /// Settings for tests: no client-side rate limit, so the apiserver sets the pace.
 fn engine(config: kube::Config, settings: Settings) -> Engine {
-    Engine::new(config, Arc::new(RateLimiter::new(0.0, 1)), settings).expect("an engine")
+    let metrics = Arc::new(kube_svm::metrics::Metrics::new().expect("metrics register"));
+    Engine::new(config, Arc::new(RateLimiter::new(0.0, 1)), settings, metrics).expect("an engine")
 }
 
 fn target(group: &str, resource: &str) -> GroupVersionResource {

@@ -5,4 +5,5 @@
 mod controller;
 mod engine;
 mod foundation;
+mod observability;
 mod support;

@@ -17,8 +17,15 @@ impl KubeSvm {
     pub fn start(control_plane: &ControlPlane, name: &str, args: &[&str]) -> KubeSvm {
         let log = control_plane.path(&format!("{name}.log"));
         let out = fs::File::create(&log).expect("log file");
+        let mut args: Vec<&str> = args.to_vec();
+        // Many controllers run side by side: each takes a port of its own unless told one.
+        if args.first() == Some(&"controller")
+            && !args.iter().any(|a| a.starts_with("--metrics-bind-address"))
+        {
+            args.push("--metrics-bind-address=127.0.0.1:0");
+        }
         let child = Command::new(env!("CARGO_BIN_EXE_kube-svm"))
-            .args(args)
+            .args(&args)
             .arg("--kubeconfig")
             .arg(control_plane.kubeconfig())
             .env("RUST_LOG", "info,kube_svm=debug")

@@ -1,0 +1,252 @@
+//! Prometheus metrics. kube-storage-version-migrator's three series keep their names and label
+//! formats so existing dashboards work; kube-svm's own live under `kube_svm_`. Labels are bounded:
+//! resources, results, verbs and status code classes, never object names or error text.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+pub struct Metrics {
+    registry: Registry,
+    /// Upstream: objects migrated, by `resource` (`<group>/<version>, Resource=<plural>`).
+    pub migrated_objects: IntCounterVec,
+    /// Upstream (never set there): objects left to migrate, by `resource`.
+    pub remaining_objects: IntGaugeVec,
+    /// Upstream: migrations finished, by `resource` and `status` (Succeeded or Failed).
+    pub migrations: IntCounterVec,
+    pub objects: IntCounterVec,
+    pub requests: IntCounterVec,
+    pub request_duration: HistogramVec,
+    pub throttled: IntCounterVec,
+    pub migration_duration: HistogramVec,
+    pub migrations_running: IntGauge,
+    pub writes_in_flight: IntGauge,
+    pub leader: IntGauge,
+    build_info: IntGaugeVec,
+}
+
+/// Result labels of `kube_svm_objects_total`.
+pub mod results {
+    pub const REWRITTEN: &str = "rewritten";
+    pub const ALREADY_CURRENT: &str = "already_current";
+    pub const SKIPPED: &str = "skipped";
+    pub const FAILED: &str = "failed";
+}
+
+impl Metrics {
+    pub fn new() -> Result<Metrics, prometheus::Error> {
+        let registry = Registry::new();
+        let counter =
+            |name: &str, help: &str, labels: &[&str]| -> Result<IntCounterVec, prometheus::Error> {
+                let metric = IntCounterVec::new(Opts::new(name, help), labels)?;
+                registry.register(Box::new(metric.clone()))?;
+                Ok(metric)
+            };
+        let metrics = Metrics {
+            migrated_objects: counter(
+                "storage_migrator_core_migrator_migrated_objects",
+                "Objects migrated, by resource (kube-storage-version-migrator's series).",
+                &["resource"],
+            )?,
+            remaining_objects: {
+                let metric = IntGaugeVec::new(
+                    Opts::new(
+                        "storage_migrator_core_migrator_remaining_objects",
+                        "Objects of a running migration not yet migrated, by resource, as the apiserver estimates them.",
+                    ),
+                    &["resource"],
+                )?;
+                registry.register(Box::new(metric.clone()))?;
+                metric
+            },
+            migrations: counter(
+                "storage_migrator_core_migrator_migrations",
+                "Migrations finished, by resource and status (Succeeded or Failed).",
+                &["resource", "status"],
+            )?,
+            objects: counter(
+                "kube_svm_objects_total",
+                "Objects handled by migrations, by resource and result (rewritten, already_current, skipped, failed).",
+                &["resource", "result"],
+            )?,
+            requests: counter(
+                "kube_svm_api_requests_total",
+                "Requests the migration engine sent to the apiserver, by verb and status code class.",
+                &["verb", "code"],
+            )?,
+            request_duration: {
+                let metric = HistogramVec::new(
+                    HistogramOpts::new(
+                        "kube_svm_api_request_duration_seconds",
+                        "Latency of the migration engine's requests to the apiserver, by verb.",
+                    ),
+                    &["verb"],
+                )?;
+                registry.register(Box::new(metric.clone()))?;
+                metric
+            },
+            throttled: counter(
+                "kube_svm_api_throttled_requests_total",
+                "Requests the apiserver throttled with 429 Too Many Requests, by verb.",
+                &["verb"],
+            )?,
+            migration_duration: {
+                let buckets = prometheus::exponential_buckets(1.0, 4.0, 8)?;
+                let metric = HistogramVec::new(
+                    HistogramOpts::new(
+                        "kube_svm_migration_duration_seconds",
+                        "Time from a migration's start to its end, by status.",
+                    )
+                    .buckets(buckets),
+                    &["status"],
+                )?;
+                registry.register(Box::new(metric.clone()))?;
+                metric
+            },
+            migrations_running: gauge(
+                &registry,
+                "kube_svm_migrations_running",
+                "Migrations running in this process.",
+            )?,
+            writes_in_flight: gauge(
+                &registry,
+                "kube_svm_writes_in_flight",
+                "Object writes in flight in this process.",
+            )?,
+            leader: gauge(
+                &registry,
+                "kube_svm_leader",
+                "1 when this process leads (or leader election is off), 0 while it waits.",
+            )?,
+            build_info: {
+                let metric = IntGaugeVec::new(
+                    Opts::new(
+                        "kube_svm_build_info",
+                        "Always 1; the version label says which kube-svm runs.",
+                    ),
+                    &["version"],
+                )?;
+                registry.register(Box::new(metric.clone()))?;
+                metric
+            },
+            registry,
+        };
+        metrics.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        metrics
+            .registry
+            .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
+        Ok(metrics)
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> Result<String, prometheus::Error> {
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut out)?;
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
+    /// Name, type, labels and help of kube-svm's metrics (process metrics left out), as the
+    /// README's table lists them.
+    pub fn describe(&self) -> Vec<(String, String, Vec<String>, String)> {
+        self.registry
+            .gather()
+            .iter()
+            .filter(|family| !family.name().starts_with("process_"))
+            .map(|family| {
+                let labels = family
+                    .get_metric()
+                    .first()
+                    .map(|m| m.get_label().iter().map(|l| l.name().to_owned()).collect())
+                    .unwrap_or_default();
+                let kind = format!("{:?}", family.get_field_type()).to_lowercase();
+                (family.name().to_owned(), kind, labels, family.help().to_owned())
+            })
+            .collect()
+    }
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> Result<IntGauge, prometheus::Error> {
+    let metric = IntGauge::new(name, help)?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+/// The `resource` label, in kube-storage-version-migrator's format: `<group>/<version>, Resource=<plural>`.
+pub fn resource_label(group: &str, version: &str, plural: &str) -> String {
+    format!("{group}/{version}, Resource={plural}")
+}
+
+/// The `code` label: the status code class, or `none` when no response came.
+pub fn code_class(code: Option<u16>) -> &'static str {
+    match code {
+        Some(200..300) => "2xx",
+        Some(300..400) => "3xx",
+        Some(400..500) => "4xx",
+        Some(500..600) => "5xx",
+        _ => "none",
+    }
+}
+
+/// The README's metrics table, generated from the registry.
+pub fn markdown_table(metrics: &Metrics) -> String {
+    let mut out = String::from("| metric | type | labels | meaning |\n| --- | --- | --- | --- |\n");
+    for (name, kind, labels, help) in metrics.describe() {
+        let labels = if labels.is_empty() { "-".to_owned() } else { labels.join(", ") };
+        out.push_str(&format!("| `{name}` | {kind} | {labels} | {help} |\n"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_readme_lists_every_metric() {
+        let metrics = Metrics::new().unwrap();
+        // Families without samples are not gathered: touch each labelled one.
+        touch(&metrics);
+        let table = markdown_table(&metrics);
+        let readme = include_str!("../README.md");
+        assert!(
+            readme.contains(&table),
+            "README.md's metrics table is out of date; it should read:\n{table}"
+        );
+    }
+
+    #[test]
+    fn upstream_series_keep_their_names_and_label_format() {
+        let metrics = Metrics::new().unwrap();
+        touch(&metrics);
+        let text = metrics.render().unwrap();
+        for line in [
+            "storage_migrator_core_migrator_migrated_objects{resource=\"example.com/v1, Resource=widgets\"} 0",
+            "storage_migrator_core_migrator_remaining_objects{resource=\"example.com/v1, Resource=widgets\"} 0",
+            "storage_migrator_core_migrator_migrations{resource=\"example.com/v1, Resource=widgets\",status=\"Succeeded\"} 0",
+            "kube_svm_build_info{version=\"",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+    }
+
+    #[test]
+    fn code_classes_are_bounded() {
+        assert_eq!(code_class(Some(201)), "2xx");
+        assert_eq!(code_class(Some(429)), "4xx");
+        assert_eq!(code_class(Some(503)), "5xx");
+        assert_eq!(code_class(None), "none");
+    }
+
+    fn touch(metrics: &Metrics) {
+        let resource = "example.com/v1, Resource=widgets";
+        metrics.migrated_objects.with_label_values(&[resource]);
+        metrics.remaining_objects.with_label_values(&[resource]);
+        metrics.migrations.with_label_values(&[resource, "Succeeded"]);
+        metrics.objects.with_label_values(&[resource, results::REWRITTEN]);
+        metrics.requests.with_label_values(&["patch", "2xx"]);
+        metrics.request_duration.with_label_values(&["patch"]);
+        metrics.throttled.with_label_values(&["patch"]);
+        metrics.migration_duration.with_label_values(&["Succeeded"]);
+    }
+}

@@ -1,0 +1,157 @@
+//! The admin server of a real `kube-svm controller`: probes, and metrics that agree with the
+//! migration's status, under the names kube-storage-version-migrator's dashboards use.
+
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use kube::Api;
+use kube_svm::api::StorageVersionMigration;
+
+use crate::support::ControlPlane;
+use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds};
+use crate::support::process::KubeSvm;
+
+struct Admin {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Admin {
+    async fn get(&self, path: &str) -> (u16, String) {
+        match self.http.get(format!("{}{path}", self.base)).send().await {
+            Ok(response) => (response.status().as_u16(), response.text().await.unwrap_or_default()),
+            Err(_) => (0, String::new()),
+        }
+    }
+
+    /// Polls `path` until it answers `code`.
+    async fn wait_for(&self, path: &str, code: u16, controller: &KubeSvm) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (status, body) = self.get(path).await;
+            if status == code {
+                return body;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{path} never answered {code} (last {status} {body})\n{}",
+                controller.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The value of one series, by its exact name and labels; 0 when absent.
+    async fn value(&self, series: &str) -> f64 {
+        let (_, text) = self.get("/metrics").await;
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0.0)
+    }
+}
+
+#[tokio::test]
+async fn probes_and_metrics_follow_a_real_migration() {
+    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
+    let client = control_plane.client().await;
+    let port =
+        TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
+    let address = format!("--metrics-bind-address=127.0.0.1:{port}");
+    let controller = KubeSvm::start(
+        &control_plane,
+        "controller",
+        &[
+            "controller",
+            "--leader-elect=false",
+            &address,
+            "--page-size=50",
+            "--kube-api-qps=60",
+            "--kube-api-burst=1",
+        ],
+    );
+    let admin = Admin { base: format!("http://127.0.0.1:{port}"), http: reqwest::Client::new() };
+
+    admin.wait_for("/healthz", 200, &controller).await;
+    let (code, body) = admin.get("/readyz").await;
+    assert_eq!(code, 503, "not ready before kube-svm's CRDs exist");
+    assert!(body.contains("CRDs not established"), "{body}");
+    install_kube_svm_crds(&client).await;
+    admin.wait_for("/readyz", 200, &controller).await;
+
+    let widgets = WidgetCrd::stale(&client, "metrics", 300).await;
+    let migration: StorageVersionMigration = serde_json::from_value(serde_json::json!({
+        "apiVersion": "migration.k8s.io/v1alpha1",
+        "kind": "StorageVersionMigration",
+        "metadata": { "name": "observed" },
+        "spec": { "resource": { "group": widgets.group, "version": "v1", "resource": "widgets" } },
+    }))
+    .expect("valid");
+    let api: Api<StorageVersionMigration> = Api::all(client.clone());
+    api.create(&Default::default(), &migration).await.expect("created");
+
+    let resource = format!("resource=\"{}/v1, Resource=widgets\"", widgets.group);
+    let remaining = format!("storage_migrator_core_migrator_remaining_objects{{{resource}}}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen_remaining = 0.0;
+    while seen_remaining == 0.0 {
+        assert!(Instant::now() < deadline, "remaining_objects never rose\n{}", controller.logs());
+        seen_remaining = admin.value(&remaining).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(seen_remaining > 0.0 && seen_remaining < 300.0, "{seen_remaining}");
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let done = loop {
+        let migration = api.get("observed").await.expect("exists");
+        if kube_svm::controller::status::Phase::of(&migration).is_terminal() {
+            break migration;
+        }
+        assert!(Instant::now() < deadline, "the migration never finished\n{}", controller.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let progress = done.status.and_then(|s| s.progress).expect("progress");
+    assert_eq!((progress.rewritten, progress.failed), (300, 0));
+
+    assert_eq!(admin.value(&remaining).await, 0.0);
+    assert_eq!(
+        admin
+            .value(&format!("storage_migrator_core_migrator_migrated_objects{{{resource}}}"))
+            .await,
+        300.0
+    );
+    assert_eq!(
+        admin
+            .value(&format!(
+                "storage_migrator_core_migrator_migrations{{{resource},status=\"Succeeded\"}}"
+            ))
+            .await,
+        1.0
+    );
+    assert_eq!(
+        admin.value(&format!("kube_svm_objects_total{{{resource},result=\"rewritten\"}}")).await,
+        progress.rewritten as f64
+    );
+    assert_eq!(
+        admin.value("kube_svm_api_requests_total{code=\"2xx\",verb=\"patch\"}").await,
+        300.0
+    );
+    assert_eq!(
+        admin.value("kube_svm_api_requests_total{code=\"2xx\",verb=\"list\"}").await,
+        6.0,
+        "300 objects, 50 a page"
+    );
+    assert_eq!(
+        admin.value("kube_svm_api_request_duration_seconds_count{verb=\"patch\"}").await,
+        300.0
+    );
+    assert_eq!(
+        admin.value("kube_svm_migration_duration_seconds_count{status=\"Succeeded\"}").await,
+        1.0
+    );
+    assert_eq!(admin.value("kube_svm_leader").await, 1.0);
+    assert_eq!(admin.value("kube_svm_migrations_running").await, 0.0);
+    assert_eq!(admin.value("kube_svm_writes_in_flight").await, 0.0);
+    assert!(admin.value("process_resident_memory_bytes").await > 0.0);
+    let (_, text) = admin.get("/metrics").await;
+    assert!(!text.contains("w-1"), "no object names in labels");
+}
