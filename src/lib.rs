@@ -15,7 +15,9 @@ pub mod metrics;
 pub mod server;
 pub mod storage_hash;
 pub mod stored;
+pub mod storedversions;
 pub mod telemetry;
+pub mod trigger;
 
 /// An error and its sources, joined with `: `, for logs and status messages.
 pub fn error_chain(error: &dyn std::error::Error) -> String {

@@ -193,4 +193,11 @@ pub struct MigrationTarget {
     /// `metadata.generation` of the CustomResourceDefinition, for CRD-backed resources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crd_generation: Option<i64>,
+    /// Whether, before the migration started, the apiservers were proven to encode in the
+    /// storage version; `status.storedVersions` of the CRD is pruned only then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding_confirmed: Option<bool>,
+    /// How the encoding was confirmed, or what was seen instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding_evidence: Option<String>,
 }

@@ -66,6 +66,16 @@ pub struct ControllerArgs {
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
 
+    /// Seconds the discovery storage version hash of a CRD must be seen unchanged before
+    /// kube-svm trusts that every apiserver encodes in the new version (where the StorageVersion
+    /// API is not served).
+    #[arg(long, env = "KUBE_SVM_STORAGE_VERSION_SETTLE", default_value_t = 10.0)]
+    pub storage_version_settle: f64,
+
+    /// Create a migration when a CRD's storedVersions lists more than its storage version.
+    #[arg(long, env = "KUBE_SVM_CRD_TRIGGER", default_value_t = true, action = clap::ArgAction::Set)]
+    pub crd_trigger: bool,
+
     /// Address of the admin server: /metrics, /healthz, /readyz (upstream's port).
     #[arg(long, env = "KUBE_SVM_METRICS_BIND_ADDRESS", default_value = "0.0.0.0:2112")]
     pub metrics_bind_address: SocketAddr,
@@ -86,6 +96,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         lease_duration,
         identity,
         metrics_bind_address,
+        storage_version_settle,
+        crd_trigger,
     } = args;
     let metrics = Arc::new(Metrics::new().context("failed to register the metrics")?);
     let health = Arc::new(Health::default());
@@ -101,6 +113,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         concurrency,
         checkpoint_interval: Duration::from_secs_f64(checkpoint_interval.max(0.0)),
         identity: identity.clone(),
+        storage_version_settle: Duration::from_secs_f64(storage_version_settle.max(0.0)),
+        crd_trigger,
     };
 
     let shutdown = CancellationToken::new();

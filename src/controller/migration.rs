@@ -15,9 +15,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, instrument, warn};
 
-use super::Context;
 use super::status::{self, Phase, reasons};
-use crate::api::conditions::{FAILED, SUCCEEDED};
+use super::{Context, crd};
+use crate::api::conditions::{FAILED, STATUS_TRUE, SUCCEEDED};
 use crate::api::{MigrationTarget, StorageVersionMigration, StorageVersionMigrationStatus};
 use crate::engine::{Finished, Job, Resource};
 use crate::metrics::resource_label;
@@ -116,11 +116,30 @@ async fn migrate(
         }
     };
     let label = resource_label(&resource.group, &resource.version, &resource.plural);
-    let target = MigrationTarget {
-        storage_version_hash: resource.storage_version_hash.clone(),
-        ..previous.as_ref().and_then(|s| s.target.clone()).unwrap_or_default()
-    };
     let resumed = Phase::of(migration) == Phase::Running;
+    let mut target = previous.as_ref().and_then(|s| s.target.clone()).unwrap_or_default();
+    // What the migration targets is recorded once, when it first starts; a resumed migration
+    // keeps the record, so the pruning decision compares with the CRD as it was then.
+    let crd = crd::crd_of(&context.client, &resource).await.ok().flatten();
+    if !resumed || target.storage_version_hash.is_none() {
+        target = MigrationTarget {
+            storage_version_hash: resource.storage_version_hash.clone(),
+            ..MigrationTarget::default()
+        };
+        if let Some(crd) = &crd {
+            crd::record_target(
+                &context.client,
+                &resource,
+                crd,
+                context.settings.storage_version_settle,
+                &mut target,
+            )
+            .await;
+        }
+    }
+    if crd.is_some() {
+        crd::mark_migrating(&context.client, &resource, true, &name).await;
+    }
     let start = status::resume_point(migration);
     let mut current = status::running(previous.as_ref(), &target, &start, Timestamp::now());
     write_status(&api, &name, &current).await?;
@@ -158,7 +177,33 @@ async fn migrate(
     let now = Timestamp::now();
     match finished {
         Ok(Finished::Completed(progress)) => {
-            let done = status::completed(Some(&current), &target, &progress, now);
+            let mut done = status::completed(Some(&current), &target, &progress, now);
+            if crd.is_some() {
+                if let Some(pruned) = crd::settle_stored_versions(
+                    &context.client,
+                    &resource,
+                    &target,
+                    progress.failed,
+                )
+                .await
+                {
+                    let (type_, reason) = match pruned.status.as_str() {
+                        STATUS_TRUE => (EventType::Normal, "StoredVersionsPruned"),
+                        _ => (EventType::Warning, "StoredVersionsKept"),
+                    };
+                    publish(
+                        context,
+                        migration,
+                        type_,
+                        reason,
+                        pruned.message.clone().unwrap_or_default(),
+                    )
+                    .await;
+                    done.conditions.retain(|c| c.type_ != pruned.type_);
+                    done.conditions.push(pruned);
+                }
+                crd::mark_migrating(&context.client, &resource, false, &name).await;
+            }
             write_status(&api, &name, &done).await?;
             observe_finished(context, &label, &done);
             let (type_, reason) = match progress.failed {

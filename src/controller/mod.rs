@@ -5,6 +5,7 @@
 //! - `migration`: one running migration: resolve, run the engine, checkpoint, finish;
 //! - [`status`]: the pure status computations.
 
+mod crd;
 mod migration;
 mod reconcile;
 pub mod status;
@@ -41,6 +42,10 @@ pub struct Settings {
     pub checkpoint_interval: Duration,
     /// Name reported on Events, with this process's identity.
     pub identity: String,
+    /// Whether to run the CRD trigger (on the leader only).
+    pub crd_trigger: bool,
+    /// How long the discovery hash must be seen unchanged before a CRD's encoding is trusted.
+    pub storage_version_settle: Duration,
 }
 
 /// Why the controller stopped.
@@ -130,10 +135,20 @@ pub async fn run(
             tokio::time::sleep(HEARTBEAT).await;
         }
     };
-    tokio::select! {
-        () = reconciling => {}
-        () = heartbeat => {}
-    }
+    let trigger = async {
+        match context.settings.crd_trigger {
+            true => crate::trigger::crd::run(context.client.clone(), stopping.clone()).await,
+            false => stopping.cancelled().await,
+        }
+    };
+    let controlling = async {
+        tokio::select! {
+            () = reconciling => {}
+            () = heartbeat => {}
+        }
+    };
+    // Both end when `stopping` fires.
+    tokio::join!(controlling, trigger);
     // Running migrations saw `stopping` and are writing their checkpoints.
     context.tasks.close();
     context.tasks.wait().await;
