@@ -18,11 +18,19 @@ impl KubeSvm {
         let log = control_plane.path(&format!("{name}.log"));
         let out = fs::File::create(&log).expect("log file");
         let mut args: Vec<&str> = args.to_vec();
-        // Many controllers run side by side: each takes a port of its own unless told one.
-        if args.first() == Some(&"controller")
-            && !args.iter().any(|a| a.starts_with("--metrics-bind-address"))
-        {
-            args.push("--metrics-bind-address=127.0.0.1:0");
+        if args.first() == Some(&"controller") {
+            // Many controllers run side by side: each takes a port of its own unless told one.
+            // Tests create their own migrations: the CRD trigger stays off unless a test turns it
+            // on, and the discovery hash is trusted at once unless a test asks for a settle time.
+            for (flag, default) in [
+                ("--metrics-bind-address", "--metrics-bind-address=127.0.0.1:0"),
+                ("--crd-trigger", "--crd-trigger=false"),
+                ("--storage-version-settle", "--storage-version-settle=0"),
+            ] {
+                if !args.iter().any(|a| a.starts_with(flag)) {
+                    args.push(default);
+                }
+            }
         }
         let child = Command::new(env!("CARGO_BIN_EXE_kube-svm"))
             .args(&args)
