@@ -167,10 +167,14 @@ pub async fn confirm_encoding(
     settle: std::time::Duration,
 ) -> Encoding {
     let expected_version = format!("{group}/{storage_version}");
-    if let Some(encoding) = from_storage_version_api(client, group, plural, &expected_version).await
-    {
-        return encoding;
-    }
+    let by = match from_storage_version_api(client, group, plural, &expected_version).await {
+        StorageVersionApi::Answered(encoding) => return encoding,
+        StorageVersionApi::NotServed => "discovery",
+        // kube-apiserver 1.37 publishes StorageVersions for built-in resources only.
+        StorageVersionApi::NoEntry => {
+            "discovery (the StorageVersion API has no entry for this resource)"
+        }
+    };
     let expected = crate::storage_hash::storage_version_hash(group, storage_version, kind);
     for sample in 0..DISCOVERY_SAMPLES {
         if sample > 0 {
@@ -194,20 +198,37 @@ pub async fn confirm_encoding(
             ));
         }
     }
-    Encoding::Confirmed { by: "discovery" }
+    Encoding::Confirmed { by }
 }
 
-/// `None` when the StorageVersion API is not served or holds nothing for the resource.
+/// What the StorageVersion API says about a resource.
+enum StorageVersionApi {
+    NotServed,
+    NoEntry,
+    Answered(Encoding),
+}
+
 async fn from_storage_version_api(
     client: &Client,
     group: &str,
     plural: &str,
     expected: &str,
-) -> Option<Encoding> {
+) -> StorageVersionApi {
     use k8s_openapi::api::apiserverinternal::v1alpha1::StorageVersion;
-    client.list_api_group_resources(STORAGE_VERSION_API).await.ok()?;
+    if client.list_api_group_resources(STORAGE_VERSION_API).await.is_err() {
+        return StorageVersionApi::NotServed;
+    }
     let api: Api<StorageVersion> = Api::all(client.clone());
-    let found = api.get_opt(&format!("{group}.{plural}")).await.ok()??;
+    let name = format!("{}.{plural}", if group.is_empty() { "core" } else { group });
+    let found = match api.get_opt(&name).await {
+        Ok(Some(found)) => found,
+        Ok(None) => return StorageVersionApi::NoEntry,
+        Err(error) => {
+            return StorageVersionApi::Answered(Encoding::Unconfirmed(format!(
+                "the StorageVersion API could not be read: {error}"
+            )));
+        }
+    };
     let status = found.status.unwrap_or_default();
     let common = status.common_encoding_version.clone();
     let all_equal = status
@@ -215,7 +236,7 @@ async fn from_storage_version_api(
         .unwrap_or_default()
         .iter()
         .any(|c| c.type_ == "AllEncodingVersionsEqual" && c.status == "True");
-    Some(if all_equal && common.as_deref() == Some(expected) {
+    StorageVersionApi::Answered(if all_equal && common.as_deref() == Some(expected) {
         Encoding::Confirmed { by: "the StorageVersion API" }
     } else {
         Encoding::Unconfirmed(format!(

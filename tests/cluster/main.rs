@@ -6,4 +6,5 @@ mod controller;
 mod engine;
 mod foundation;
 mod observability;
+mod storedversions;
 mod support;

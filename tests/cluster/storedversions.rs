@@ -1,0 +1,311 @@
+//! The CRD story end to end, with `kube-svm controller` as a process: a storage version switch
+//! triggers a migration, and `storedVersions` is pruned only when that is proven safe.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ListParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use kube_svm::api::StorageVersionMigration;
+use kube_svm::controller::status::Phase;
+use kube_svm::storedversions::{Encoding, confirm_encoding};
+use kube_svm::trigger::crd::{OPT_OUT_ANNOTATION, TRIGGER_LABEL};
+
+use crate::engine::reject_updates_of_frozen;
+use crate::support::ControlPlane;
+use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds};
+use crate::support::process::KubeSvm;
+
+/// A private control plane with kube-svm's CRDs and a widget CRD stored at v1 with `count`
+/// objects, and a controller with the CRD trigger on.
+async fn setup(
+    apiserver_flags: &[&str],
+    count: usize,
+    controller_flags: &[&str],
+) -> (ControlPlane, Client, WidgetCrd, KubeSvm) {
+    let control_plane = ControlPlane::start(apiserver_flags).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let widgets = WidgetCrd::new("stored", false);
+    widgets.create(&client, "v1").await;
+    widgets.seed(&client, "v1", &[None], count).await;
+    let mut args = vec![
+        "controller",
+        "--leader-elect=false",
+        "--crd-trigger=true",
+        "--storage-version-settle=1",
+    ];
+    args.extend_from_slice(controller_flags);
+    let controller = KubeSvm::start(&control_plane, "controller", &args);
+    (control_plane, client, widgets, controller)
+}
+
+/// The migrations the trigger created for `widgets`, oldest first.
+async fn triggered(client: &Client, widgets: &WidgetCrd) -> Vec<StorageVersionMigration> {
+    let api: Api<StorageVersionMigration> = Api::all(client.clone());
+    let mut found: Vec<_> = api
+        .list(&ListParams::default().labels(&format!("{TRIGGER_LABEL}=crd")))
+        .await
+        .expect("listed")
+        .items
+        .into_iter()
+        .filter(|m| m.spec.resource.group == widgets.group)
+        .collect();
+    found.sort_by_key(|m| m.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    found
+}
+
+/// Waits until the trigger has created `n` migrations for `widgets`; returns the newest.
+async fn wait_for_triggered(
+    client: &Client,
+    widgets: &WidgetCrd,
+    n: usize,
+    controller: &KubeSvm,
+) -> StorageVersionMigration {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut found = triggered(client, widgets).await;
+        if found.len() >= n {
+            return found.swap_remove(n - 1);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the trigger created {} migrations, not {n}\n{}",
+            found.len(),
+            controller.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn wait_terminal(
+    client: &Client,
+    name: &str,
+    controller: &KubeSvm,
+) -> StorageVersionMigration {
+    let api: Api<StorageVersionMigration> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let migration = api.get(name).await.expect("exists");
+        if Phase::of(&migration).is_terminal() {
+            return migration;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} never finished: {:?}\n{}",
+            migration.status,
+            controller.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn wait_running(client: &Client, name: &str) {
+    let api: Api<StorageVersionMigration> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Phase::of(&api.get(name).await.expect("exists")) != Phase::Running {
+        assert!(Instant::now() < deadline, "{name} never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The StoredVersionsPruned condition: (status, reason, message).
+fn pruned(migration: &StorageVersionMigration) -> (String, String, String) {
+    let status = migration.status.as_ref().expect("status");
+    let condition = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "StoredVersionsPruned")
+        .unwrap_or_else(|| panic!("no StoredVersionsPruned condition: {status:?}"));
+    (
+        condition.status.clone(),
+        condition.reason.clone().unwrap_or_default(),
+        condition.message.clone().unwrap_or_default(),
+    )
+}
+
+async fn stored_versions(client: &Client, widgets: &WidgetCrd) -> Vec<String> {
+    let crd = Api::<CustomResourceDefinition>::all(client.clone())
+        .get(&widgets.name())
+        .await
+        .expect("the CRD");
+    crd.status.and_then(|s| s.stored_versions).unwrap_or_default()
+}
+
+/// The user story: switch storage to v2, kube-svm migrates on its own, prunes storedVersions to
+/// [v2], and v1 can then be removed from the CRD.
+async fn storage_switch_ends_with_v1_removable(
+    apiserver_flags: &[&str],
+    evidence: &str,
+) -> (ControlPlane, Client) {
+    let (control_plane, client, widgets, controller) = setup(apiserver_flags, 200, &[]).await;
+    let switched = Instant::now();
+    widgets.set_storage_version(&client, "v2").await;
+    let migration = wait_for_triggered(&client, &widgets, 1, &controller).await;
+    eprintln!("migration created {:?} after the storage switch", switched.elapsed());
+
+    let done = wait_terminal(&client, &migration.name_any(), &controller).await;
+    assert_eq!(Phase::of(&done), Phase::Succeeded, "{:?}", done.status);
+    let target = done.status.as_ref().and_then(|s| s.target.clone()).expect("target recorded");
+    assert_eq!(target.storage_version.as_deref(), Some("v2"));
+    assert_eq!(target.encoding_confirmed, Some(true), "{target:?}");
+    assert!(
+        target.encoding_evidence.as_deref().is_some_and(|e| e.contains(evidence)),
+        "{target:?}"
+    );
+    assert_eq!(pruned(&done).0, "True", "{:?}", pruned(&done));
+    assert_eq!(stored_versions(&client, &widgets).await, ["v2"]);
+    assert_eq!(widgets.assert_all_stored_as(&control_plane.etcd(), "v2").await, 200);
+
+    // With storedVersions pruned, the apiserver lets v1 go.
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut crd = crds.get(&widgets.name()).await.expect("the CRD");
+    crd.spec.versions.retain(|v| v.name != "v1");
+    crds.replace(&widgets.name(), &PostParams::default(), &crd).await.expect("v1 can be removed");
+    let status = crds.get(&widgets.name()).await.expect("the CRD").status.expect("status");
+    let migrating =
+        status.conditions.unwrap_or_default().into_iter().find(|c| c.type_ == "StorageMigrating");
+    assert_eq!(
+        migrating.map(|c| c.status).as_deref(),
+        Some("False"),
+        "the CRD says the migration ended"
+    );
+    (control_plane, client)
+}
+
+#[tokio::test]
+async fn storage_switch_is_migrated_and_pruned_by_the_discovery_hash() {
+    storage_switch_ends_with_v1_removable(&[], "confirmed by discovery").await;
+}
+
+#[tokio::test]
+async fn storage_switch_is_migrated_and_pruned_by_the_storage_version_api() {
+    let flags = [
+        "--feature-gates=StorageVersionAPI=true,APIServerIdentity=true",
+        "--runtime-config=internal.apiserver.k8s.io/v1alpha1=true",
+    ];
+    // kube-apiserver publishes StorageVersions for built-in resources only: for the CRD the
+    // evidence comes from discovery, and says why.
+    let (_control_plane, client) =
+        storage_switch_ends_with_v1_removable(&flags, "the StorageVersion API has no entry").await;
+
+    // For a built-in resource the StorageVersion API answers.
+    let confirm = |version: &'static str| {
+        let client = client.clone();
+        async move {
+            confirm_encoding(&client, "apps", "deployments", "Deployment", version, Duration::ZERO)
+                .await
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while confirm("v1").await != (Encoding::Confirmed { by: "the StorageVersion API" }) {
+        assert!(Instant::now() < deadline, "{:?}", confirm("v1").await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let Encoding::Unconfirmed(seen) = confirm("v1beta2").await else {
+        panic!("v1beta2 is not encoded")
+    };
+    assert!(
+        seen.contains("the StorageVersion API reports common encoding version apps/v1"),
+        "{seen}"
+    );
+}
+
+/// Storage switched again (v2 to v3) while the migration runs: it must not prune to [v2]; a
+/// follow-up migration ends with [v3].
+#[tokio::test]
+async fn a_storage_switch_during_a_migration_is_not_pruned_over() {
+    let slow = ["--page-size=20", "--kube-api-qps=30", "--kube-api-burst=1"];
+    let (control_plane, client, widgets, controller) = setup(&[], 300, &slow).await;
+    widgets.set_storage_version(&client, "v2").await;
+    let first = wait_for_triggered(&client, &widgets, 1, &controller).await;
+    wait_running(&client, &first.name_any()).await;
+    widgets.set_storage_version(&client, "v3").await;
+
+    let first = wait_terminal(&client, &first.name_any(), &controller).await;
+    let (status, reason, message) = pruned(&first);
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "CRDChanged"), "{message}");
+    assert!(
+        stored_versions(&client, &widgets).await.contains(&"v1".to_owned()),
+        "not pruned to [v2]"
+    );
+
+    let second = wait_for_triggered(&client, &widgets, 2, &controller).await;
+    let second = wait_terminal(&client, &second.name_any(), &controller).await;
+    assert_eq!(pruned(&second).0, "True", "{:?}", pruned(&second));
+    assert_eq!(stored_versions(&client, &widgets).await, ["v3"]);
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v3").await;
+}
+
+/// The CRD changes (not its storage version) mid-migration: that migration prunes nothing.
+#[tokio::test]
+async fn a_crd_change_during_a_migration_is_not_pruned_over() {
+    let slow = ["--page-size=20", "--kube-api-qps=30", "--kube-api-burst=1"];
+    let (_control_plane, client, widgets, controller) = setup(&[], 300, &slow).await;
+    widgets.set_storage_version(&client, "v2").await;
+    let first = wait_for_triggered(&client, &widgets, 1, &controller).await;
+    wait_running(&client, &first.name_any()).await;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut crd = crds.get(&widgets.name()).await.expect("the CRD");
+    let generation = crd.metadata.generation;
+    for version in &mut crd.spec.versions {
+        if let Some(schema) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()) {
+            schema.description = Some("a widget".into());
+        }
+    }
+    let crd = crds.replace(&widgets.name(), &PostParams::default(), &crd).await.expect("changed");
+    assert_ne!(crd.metadata.generation, generation);
+
+    let first = wait_terminal(&client, &first.name_any(), &controller).await;
+    assert_eq!(Phase::of(&first), Phase::Succeeded);
+    let (status, reason, _) = pruned(&first);
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "CRDChanged"));
+    assert_eq!(stored_versions(&client, &widgets).await, ["v1", "v2"]);
+}
+
+/// Objects rejected by admission: the migration fails and storedVersions stays as it was.
+#[tokio::test]
+async fn failed_objects_prevent_pruning() {
+    let (_control_plane, client, widgets, controller) = setup(&[], 50, &[]).await;
+    let label = serde_json::json!({ "metadata": { "labels": { "frozen": "true" } } });
+    widgets
+        .api(&client, "v1", None)
+        .patch("w-7", &Default::default(), &kube::api::Patch::Merge(&label))
+        .await
+        .expect("labelled");
+    reject_updates_of_frozen(&client, &widgets.group).await;
+    widgets.set_storage_version(&client, "v2").await;
+
+    let migration = wait_for_triggered(&client, &widgets, 1, &controller).await;
+    let done = wait_terminal(&client, &migration.name_any(), &controller).await;
+    assert_eq!(Phase::of(&done), Phase::Failed);
+    let (status, reason, message) = pruned(&done);
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "MigrationFailed"), "{message}");
+    assert_eq!(stored_versions(&client, &widgets).await, ["v1", "v2"]);
+    // The failed migration is not retried in a loop.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(triggered(&client, &widgets).await.len(), 1);
+}
+
+/// A CRD annotated `kube-svm.io/auto-migrate: "false"` is left to the operator.
+#[tokio::test]
+async fn the_opt_out_annotation_is_respected() {
+    let (_control_plane, client, watched, controller) = setup(&[], 10, &[]).await;
+    let opted_out = WidgetCrd::new("optout", false);
+    opted_out.create(&client, "v1").await;
+    opted_out.seed(&client, "v1", &[None], 10).await;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let annotate =
+        serde_json::json!({ "metadata": { "annotations": { OPT_OUT_ANNOTATION: "false" } } });
+    crds.patch(&opted_out.name(), &Default::default(), &kube::api::Patch::Merge(&annotate))
+        .await
+        .expect("annotated");
+
+    opted_out.set_storage_version(&client, "v2").await;
+    watched.set_storage_version(&client, "v2").await;
+    // The trigger is alive: the other CRD gets its migration.
+    wait_for_triggered(&client, &watched, 1, &controller).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(triggered(&client, &opted_out).await.is_empty(), "no migration for the opted-out CRD");
+    assert_eq!(stored_versions(&client, &opted_out).await, ["v1", "v2"]);
+}
