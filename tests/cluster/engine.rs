@@ -261,11 +261,16 @@ async fn survives_compaction_mid_run() {
         &engine,
         &client,
         &target(&widgets.group, WidgetCrd::PLURAL),
-        |mut updates| async move {
-            let etcd = control_plane.etcd();
-            for _ in 0..3 {
-                updates.changed().await.expect("a page is reported");
-                etcd.compact(etcd.revision().await.expect("revision")).await.expect("compacted");
+        |mut updates| {
+            // Borrowed, not moved: the control plane must outlive the closure.
+            let etcd = &etcd;
+            async move {
+                for _ in 0..3 {
+                    updates.changed().await.expect("a page is reported");
+                    etcd.compact(etcd.revision().await.expect("revision"))
+                        .await
+                        .expect("compacted");
+                }
             }
         },
     )
