@@ -20,6 +20,8 @@ pub struct Metrics {
     pub request_duration: HistogramVec,
     pub throttled: IntCounterVec,
     pub migration_duration: HistogramVec,
+    /// Decisions on CRDs' storedVersions after migrations, by result and reason.
+    pub stored_versions: IntCounterVec,
     pub migrations_running: IntGauge,
     pub writes_in_flight: IntGauge,
     pub leader: IntGauge,
@@ -104,6 +106,11 @@ impl Metrics {
                 registry.register(Box::new(metric.clone()))?;
                 metric
             },
+            stored_versions: counter(
+                "kube_svm_stored_versions_decisions_total",
+                "Decisions on a CRD's storedVersions after a migration, by result (pruned or kept) and reason.",
+                &["result", "reason"],
+            )?,
             migrations_running: gauge(
                 &registry,
                 "kube_svm_migrations_running",
@@ -248,5 +255,6 @@ mod tests {
         metrics.request_duration.with_label_values(&["patch"]);
         metrics.throttled.with_label_values(&["patch"]);
         metrics.migration_duration.with_label_values(&["Succeeded"]);
+        metrics.stored_versions.with_label_values(&["pruned", "Pruned"]);
     }
 }

@@ -187,10 +187,12 @@ async fn migrate(
                 )
                 .await
                 {
-                    let (type_, reason) = match pruned.status.as_str() {
-                        STATUS_TRUE => (EventType::Normal, "StoredVersionsPruned"),
-                        _ => (EventType::Warning, "StoredVersionsKept"),
+                    let (type_, reason, result) = match pruned.status.as_str() {
+                        STATUS_TRUE => (EventType::Normal, "StoredVersionsPruned", "pruned"),
+                        _ => (EventType::Warning, "StoredVersionsKept", "kept"),
                     };
+                    let why = pruned.reason.as_deref().unwrap_or_default();
+                    context.engine.metrics().stored_versions.with_label_values(&[result, why]).inc();
                     publish(
                         context,
                         migration,
