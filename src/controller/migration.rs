@@ -192,7 +192,12 @@ async fn migrate(
                         _ => (EventType::Warning, "StoredVersionsKept", "kept"),
                     };
                     let why = pruned.reason.as_deref().unwrap_or_default();
-                    context.engine.metrics().stored_versions.with_label_values(&[result, why]).inc();
+                    context
+                        .engine
+                        .metrics()
+                        .stored_versions
+                        .with_label_values(&[result, why])
+                        .inc();
                     publish(
                         context,
                         migration,
