@@ -110,6 +110,24 @@ async fn migrates_every_object_then_finds_nothing_left() {
     assert_eq!(revisions(&before), revisions(&after), "no object was written again");
 }
 
+/// Writing through the status subresource re-encodes the whole object too.
+#[tokio::test]
+async fn migrates_through_the_status_subresource() {
+    let control_plane = shared().await;
+    let client = control_plane.client().await;
+    let widgets = WidgetCrd::stale(&client, "status", 100).await;
+    let target = target(&widgets.group, WidgetCrd::PLURAL);
+    let resource = Resource::resolve(&client, &target, true).await.expect("resolves with status");
+    assert!(resource.patchable_status);
+    let engine = engine(control_plane.config().await, Settings::default());
+    let (report, _) = watch::channel(Progress::default());
+    let job = Job { resource, write_to_status: true, resume: Progress::default() };
+    let finished = engine.run(job, &report, &CancellationToken::new()).await.expect("runs");
+    let Finished::Completed(progress) = finished else { panic!("not cancelled") };
+    assert_eq!((progress.rewritten, progress.failed), (100, 0), "{:?}", progress.failures.first());
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2").await;
+}
+
 /// Secrets written with key1 are re-encrypted with key2 once key2 is first in the configuration.
 #[tokio::test]
 async fn rotates_the_encryption_key_of_secrets() {

@@ -23,7 +23,7 @@ pub fn unique(prefix: &str) -> String {
 }
 
 /// A test CRD `widgets.<group>` of kind `Widget`, served at v1, v2 and v3 with the same schema and
-/// no conversion webhook (conversion only rewrites `apiVersion`).
+/// no conversion webhook (conversion only rewrites `apiVersion`), and a status subresource.
 pub struct WidgetCrd {
     pub group: String,
     pub namespaced: bool,
@@ -59,6 +59,7 @@ impl WidgetCrd {
                     "name": name,
                     "served": true,
                     "storage": name == storage,
+                    "subresources": { "status": {} },
                     "schema": { "openAPIV3Schema": {
                         "type": "object",
                         "properties": { "spec": {
