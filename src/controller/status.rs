@@ -58,9 +58,13 @@ impl Phase {
 pub fn resume_point(migration: &StorageVersionMigration) -> Progress {
     let status = migration.status.clone().unwrap_or_default();
     let checkpoint_token = status.checkpoint.map(|c| c.continue_token).filter(|t| !t.is_empty());
+    let Some(continue_token) = checkpoint_token else {
+        // Without a checkpoint of its own the migration lists from where upstream's token says,
+        // or from the start; counts restart with it, so they stay exact.
+        let upstream = migration.spec.continue_token.clone().filter(|t| !t.is_empty());
+        return Progress { continue_token: upstream, ..Progress::default() };
+    };
     let counts = status.progress.unwrap_or_default();
-    let continue_token = checkpoint_token
-        .or_else(|| migration.spec.continue_token.clone().filter(|t| !t.is_empty()));
     Progress {
         listed: counts.listed,
         rewritten: counts.rewritten,
@@ -68,7 +72,7 @@ pub fn resume_point(migration: &StorageVersionMigration) -> Progress {
         skipped: counts.skipped,
         failed: counts.failed,
         remaining: counts.remaining,
-        continue_token,
+        continue_token: Some(continue_token),
         failures: status.failed_objects.into_iter().map(object_failure).collect(),
         ..Progress::default()
     }
@@ -307,6 +311,14 @@ mod tests {
         let resumed = resume_point(&upstream);
         assert_eq!(resumed.continue_token.as_deref(), Some("own-token"));
         assert_eq!((resumed.rewritten, resumed.failed, resumed.failures.len()), (7, 1, 1));
+
+        // Killed after the last page but before completing: start over, counts from zero.
+        let mut without_token = with_progress.clone();
+        without_token.continue_token = None;
+        let mut restarted =
+            migration(Some(running(None, &MigrationTarget::default(), &without_token, now())));
+        restarted.spec.continue_token = None;
+        assert_eq!(resume_point(&restarted), Progress::default());
     }
 
     #[test]
