@@ -137,7 +137,7 @@ pub enum Error {
     List { resource: String, code: u16, reason: String, message: String },
     #[error("failed to list {0}: no response")]
     ListTransport(String, #[source] kube::Error),
-    #[error("failed to list {0}: the continue token expired and the apiserver offered no other")]
+    #[error("failed to list {0}: continue tokens kept expiring, or the apiserver offered no other")]
     ListExpired(String),
     #[error("failed to decode the list of {0}")]
     Decode(String, #[source] serde_json::Error),

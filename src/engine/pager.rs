@@ -84,6 +84,12 @@ impl Engine {
                 Ok(reply) if reply.code == 410 => {
                     token = Some(expired(resource, &reply)?);
                     run.expired_tokens.fetch_add(1, Ordering::Relaxed);
+                    // Bounded like any other failure: a token that expires again and again ends
+                    // the migration rather than looping.
+                    attempts.other += 1;
+                    if attempts.other >= self.settings.list_attempts {
+                        return Err(Error::ListExpired(resource.to_string()));
+                    }
                     continue;
                 }
                 Ok(reply) => reply,
