@@ -5,9 +5,20 @@ SHELL := /bin/bash
 
 CARGO ?= cargo
 
+# What the tests, the bench and the demo run against: etcd and kube-apiserver built from Go
+# modules, and helm, all cached outside git (hack/control-plane.sh, hack/helm.sh).
+ASSETS = KUBEBUILDER_ASSETS="$$(hack/control-plane.sh assets)" HELM="$$(hack/helm.sh)"
+
 # Lists the targets with the comment that follows each one.
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+demo: ## Show kube-svm migrating a CRD on a local control plane, with the proof from etcd
+	$(CARGO) build --release --bin kube-svm --example demo
+	$(ASSETS) KUBE_SVM_BINARY=target/release/kube-svm target/release/examples/demo
+
+test: ## Run unit and integration tests against a real kube-apiserver and etcd
+	$(ASSETS) $(CARGO) test
 
 build: ## Build the kube-svm binary (debug)
 	$(CARGO) build
@@ -15,17 +26,22 @@ build: ## Build the kube-svm binary (debug)
 control-plane: ## Build etcd and kube-apiserver for the tests into ~/.cache/kube-svm (skipped when present)
 	hack/control-plane.sh assets
 
-test: ## Run unit and integration tests against a real kube-apiserver and etcd
-	KUBEBUILDER_ASSETS="$$(hack/control-plane.sh assets)" $(CARGO) test
+helm: ## Build helm for the chart's checks into ~/.cache/kube-svm (skipped when present)
+	hack/helm.sh
 
 bench-engine: ## Measure engine throughput and requests per object on a local control plane
-	KUBEBUILDER_ASSETS="$$(hack/control-plane.sh assets)" $(CARGO) bench --bench engine
+	$(ASSETS) $(CARGO) bench --bench engine
 
-lint: ## Check formatting and clippy lints
+lint: ## Check formatting, clippy lints and the Helm chart
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	"$$(hack/helm.sh)" lint --strict charts/kube-svm
 
-crds: ## Regenerate the committed CRDs from the Rust types
+crds: ## Regenerate the committed CRDs (config/ and the chart's template) from the Rust types
 	$(CARGO) run --quiet -- crds > config/crd/migration.k8s.io.yaml
+	$(CARGO) run --quiet -- crds --chart-template > charts/kube-svm/templates/crds.yaml
 
-.PHONY: help build control-plane test bench-engine lint crds
+manifests: crds ## Regenerate config/deploy/ from the Helm chart
+	hack/manifests.sh > config/deploy/kube-svm.yaml
+
+.PHONY: help demo test build control-plane helm bench-engine lint crds manifests

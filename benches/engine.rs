@@ -136,7 +136,8 @@ async fn main() {
         &control_plane,
         "controller",
         &["controller", "--leader-elect=false", "--kube-api-qps=0", "--writes-in-flight=16"],
-    );
+    )
+    .await;
     let widgets = seeded(&client, OBJECTS_PER_NAMESPACE).await;
     let controller_secs = through_controller(&client, &widgets).await;
     let peak_small = peak_rss_kib(controller.pid());

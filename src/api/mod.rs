@@ -34,10 +34,36 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![StorageVersionMigration::crd(), StorageState::crd()]
 }
 
+/// Annotation that tells Helm to leave a resource in place when the release is uninstalled, so
+/// uninstalling the chart never deletes the CRDs and with them every migration.
+pub const HELM_KEEP_ANNOTATION: (&str, &str) = ("helm.sh/resource-policy", "keep");
+
 /// The CRDs as one multi-document YAML stream, exactly as committed under `config/crd/`.
 pub fn crds_yaml() -> Result<String, serde_yaml_ng::Error> {
+    to_yaml_stream(crds())
+}
+
+/// The CRDs as the Helm chart's template, exactly as committed in
+/// `charts/kube-svm/templates/crds.yaml`: installed unless `crds.install` is false, and kept
+/// when the release is uninstalled.
+pub fn crds_chart_template() -> Result<String, serde_yaml_ng::Error> {
+    let kept = crds().into_iter().map(|mut crd| {
+        let (key, value) = HELM_KEEP_ANNOTATION;
+        crd.metadata.annotations.get_or_insert_default().insert(key.to_owned(), value.to_owned());
+        crd
+    });
+    Ok(format!(
+        "{{{{- /* Generated from kube-svm's Rust types by `make crds`; do not edit. */}}}}\n\
+         {{{{- if .Values.crds.install }}}}\n{}{{{{- end }}}}\n",
+        to_yaml_stream(kept)?
+    ))
+}
+
+fn to_yaml_stream(
+    crds: impl IntoIterator<Item = CustomResourceDefinition>,
+) -> Result<String, serde_yaml_ng::Error> {
     let mut out = String::new();
-    for crd in crds() {
+    for crd in crds {
         out.push_str("---\n");
         out.push_str(&serde_yaml_ng::to_string(&crd)?);
     }
@@ -57,6 +83,24 @@ mod tests {
             committed == generated,
             "config/crd/migration.k8s.io.yaml is out of date: run `make crds`"
         );
+    }
+
+    /// The chart's CRD template is what `kube-svm crds --chart-template` prints.
+    #[test]
+    fn committed_chart_crds_match_the_types() {
+        let committed = include_str!("../../charts/kube-svm/templates/crds.yaml");
+        let generated = crds_chart_template().expect("CRDs serialize");
+        assert!(
+            committed == generated,
+            "charts/kube-svm/templates/crds.yaml is out of date: run `make crds`"
+        );
+    }
+
+    #[test]
+    fn chart_crds_are_kept_on_uninstall_and_optional() {
+        let template = crds_chart_template().expect("CRDs serialize");
+        assert!(template.contains("{{- if .Values.crds.install }}"));
+        assert_eq!(template.matches("helm.sh/resource-policy: keep").count(), crds().len());
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub enum Command {
     /// Run the controller: reconcile StorageVersionMigrations (what the container runs).
     Controller(Box<controller::ControllerArgs>),
     /// Print kube-svm's CustomResourceDefinitions as YAML.
-    Crds,
+    Crds(crds::CrdsArgs),
 }
 
 impl Cli {
@@ -32,7 +32,7 @@ impl Cli {
     pub async fn run(self) -> anyhow::Result<()> {
         match self.command {
             Command::Controller(args) => controller::run(*args).await,
-            Command::Crds => crds::run(),
+            Command::Crds(args) => crds::run(args),
         }
     }
 }

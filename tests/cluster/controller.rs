@@ -14,9 +14,9 @@ use kube_svm::api::{GroupVersionResource, StorageVersionMigration, StorageVersio
 use kube_svm::controller::status::Phase;
 
 use crate::engine::reject_updates_of_frozen;
-use crate::support::ControlPlane;
 use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds};
 use crate::support::process::KubeSvm;
+use crate::support::{CONTROLLER_NAMESPACE, ControlPlane};
 
 /// A private control plane with kube-svm's CRDs and `count` widgets stored at v1, storage v2.
 async fn setup(count: usize) -> (ControlPlane, Client, WidgetCrd) {
@@ -27,7 +27,7 @@ async fn setup(count: usize) -> (ControlPlane, Client, WidgetCrd) {
     (control_plane, client, widgets)
 }
 
-async fn create_migration(client: &Client, name: &str, group: &str, resource: &str) {
+pub(crate) async fn create_migration(client: &Client, name: &str, group: &str, resource: &str) {
     let spec = StorageVersionMigrationSpec {
         resource: GroupVersionResource {
             group: group.into(),
@@ -43,7 +43,7 @@ async fn create_migration(client: &Client, name: &str, group: &str, resource: &s
 }
 
 /// Polls the migration until `done` holds, failing after `timeout` with the controller's logs.
-async fn wait_for(
+pub(crate) async fn wait_for(
     client: &Client,
     name: &str,
     timeout: Duration,
@@ -69,7 +69,7 @@ async fn wait_for(
     }
 }
 
-fn phase_is(phase: Phase) -> impl Fn(&StorageVersionMigration) -> bool {
+pub(crate) fn phase_is(phase: Phase) -> impl Fn(&StorageVersionMigration) -> bool {
     move |m| Phase::of(m) == phase
 }
 
@@ -93,7 +93,7 @@ async fn event_reasons(client: &Client, name: &str) -> Vec<String> {
 async fn an_upstream_migration_succeeds() {
     let (control_plane, client, widgets) = setup(300).await;
     let controller =
-        KubeSvm::start(&control_plane, "controller", &["controller", "--leader-elect=false"]);
+        KubeSvm::start(&control_plane, "controller", &["controller", "--leader-elect=false"]).await;
     let yaml = format!(
         "apiVersion: migration.k8s.io/v1alpha1\nkind: StorageVersionMigration\nmetadata:\n  name: upstream\nspec:\n  resource:\n    group: {}\n    version: v1\n    resource: widgets\n",
         widgets.group
@@ -153,7 +153,7 @@ async fn a_killed_controller_resumes_from_its_checkpoint() {
         "--kube-api-qps=150",
         "--checkpoint-interval=0",
     ];
-    let mut first = KubeSvm::start(&control_plane, "first", &slow);
+    let mut first = KubeSvm::start(&control_plane, "first", &slow).await;
     create_migration(&client, "killed", &widgets.group, "widgets").await;
     wait_for(&client, "killed", Duration::from_secs(60), &[&first], processed_at_least(200)).await;
     first.signal("KILL");
@@ -162,7 +162,7 @@ async fn a_killed_controller_resumes_from_its_checkpoint() {
     assert_eq!(Phase::of(&checkpointed), Phase::Running);
     assert!(progress(&checkpointed).processed < 600, "killed before the end");
 
-    let second = KubeSvm::start(&control_plane, "second", &slow);
+    let second = KubeSvm::start(&control_plane, "second", &slow).await;
     let done = wait_for(
         &client,
         "killed",
@@ -189,14 +189,14 @@ async fn sigterm_checkpoints_releases_the_lease_and_exits() {
         &[
             "controller",
             "--leader-elect=true",
-            "--leader-election-namespace=default",
             "--identity=only",
             "--page-size=20",
             "--kube-api-qps=50",
             "--kube-api-burst=1",
             "--checkpoint-interval=60",
         ],
-    );
+    )
+    .await;
     create_migration(&client, "terminated", &widgets.group, "widgets").await;
     wait_for(
         &client,
@@ -208,7 +208,7 @@ async fn sigterm_checkpoints_releases_the_lease_and_exits() {
     .await;
     // A few pages in; no progress is written before the end (the interval is a minute).
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), CONTROLLER_NAMESPACE);
     let holder = |lease: Lease| lease.spec.and_then(|s| s.holder_identity);
     assert_eq!(holder(leases.get("kube-svm").await.expect("lease")), Some("only".into()));
 
@@ -244,7 +244,8 @@ async fn deleting_a_migration_stops_its_writes() {
             "--kube-api-qps=100",
             "--kube-api-burst=1",
         ],
-    );
+    )
+    .await;
     create_migration(&client, "deleted", &widgets.group, "widgets").await;
     wait_for(&client, "deleted", Duration::from_secs(60), &[&controller], processed_at_least(100))
         .await;
@@ -273,7 +274,6 @@ async fn a_standby_takes_over_when_the_leader_dies() {
         vec![
             "controller",
             "--leader-elect=true",
-            "--leader-election-namespace=default",
             "--lease-duration=4",
             identity,
             "--page-size=20",
@@ -281,8 +281,8 @@ async fn a_standby_takes_over_when_the_leader_dies() {
             "--checkpoint-interval=0",
         ]
     };
-    let mut leader = KubeSvm::start(&control_plane, "leader", &args("--identity=leader"));
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let mut leader = KubeSvm::start(&control_plane, "leader", &args("--identity=leader")).await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), CONTROLLER_NAMESPACE);
     let holder = || async {
         leases
             .get_opt("kube-svm")
@@ -296,7 +296,7 @@ async fn a_standby_takes_over_when_the_leader_dies() {
         assert!(Instant::now() < deadline, "the first controller never led");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let standby = KubeSvm::start(&control_plane, "standby", &args("--identity=standby"));
+    let standby = KubeSvm::start(&control_plane, "standby", &args("--identity=standby")).await;
     create_migration(&client, "failover", &widgets.group, "widgets").await;
     wait_for(&client, "failover", Duration::from_secs(60), &[&leader], processed_at_least(100))
         .await;
@@ -346,7 +346,8 @@ async fn migrations_are_scheduled_per_resource() {
             "--page-size=50",
             "--kube-api-qps=150",
         ],
-    );
+    )
+    .await;
     create_migration(&client, "slow-1", &slow.group, "widgets").await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     create_migration(&client, "slow-2", &slow.group, "widgets").await;
@@ -387,7 +388,8 @@ async fn malformed_migrations_fail_fast_with_the_reason() {
         &control_plane,
         "controller",
         &["controller", "--leader-elect=false", "--concurrency=4"],
-    );
+    )
+    .await;
     let cases = [
         ("empty", "", "", "no resource named: spec.resource.resource is empty"),
         ("unknown", "", "nosuchthings", "the apiserver serves no resource \"nosuchthings\" in v1"),

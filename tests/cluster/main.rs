@@ -2,6 +2,7 @@
 //!
 //! One binary, so one shared control plane serves every test; each test uses unique names.
 
+mod chart;
 mod controller;
 mod engine;
 mod foundation;

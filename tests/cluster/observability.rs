@@ -68,7 +68,8 @@ async fn probes_and_metrics_follow_a_real_migration() {
             "--kube-api-qps=60",
             "--kube-api-burst=1",
         ],
-    );
+    )
+    .await;
     let admin = Admin { base: format!("http://127.0.0.1:{port}"), http: reqwest::Client::new() };
 
     admin.wait_for("/healthz", 200, &controller).await;

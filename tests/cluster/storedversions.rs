@@ -36,7 +36,7 @@ async fn setup(
         "--storage-version-settle=1",
     ];
     args.extend_from_slice(controller_flags);
-    let controller = KubeSvm::start(&control_plane, "controller", &args);
+    let controller = KubeSvm::start(&control_plane, "controller", &args).await;
     (control_plane, client, widgets, controller)
 }
 

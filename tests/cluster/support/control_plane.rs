@@ -18,6 +18,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use tokio::sync::OnceCell;
 
+use super::chart;
 use super::etcd::Etcd;
 
 /// The bearer token of the `admin` user (group `system:masters`).
@@ -25,6 +26,10 @@ const ADMIN_TOKEN: &str = "kube-svm-test-admin";
 
 /// How long a server may take to become ready; kube-apiserver needs 30-60 s on 2 cores.
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Namespace of the chart's release whose ServiceAccount controllers in tests run as; leader
+/// election Leases live there.
+pub const CONTROLLER_NAMESPACE: &str = "kube-svm";
 
 /// File whose presence tells the watchdog to keep the directory.
 const KEEP_MARKER: &str = "KEEP";
@@ -37,6 +42,7 @@ pub struct ControlPlane {
     etcd_process: Mutex<Child>,
     extra_flags: Mutex<Vec<String>>,
     kubeconfig: PathBuf,
+    controller_kubeconfig: OnceCell<PathBuf>,
 }
 
 static SHARED: OnceCell<ControlPlane> = OnceCell::const_new();
@@ -81,6 +87,7 @@ impl ControlPlane {
         write_credentials(&dir, apiserver_port)?;
         let control_plane = ControlPlane {
             kubeconfig: dir.join("kubeconfig"),
+            controller_kubeconfig: OnceCell::new(),
             apiserver: Mutex::new(None),
             etcd_process: Mutex::new(etcd_process),
             extra_flags: Mutex::new(extra_flags.iter().map(ToString::to_string).collect()),
@@ -119,6 +126,34 @@ impl ControlPlane {
     /// Path of an admin kubeconfig, for processes (`kube-svm --kubeconfig`).
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig
+    }
+
+    /// Path of a kubeconfig for `kube-svm controller` processes: the admin's credentials,
+    /// impersonating the Helm chart's ServiceAccount (release `kube-svm` in namespace
+    /// [`CONTROLLER_NAMESPACE`]), which is bound only to the chart's ClusterRole and Role. The
+    /// chart's RBAC is installed on first use.
+    pub async fn controller_kubeconfig(&self) -> &Path {
+        self.controller_kubeconfig
+            .get_or_init(|| async {
+                self.impersonating_kubeconfig("kube-svm", CONTROLLER_NAMESPACE, &[]).await
+            })
+            .await
+    }
+
+    /// Installs the chart's ServiceAccount and RBAC as release `release` in `namespace` (with
+    /// helm `args`) and writes a kubeconfig that impersonates that ServiceAccount.
+    pub async fn impersonating_kubeconfig(
+        &self,
+        release: &str,
+        namespace: &str,
+        args: &[&str],
+    ) -> PathBuf {
+        let client = self.client().await;
+        let user = chart::install_service_account(&client, release, namespace, args).await;
+        let path = self.dir.join(format!("kubeconfig-{release}"));
+        fs::write(&path, kubeconfig(self.apiserver_port, Some(&user)))
+            .expect("the kubeconfig is written");
+        path
     }
 
     /// Raw access to the etcd behind the apiserver.
@@ -296,10 +331,15 @@ fn write_credentials(dir: &Path, port: u16) -> anyhow::Result<()> {
         .stderr(Stdio::null())
         .status()?;
     anyhow::ensure!(status.success(), "openssl could not write the service account public key");
-    fs::write(
-        dir.join("kubeconfig"),
-        format!(
-            "apiVersion: v1
+    fs::write(dir.join("kubeconfig"), kubeconfig(port, None))?;
+    Ok(())
+}
+
+/// A kubeconfig with the admin's token, impersonating `user` when given.
+fn kubeconfig(port: u16, impersonate: Option<&str>) -> String {
+    let impersonate = impersonate.map(|user| format!("\n    as: {user}")).unwrap_or_default();
+    format!(
+        "apiVersion: v1
 kind: Config
 clusters:
 - name: test
@@ -309,7 +349,7 @@ clusters:
 users:
 - name: admin
   user:
-    token: {ADMIN_TOKEN}
+    token: {ADMIN_TOKEN}{impersonate}
 contexts:
 - name: test
   context:
@@ -317,9 +357,7 @@ contexts:
     user: admin
 current-context: test
 "
-        ),
-    )?;
-    Ok(())
+    )
 }
 
 fn record_pid(dir: &Path, child: &Child) -> std::io::Result<()> {

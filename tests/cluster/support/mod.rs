@@ -1,9 +1,10 @@
 //! Test support: a real control plane, raw etcd reads, and small helpers for test objects.
 
+pub mod chart;
 mod control_plane;
 mod etcd;
 pub mod fixtures;
 pub mod process;
 
-pub use control_plane::{ControlPlane, shared};
+pub use control_plane::{CONTROLLER_NAMESPACE, ControlPlane, shared};
 pub use etcd::{Etcd, KeyValue};

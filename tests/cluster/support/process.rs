@@ -1,11 +1,20 @@
 //! `kube-svm` run as a real process, for tests where signals and kills matter.
 
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use super::ControlPlane;
+use super::{CONTROLLER_NAMESPACE, ControlPlane};
+
+/// The kube-svm binary: `KUBE_SVM_BINARY`, else the one Cargo built for these tests.
+pub fn binary() -> PathBuf {
+    let built = option_env!("CARGO_BIN_EXE_kube-svm").map(PathBuf::from);
+    std::env::var_os("KUBE_SVM_BINARY")
+        .map(PathBuf::from)
+        .or(built)
+        .unwrap_or_else(|| panic!("set KUBE_SVM_BINARY to the kube-svm binary to run"))
+}
 
 pub struct KubeSvm {
     child: Child,
@@ -13,29 +22,47 @@ pub struct KubeSvm {
 }
 
 impl KubeSvm {
-    /// Starts `kube-svm <args>` against `control_plane`, logging to a file in a temp directory.
-    pub fn start(control_plane: &ControlPlane, name: &str, args: &[&str]) -> KubeSvm {
-        let log = control_plane.path(&format!("{name}.log"));
-        let out = fs::File::create(&log).expect("log file");
+    /// Starts `kube-svm <args>` against `control_plane`, logging to a file in its directory. A
+    /// controller runs as the Helm chart's ServiceAccount, with only the chart's RBAC.
+    pub async fn start(control_plane: &ControlPlane, name: &str, args: &[&str]) -> KubeSvm {
+        let kubeconfig = match args.first() == Some(&"controller") {
+            true => control_plane.controller_kubeconfig().await,
+            false => control_plane.kubeconfig(),
+        };
+        Self::start_as(control_plane, name, args, kubeconfig)
+    }
+
+    /// Starts `kube-svm <args>` with the credentials of `kubeconfig`.
+    pub fn start_as(
+        control_plane: &ControlPlane,
+        name: &str,
+        args: &[&str],
+        kubeconfig: &Path,
+    ) -> KubeSvm {
         let mut args: Vec<&str> = args.to_vec();
+        let lease_namespace = format!("--leader-election-namespace={CONTROLLER_NAMESPACE}");
         if args.first() == Some(&"controller") {
             // Many controllers run side by side: each takes a port of its own unless told one.
             // Tests create their own migrations: the CRD trigger stays off unless a test turns it
             // on, and the discovery hash is trusted at once unless a test asks for a settle time.
+            // Leases go where the chart lets its ServiceAccount write them.
             for (flag, default) in [
                 ("--metrics-bind-address", "--metrics-bind-address=127.0.0.1:0"),
                 ("--crd-trigger", "--crd-trigger=false"),
                 ("--storage-version-settle", "--storage-version-settle=0"),
+                ("--leader-election-namespace", &lease_namespace),
             ] {
                 if !args.iter().any(|a| a.starts_with(flag)) {
                     args.push(default);
                 }
             }
         }
-        let child = Command::new(env!("CARGO_BIN_EXE_kube-svm"))
+        let log = control_plane.path(&format!("{name}.log"));
+        let out = fs::File::create(&log).expect("log file");
+        let child = Command::new(binary())
             .args(&args)
             .arg("--kubeconfig")
-            .arg(control_plane.kubeconfig())
+            .arg(kubeconfig)
             .env("RUST_LOG", "info,kube_svm=debug")
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("log file"))

@@ -1,0 +1,237 @@
+//! `make demo`: kube-svm on a local control plane, from a CRD's storage version change to the
+//! proof in etcd.
+//!
+//! Starts a real etcd and kube-apiserver (the test harness's), creates a CRD stored at v1 with a
+//! few thousand objects, switches its storage version to v2, and runs `kube-svm controller` as the
+//! Helm chart's ServiceAccount. The CRD trigger creates the migration by itself; the demo follows
+//! its progress, then shows the stored bytes in etcd, the pruned `storedVersions`, v1 being
+//! removable, and the metrics. Everything is stopped and removed at the end.
+
+// The integration tests' harness; the demo needs only part of it.
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/cluster/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ListParams, PostParams};
+use kube::{Api, Client};
+use kube_svm::api::StorageVersionMigration;
+use kube_svm::controller::status::Phase;
+
+use support::fixtures::{WidgetCrd, create_namespace, install_kube_svm_crds};
+use support::process::KubeSvm;
+use support::{ControlPlane, Etcd};
+
+const NAMESPACES: [&str; 3] = ["shop", "warehouse", "billing"];
+const PER_NAMESPACE: usize = 1000;
+
+/// How long the controller watches the discovery hash before trusting the new encoding; the
+/// default is 10 s, shortened so the demo does not wait for nothing on a single apiserver.
+const SETTLE: &str = "--storage-version-settle=2";
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let started = Instant::now();
+    step("Starting etcd and kube-apiserver (built from Go modules by hack/control-plane.sh)");
+    let control_plane = ControlPlane::start(&[]).await?;
+    let client = control_plane.client().await;
+    let etcd = control_plane.etcd();
+    done(format!("ready in {:.1} s", started.elapsed().as_secs_f64()));
+
+    step("Installing kube-svm's CRDs (migration.k8s.io/v1alpha1)");
+    install_kube_svm_crds(&client).await;
+    done("established");
+
+    let widgets = WidgetCrd::new("demo", true);
+    step(&format!("Creating CRD {} stored at v1, and {} widgets", widgets.name(), total()));
+    let seeding = Instant::now();
+    widgets.create(&client, "v1").await;
+    for namespace in NAMESPACES {
+        create_namespace(&client, namespace).await;
+    }
+    let namespaces: Vec<Option<&str>> = NAMESPACES.iter().copied().map(Some).collect();
+    widgets.seed(&client, "v1", &namespaces, PER_NAMESPACE).await;
+    done(format!("created in {:.1} s", seeding.elapsed().as_secs_f64()));
+
+    step("Switching the CRD's storage version to v2");
+    widgets.set_storage_version(&client, "v2").await;
+    let switched = Instant::now();
+    detail(&format!("etcd holds: {}", census(&etcd, &widgets).await));
+    detail(&format!("status.storedVersions: {:?}", stored_versions(&client, &widgets).await));
+    match drop_version(&client, &widgets, "v1", true).await {
+        Err(message) => detail(&format!("removing v1 from spec.versions is refused: {message}")),
+        Ok(()) => anyhow::bail!("the apiserver let v1 go while objects are stored in it"),
+    }
+
+    step("Starting `kube-svm controller` as the Helm chart's ServiceAccount, CRD trigger on");
+    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let admin = format!("--metrics-bind-address=127.0.0.1:{port}");
+    let args = [
+        "controller",
+        "--leader-elect=false",
+        "--crd-trigger=true",
+        "--checkpoint-interval=1",
+        SETTLE,
+        &admin,
+    ];
+    let mut controller = KubeSvm::start(&control_plane, "controller", &args).await;
+    let migrations: Api<StorageVersionMigration> = Api::all(client.clone());
+    let triggered = ListParams::default().labels("kube-svm.io/trigger=crd");
+    let name = loop {
+        if let Some(found) = migrations.list(&triggered).await?.items.into_iter().next() {
+            break found.metadata.name.unwrap_or_default();
+        }
+        anyhow::ensure!(switched.elapsed() < Duration::from_secs(60), "no migration was created");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    detail(&format!(
+        "the CRD trigger created migration {name} {:.1} s after the storage switch",
+        switched.elapsed().as_secs_f64()
+    ));
+
+    let migration = follow(&migrations, &name, &controller).await?;
+    let status = migration.status.clone().unwrap_or_default();
+    let progress = status.progress.clone().unwrap_or_default();
+    let seconds = match (&status.start_time, &status.completion_time) {
+        (Some(start), Some(end)) => end.0.duration_since(start.0).as_secs_f64(),
+        _ => 0.0,
+    };
+    detail(&format!(
+        "{:?}: {} rewritten, {} already current, {} failed, in {seconds:.1} s",
+        Phase::of(&migration),
+        progress.rewritten,
+        progress.already_current,
+        progress.failed
+    ));
+    anyhow::ensure!(Phase::of(&migration) == Phase::Succeeded, "the migration did not succeed");
+
+    step("The proof");
+    detail(&format!("etcd holds: {}", census(&etcd, &widgets).await));
+    let pruned = wait_stored_versions(&client, &widgets, &["v2"]).await;
+    detail(&format!("status.storedVersions: {pruned:?}"));
+    match drop_version(&client, &widgets, "v1", false).await {
+        Ok(()) => detail("removing v1 from spec.versions: accepted, v1 is gone"),
+        Err(message) => anyhow::bail!("v1 could not be removed: {message}"),
+    }
+    let metrics = reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await?.text().await?;
+    for line in metrics.lines().filter(|line| {
+        line.starts_with("storage_migrator_core_migrator_")
+            || line.starts_with("kube_svm_objects_total")
+            || line.starts_with("kube_svm_stored_versions_decisions_total")
+    }) {
+        detail(line);
+    }
+
+    step("Stopping the controller (SIGTERM) and the control plane");
+    controller.signal("TERM");
+    let exit = controller.wait(Duration::from_secs(10));
+    drop(control_plane);
+    done(format!(
+        "controller exited with {}; demo took {:.0} s",
+        exit.map(|status| status.to_string()).unwrap_or_else(|| "no exit in 10 s".into()),
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(())
+}
+
+fn total() -> usize {
+    NAMESPACES.len() * PER_NAMESPACE
+}
+
+fn step(text: &str) {
+    println!("\n==> {text}");
+}
+
+fn done(text: impl std::fmt::Display) {
+    println!("    {text}");
+}
+
+fn detail(text: &str) {
+    println!("    {text}");
+}
+
+/// How the widgets are stored in etcd, by stored apiVersion.
+async fn census(etcd: &Etcd, widgets: &WidgetCrd) -> String {
+    let mut counts = BTreeMap::new();
+    for kv in etcd.list(&widgets.etcd_prefix()).await.unwrap_or_default() {
+        *counts.entry(kv.api_version()).or_insert(0) += 1;
+    }
+    let parts: Vec<String> =
+        counts.iter().map(|(version, count)| format!("{count} widgets as {version}")).collect();
+    parts.join(", ")
+}
+
+async fn stored_versions(client: &Client, widgets: &WidgetCrd) -> Vec<String> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = crds.get(&widgets.name()).await.ok();
+    crd.and_then(|crd| crd.status).and_then(|status| status.stored_versions).unwrap_or_default()
+}
+
+/// Waits a little for the pruned list: the controller writes it just before the migration's
+/// final status, which the demo may read first.
+async fn wait_stored_versions(client: &Client, widgets: &WidgetCrd, want: &[&str]) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stored = stored_versions(client, widgets).await;
+        if stored == want || Instant::now() > deadline {
+            return stored;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Removes `version` from the CRD's `spec.versions` (as a dry run when asked); the apiserver's
+/// message when it refuses.
+async fn drop_version(
+    client: &Client,
+    widgets: &WidgetCrd,
+    version: &str,
+    dry_run: bool,
+) -> Result<(), String> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut crd = crds.get(&widgets.name()).await.map_err(|error| error.to_string())?;
+    crd.spec.versions.retain(|v| v.name != version);
+    let params = PostParams { dry_run, ..PostParams::default() };
+    match crds.replace(&widgets.name(), &params, &crd).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) => Err(status.message),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
+/// Prints the migration's progress as it changes until it ends.
+async fn follow(
+    migrations: &Api<StorageVersionMigration>,
+    name: &str,
+    controller: &KubeSvm,
+) -> anyhow::Result<StorageVersionMigration> {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut shown = None;
+    loop {
+        let migration = migrations.get(name).await?;
+        let phase = Phase::of(&migration);
+        let progress = migration.status.as_ref().and_then(|s| s.progress.clone());
+        if let Some(progress) = &progress
+            && shown != Some(progress.processed)
+        {
+            shown = Some(progress.processed);
+            detail(&format!(
+                "{phase:?}: {:>5} of {} processed, {} remaining",
+                progress.processed,
+                total(),
+                progress.remaining.map(|r| r.to_string()).unwrap_or_else(|| "?".into())
+            ));
+        }
+        if matches!(phase, Phase::Succeeded | Phase::Failed) {
+            return Ok(migration);
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("the migration did not finish; controller log:\n{}", controller.logs());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -1,0 +1,182 @@
+//! The Helm chart and the manifests rendered from it: it lints, its values schema refuses bad
+//! values, everything it renders is accepted by a real apiserver, `config/` has not drifted from
+//! it, and its RBAC, narrowed to a list of resources, lets kube-svm migrate exactly those.
+//!
+//! That the default RBAC is enough is proven by every controller test: controllers run as the
+//! chart's ServiceAccount (see `support::process`).
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use kube::core::DynamicObject;
+use kube_svm::controller::status::Phase;
+
+use crate::controller::{create_migration, phase_is, wait_for};
+use crate::support::chart::{self, apply, objects, render, run_helm};
+use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds, unique};
+use crate::support::process::KubeSvm;
+use crate::support::{ControlPlane, shared};
+
+fn repository_file(path: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    fs::read_to_string(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()))
+}
+
+/// `--set-json` restricting the migratable resources to `widgets` of `group`.
+fn only_widgets_of(group: &str) -> String {
+    format!(r#"rbac.migratableResources=[{{"apiGroups":["{group}"],"resources":["widgets"]}}]"#)
+}
+
+#[test]
+fn the_chart_lints_with_default_and_optional_values() {
+    let chart = chart::chart_dir();
+    let chart = chart.to_str().expect("UTF-8 path");
+    let only_widgets = only_widgets_of("example.com");
+    for extra in [
+        &[][..],
+        &["--set", "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true"],
+        &["--set-json", &only_widgets],
+        &[
+            "--set",
+            "crds.install=false,rbac.create=false,serviceAccount.create=false,replicaCount=2",
+        ],
+    ] {
+        let mut args = vec!["lint", "--strict", chart];
+        args.extend(extra);
+        if let Err(error) = run_helm(&args) {
+            panic!("helm lint {extra:?} fails: {error}");
+        }
+    }
+}
+
+#[test]
+fn the_values_schema_refuses_bad_values() {
+    for (set, field) in [
+        ("controller.pageSize=0", "pageSize"),
+        ("controller.logFormat=xml", "logFormat"),
+        ("rbac.migratableResources=some", "migratableResources"),
+        ("controller.writesInFligth=4", "writesInFligth"),
+    ] {
+        let chart = chart::chart_dir();
+        let args = ["template", "x", chart.to_str().expect("UTF-8 path"), "--set", set];
+        match run_helm(&args) {
+            Ok(_) => panic!("helm template --set {set} was accepted"),
+            Err(error) => assert!(error.contains(field), "--set {set}: {error}"),
+        }
+    }
+}
+
+#[test]
+fn the_chart_version_follows_the_crate() {
+    let chart: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&repository_file("charts/kube-svm/Chart.yaml")).expect("YAML");
+    let crate_version = env!("CARGO_PKG_VERSION");
+    assert_eq!(chart["version"].as_str(), Some(crate_version), "Chart.yaml version");
+    assert_eq!(chart["appVersion"].as_str(), Some(crate_version), "Chart.yaml appVersion");
+}
+
+/// The CRDs are templated, installed by default, kept on uninstall, and can be left out.
+#[test]
+fn the_chart_installs_the_generated_crds_unless_told_not_to() {
+    let kinds = |args: &[&str]| -> Vec<String> {
+        objects(&render("kube-svm", "kube-svm", args))
+            .into_iter()
+            .filter_map(|object| object.types.map(|types| types.kind))
+            .collect()
+    };
+    let crds = |kinds: &[String]| kinds.iter().filter(|k| *k == "CustomResourceDefinition").count();
+    assert_eq!(crds(&kinds(&[])), 2);
+    assert_eq!(crds(&kinds(&["--set", "crds.install=false"])), 0);
+    let rendered = render("kube-svm", "kube-svm", &["--show-only", "templates/crds.yaml"]);
+    for crd in objects(&rendered) {
+        let annotations = crd.metadata.annotations.unwrap_or_default();
+        assert_eq!(annotations.get("helm.sh/resource-policy").map(String::as_str), Some("keep"));
+    }
+}
+
+/// `config/deploy/kube-svm.yaml` is what `make manifests` renders from the chart now.
+#[test]
+fn the_committed_manifests_match_the_chart() {
+    let output = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/manifests.sh"))
+        .arg(chart::helm())
+        .output()
+        .expect("hack/manifests.sh runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let rendered = String::from_utf8(output.stdout).expect("UTF-8");
+    assert!(
+        rendered == repository_file("config/deploy/kube-svm.yaml"),
+        "config/deploy/kube-svm.yaml is out of date: run `make manifests`"
+    );
+}
+
+/// Everything the chart renders, and every committed manifest and sample, is accepted by the
+/// apiserver (server-side dry run): schemas, field names and references are checked for real.
+#[tokio::test]
+async fn rendered_and_committed_manifests_pass_a_server_side_dry_run() {
+    let control_plane = shared().await;
+    let client = control_plane.client().await;
+    let namespace = unique("chart");
+    let namespace_object =
+        format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {namespace}\n");
+    apply(&client, &objects(&namespace_object), false).await.expect("the namespace is created");
+    install_kube_svm_crds(&client).await;
+
+    let only_widgets = only_widgets_of("example.com");
+    for args in [&["--set", "replicaCount=2"][..], &["--set-json", &only_widgets]] {
+        let rendered = objects(&render("kube-svm", &namespace, args));
+        assert!(rendered.len() >= 8, "the chart renders its objects: {}", rendered.len());
+        if let Err(error) = apply(&client, &rendered, true).await {
+            panic!("the chart rendered with {args:?} is refused: {error}");
+        }
+    }
+
+    // The plain manifests bring their own namespace, which must exist before a dry run of the
+    // objects in it.
+    let committed = objects(&repository_file("config/deploy/kube-svm.yaml"));
+    let (namespaces, namespaced): (Vec<DynamicObject>, Vec<DynamicObject>) = committed
+        .into_iter()
+        .partition(|object| object.types.as_ref().is_some_and(|t| t.kind == "Namespace"));
+    apply(&client, &namespaces, false).await.expect("config/deploy's namespace is created");
+    apply(&client, &namespaced, true).await.expect("config/deploy/kube-svm.yaml is accepted");
+    for file in ["config/crd/migration.k8s.io.yaml", "config/samples/secrets.yaml"] {
+        let objects = objects(&repository_file(file));
+        assert!(!objects.is_empty(), "{file} holds objects");
+        if let Err(error) = apply(&client, &objects, true).await {
+            panic!("{file} is refused: {error}");
+        }
+    }
+    let sample = objects(&repository_file("config/samples/custom-resource.yaml"));
+    apply(&client, &sample, true).await.expect("the custom resource sample is accepted");
+}
+
+/// With `rbac.migratableResources` narrowed to one resource, kube-svm migrates that resource and
+/// a migration of anything else fails at once, saying the apiserver forbade it.
+#[tokio::test]
+async fn a_narrowed_resource_list_limits_what_kube_svm_can_migrate() {
+    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let widgets = WidgetCrd::stale(&client, "rbac", 50).await;
+    let only_widgets = only_widgets_of(&widgets.group);
+    let kubeconfig = control_plane
+        .impersonating_kubeconfig("narrow", "kube-svm-narrow", &["--set-json", &only_widgets])
+        .await;
+    let controller = KubeSvm::start_as(
+        &control_plane,
+        "narrow",
+        &["controller", "--leader-elect=false"],
+        &kubeconfig,
+    );
+
+    create_migration(&client, "allowed", &widgets.group, "widgets").await;
+    create_migration(&client, "forbidden", "", "secrets").await;
+    let timeout = Duration::from_secs(60);
+    wait_for(&client, "allowed", timeout, &[&controller], phase_is(Phase::Succeeded)).await;
+    assert_eq!(widgets.assert_all_stored_as(&control_plane.etcd(), "v2").await, 50);
+    let failed =
+        wait_for(&client, "forbidden", timeout, &[&controller], phase_is(Phase::Failed)).await;
+    let message = failed.status.and_then(|s| s.conditions[0].message.clone()).unwrap_or_default();
+    assert!(message.contains("secrets") && message.contains("403"), "{message}");
+}
