@@ -29,6 +29,18 @@ pub const API_APPROVED_ANNOTATION: &str = "api-approved.kubernetes.io";
 pub const API_APPROVED_VALUE: &str =
     "unapproved, kube-svm serves the kube-storage-version-migrator API";
 
+/// Annotation on a StorageVersionMigration asking kube-svm to write every object through its
+/// `status` subresource (value `"true"`); the migration fails when the resource has none.
+pub const WRITE_TO_STATUS_ANNOTATION: &str = "kube-svm.io/write-to-status";
+
+impl StorageVersionMigration {
+    /// Whether this migration asks to be written through the `status` subresource.
+    pub fn requests_status_writes(&self) -> bool {
+        let annotations = self.metadata.annotations.as_ref();
+        annotations.and_then(|a| a.get(WRITE_TO_STATUS_ANNOTATION)).is_some_and(|v| v == "true")
+    }
+}
+
 /// Both CRDs, in the order they are printed and installed.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![StorageVersionMigration::crd(), StorageState::crd()]
@@ -113,6 +125,20 @@ mod tests {
             );
             assert!(API_APPROVED_VALUE.starts_with("unapproved"));
         }
+    }
+
+    #[test]
+    fn status_writes_are_requested_only_by_a_true_annotation() {
+        let with = |value: &str| {
+            let mut migration = StorageVersionMigration::new("m", Default::default());
+            migration.metadata.annotations =
+                Some([(WRITE_TO_STATUS_ANNOTATION.to_owned(), value.to_owned())].into());
+            migration
+        };
+        assert!(with("true").requests_status_writes());
+        assert!(!with("false").requests_status_writes());
+        assert!(!with("yes").requests_status_writes());
+        assert!(!StorageVersionMigration::new("m", Default::default()).requests_status_writes());
     }
 
     #[test]

@@ -72,6 +72,12 @@ pub struct ControllerArgs {
     #[arg(long, env = "KUBE_SVM_STORAGE_VERSION_SETTLE", default_value_t = 10.0)]
     pub storage_version_settle: f64,
 
+    /// Write objects back through their `status` subresource wherever the resource has one: it
+    /// re-encodes the whole object, and admission webhooks and policies rarely guard it. A
+    /// migration can ask for it alone with the annotation `kube-svm.io/write-to-status: "true"`.
+    #[arg(long, env = "KUBE_SVM_WRITE_TO_STATUS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub write_to_status: bool,
+
     /// Create a migration when a CRD's storedVersions lists more than its storage version.
     #[arg(long, env = "KUBE_SVM_CRD_TRIGGER", default_value_t = true, action = clap::ArgAction::Set)]
     pub crd_trigger: bool,
@@ -98,6 +104,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         metrics_bind_address,
         storage_version_settle,
         crd_trigger,
+        write_to_status,
     } = args;
     let metrics = Arc::new(Metrics::new().context("failed to register the metrics")?);
     let health = Arc::new(Health::default());
@@ -115,6 +122,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         identity: identity.clone(),
         storage_version_settle: Duration::from_secs_f64(storage_version_settle.max(0.0)),
         crd_trigger,
+        write_to_status,
     };
 
     let shutdown = CancellationToken::new();

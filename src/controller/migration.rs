@@ -88,8 +88,9 @@ async fn migrate(
     let api: Api<StorageVersionMigration> = Api::all(context.client.clone());
     let name = migration.name_any();
     let previous = migration.status.clone();
+    let status_required = migration.requests_status_writes();
     let resource = loop {
-        match Resource::resolve(&context.client, &migration.spec.resource, false).await {
+        match Resource::resolve(&context.client, &migration.spec.resource, status_required).await {
             Ok(resource) => break resource,
             Err(error) if error.is_transient() => {
                 warn!(error = %crate::error_chain(&error), "discovery failed; trying again");
@@ -155,7 +156,9 @@ async fn migrate(
     publish(context, migration, EventType::Normal, reason, note).await;
 
     let (report, mut updates) = watch::channel(start.clone());
-    let job = Job { resource: resource.clone(), write_to_status: false, resume: start };
+    let write_to_status =
+        status_required || (context.settings.write_to_status && resource.patchable_status);
+    let job = Job { resource: resource.clone(), write_to_status, resume: start };
     let run = context.engine.run(job, &report, cancel);
     tokio::pin!(run);
     let mut last_write = Instant::now();

@@ -46,6 +46,8 @@ pub struct Settings {
     pub crd_trigger: bool,
     /// How long the discovery hash must be seen unchanged before a CRD's encoding is trusted.
     pub storage_version_settle: Duration,
+    /// Write through the `status` subresource wherever a resource has one.
+    pub write_to_status: bool,
 }
 
 /// Why the controller stopped.

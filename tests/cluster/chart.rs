@@ -124,7 +124,11 @@ async fn rendered_and_committed_manifests_pass_a_server_side_dry_run() {
     install_kube_svm_crds(&client).await;
 
     let only_widgets = only_widgets_of("example.com");
-    for args in [&["--set", "replicaCount=2"][..], &["--set-json", &only_widgets]] {
+    let narrowed_with_status =
+        ["--set-json", &only_widgets, "--set", "controller.writeToStatus=true"];
+    for args in
+        [&["--set", "replicaCount=2"][..], &["--set-json", &only_widgets], &narrowed_with_status]
+    {
         let rendered = objects(&render("kube-svm", &namespace, args));
         assert!(rendered.len() >= 8, "the chart renders its objects: {}", rendered.len());
         if let Err(error) = apply(&client, &rendered, true).await {

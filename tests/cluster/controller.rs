@@ -8,9 +8,12 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Event;
-use kube::api::{ListParams, PostParams};
+use kube::api::{ListParams, Patch, PostParams};
 use kube::{Api, Client};
-use kube_svm::api::{GroupVersionResource, StorageVersionMigration, StorageVersionMigrationSpec};
+use kube_svm::api::{
+    GroupVersionResource, StorageVersionMigration, StorageVersionMigrationSpec,
+    WRITE_TO_STATUS_ANNOTATION,
+};
 use kube_svm::controller::status::Phase;
 
 use crate::engine::reject_updates_of_frozen;
@@ -428,4 +431,65 @@ async fn malformed_migrations_fail_fast_with_the_reason() {
         assert_eq!(condition.reason.as_deref(), Some("InvalidResource"));
         assert_eq!(condition.message.as_deref(), Some(expected), "{name}");
     }
+}
+
+/// Writing through the status subresource gets past a policy that guards the resource itself:
+/// `--write-to-status` uses it wherever a resource has one and writes the others directly; the
+/// annotation insists on it and fails a migration whose resource has none.
+#[tokio::test]
+async fn writes_can_go_through_the_status_subresource() {
+    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let widgets = WidgetCrd::new("status", false);
+    widgets.create(&client, "v1").await;
+    widgets.seed(&client, "v1", &[None], 50).await;
+    // Frozen while still stored at v1: labelling is itself a write.
+    let api = widgets.api(&client, "v1", None);
+    let freeze = serde_json::json!({ "metadata": { "labels": { "frozen": "true" } } });
+    for i in 0..10 {
+        let name = format!("w-{i}");
+        api.patch(&name, &Default::default(), &Patch::Merge(&freeze)).await.expect("frozen");
+    }
+    widgets.set_storage_version(&client, "v2").await;
+    reject_updates_of_frozen(&client, &widgets.group).await;
+    let controller = KubeSvm::start(
+        &control_plane,
+        "controller",
+        &["controller", "--leader-elect=false", "--write-to-status"],
+    )
+    .await;
+
+    create_migration(&client, "widgets", &widgets.group, "widgets").await;
+    create_migration(&client, "configmaps", "", "configmaps").await;
+    let mut strict = StorageVersionMigration::new(
+        "strict-configmaps",
+        StorageVersionMigrationSpec {
+            resource: GroupVersionResource {
+                group: String::new(),
+                version: "v1".into(),
+                resource: "configmaps".into(),
+            },
+            continue_token: None,
+        },
+    );
+    strict.metadata.annotations =
+        Some([(WRITE_TO_STATUS_ANNOTATION.to_owned(), "true".to_owned())].into());
+    Api::<StorageVersionMigration>::all(client.clone())
+        .create(&PostParams::default(), &strict)
+        .await
+        .expect("created");
+
+    let timeout = Duration::from_secs(60);
+    let done =
+        wait_for(&client, "widgets", timeout, &[&controller], phase_is(Phase::Succeeded)).await;
+    let counts = progress(&done);
+    assert_eq!((counts.rewritten, counts.failed), (50, 0), "the frozen widgets too");
+    assert_eq!(widgets.assert_all_stored_as(&control_plane.etcd(), "v2").await, 50);
+    wait_for(&client, "configmaps", timeout, &[&controller], phase_is(Phase::Succeeded)).await;
+    let failed =
+        wait_for(&client, "strict-configmaps", timeout, &[&controller], phase_is(Phase::Failed))
+            .await;
+    let message = failed.status.and_then(|s| s.conditions[0].message.clone());
+    assert_eq!(message.as_deref(), Some("configmaps has no status subresource to write through"));
 }
