@@ -44,7 +44,12 @@ async fn run(
     .expect("an engine");
     let (report, _) = watch::channel(Progress::default());
     let started = Instant::now();
-    let job = Job { resource, write_to_status: false, resume: Progress::default() };
+    let job = Job {
+        resource,
+        write_to_status: false,
+        resume: Progress::default(),
+        fence: kube_svm::fence::Fence::open(),
+    };
     let Ok(Finished::Completed(progress)) =
         engine.run(job, &report, &CancellationToken::new()).await
     else {
@@ -71,8 +76,8 @@ async fn seeded(client: &Client, per_namespace: usize) -> WidgetCrd {
 /// `kube-svm controller`.
 async fn through_controller(client: &Client, widgets: &WidgetCrd) -> f64 {
     use kube::api::PostParams;
+    use kube_svm::api::Phase;
     use kube_svm::api::{StorageVersionMigration, StorageVersionMigrationSpec};
-    use kube_svm::controller::status::Phase;
     let api: kube::Api<StorageVersionMigration> = kube::Api::all(client.clone());
     let spec = StorageVersionMigrationSpec {
         resource: GroupVersionResource {

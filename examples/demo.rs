@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
+use kube_svm::api::Phase;
 use kube_svm::api::StorageVersionMigration;
-use kube_svm::controller::status::Phase;
 
 use support::fixtures::{WidgetCrd, create_namespace, install_kube_svm_crds};
 use support::process::KubeSvm;

@@ -1,8 +1,13 @@
 //! Leader election on a `coordination.k8s.io` Lease, with client-go's semantics: a holder renews
 //! the lease every retry period; another candidate takes it over once it has seen no renewal for
 //! a whole lease duration (measured on its own clock, so skew between nodes does not matter); a
-//! holder that cannot renew within the renew deadline stops leading; a holder shutting down
-//! releases the lease so the next leader starts at once.
+//! holder shutting down releases the lease so the next leader starts at once.
+//!
+//! A holder's term ends at its last successful renewal (counted from when that renewal was sent)
+//! plus the renew deadline, which is shorter than the lease duration. The term is a [`Fence`]
+//! every write checks, and `lost` fires when it runs out, whether or not the renewal request
+//! that should have extended it ever returns. So a leader stops writing before anyone else may
+//! acquire the lease, however its connection to the apiserver fails.
 
 use std::time::Duration;
 
@@ -15,6 +20,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::fence::Fence;
+
 /// Where the lease is and how it is held.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -24,10 +31,33 @@ pub struct Settings {
     pub identity: String,
     /// How long a lease is valid without renewal (client-go's default: 15 s).
     pub lease_duration: Duration,
-    /// How long a leader keeps trying to renew before it gives up (client-go's default: 10 s).
+    /// How long a leader's term lasts after a renewal (client-go's default: 10 s). Shorter than
+    /// the lease duration: the difference is the margin between this leader's last write and
+    /// the earliest moment another candidate may take over.
     pub renew_deadline: Duration,
     /// How often candidates try to acquire and leaders renew (client-go's default: 2 s).
     pub retry_period: Duration,
+}
+
+impl Settings {
+    /// Settings with client-go's ratios for a lease of `lease_duration`: a renew deadline of two
+    /// thirds of it, retries every 2 s (at most a third of it).
+    pub fn new(
+        namespace: String,
+        name: String,
+        identity: String,
+        lease_duration: Duration,
+    ) -> Self {
+        let lease_duration = lease_duration.max(Duration::from_secs(2));
+        Settings {
+            namespace,
+            name,
+            identity,
+            renew_deadline: lease_duration * 2 / 3,
+            retry_period: Duration::from_secs(2).min(lease_duration / 3),
+            lease_duration,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +68,7 @@ pub enum Error {
 
 /// A held lease. Dropping it stops renewals without releasing the lease.
 pub struct Leadership {
+    fence: Fence,
     lost: CancellationToken,
     stop: CancellationToken,
     renewals: Option<tokio::task::JoinHandle<()>>,
@@ -51,36 +82,49 @@ impl Leadership {
         self.lost.clone()
     }
 
+    /// The leader's term: closed once leadership is lost or runs out.
+    pub fn fence(&self) -> Fence {
+        self.fence.clone()
+    }
+
     /// Stops renewing and hands the lease back, so another candidate can take it at once.
     pub async fn release(mut self) {
         self.stop.cancel();
         if let Some(renewals) = self.renewals.take() {
             let _ = renewals.await;
         }
+        let Some(limit) = self.fence.deadline(self.settings.retry_period) else { return };
         if self.lost.is_cancelled() {
             return;
         }
-        match self.lease.get(&self.settings.name).await {
-            Ok(mut lease) if holder(&lease) == Some(self.settings.identity.as_str()) => {
-                let spec = lease.spec.get_or_insert_with(Default::default);
-                spec.holder_identity = None;
-                spec.lease_duration_seconds = Some(1);
-                spec.renew_time = Some(MicroTime(Timestamp::now()));
-                match self.lease.replace(&self.settings.name, &PostParams::default(), &lease).await
-                {
-                    Ok(_) => info!(lease = self.settings.name, "released the lease"),
-                    Err(error) => warn!(%error, "failed to release the lease"),
-                }
-            }
-            Ok(_) => {}
-            Err(error) => warn!(%error, "failed to read the lease to release it"),
+        let released = tokio::time::timeout(limit, self.hand_back()).await;
+        self.fence.close();
+        match released {
+            Ok(Ok(true)) => info!(lease = self.settings.name, "released the lease"),
+            Ok(Ok(false)) => {}
+            Ok(Err(error)) => warn!(%error, "failed to release the lease"),
+            Err(_) => warn!("failed to release the lease in time"),
         }
+    }
+
+    async fn hand_back(&self) -> Result<bool, kube::Error> {
+        let mut lease = self.lease.get(&self.settings.name).await?;
+        if holder(&lease) != Some(self.settings.identity.as_str()) {
+            return Ok(false);
+        }
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        self.lease.replace(&self.settings.name, &PostParams::default(), &lease).await?;
+        Ok(true)
     }
 }
 
 impl Drop for Leadership {
     fn drop(&mut self) {
         self.stop.cancel();
+        self.fence.close();
     }
 }
 
@@ -101,14 +145,40 @@ pub async fn acquire(
         "waiting for leadership"
     );
     loop {
-        let won = try_acquire(&lease, &settings, &mut observed).await?;
+        let sent = Instant::now();
+        // An attempt that hangs is abandoned, like any other request that takes too long.
+        let attempt = tokio::time::timeout(
+            settings.retry_period.max(Duration::from_secs(1)),
+            try_acquire(&lease, &settings, &mut observed),
+        )
+        .await;
+        let won = match attempt {
+            Ok(won) => won?,
+            Err(_) => {
+                warn!(lease = settings.name, "reading or taking the lease timed out");
+                false
+            }
+        };
         on_attempt(won);
         if won {
             info!(lease = settings.name, identity = settings.identity, "became the leader");
+            let fence = Fence::until(sent + settings.renew_deadline);
             let (lost, stop) = (CancellationToken::new(), CancellationToken::new());
-            let renewals =
-                tokio::spawn(renew(lease.clone(), settings.clone(), lost.clone(), stop.clone()));
-            return Ok(Some(Leadership { lost, stop, renewals: Some(renewals), lease, settings }));
+            let renewals = tokio::spawn(renew(
+                lease.clone(),
+                settings.clone(),
+                fence.clone(),
+                lost.clone(),
+                stop.clone(),
+            ));
+            return Ok(Some(Leadership {
+                fence,
+                lost,
+                stop,
+                renewals: Some(renewals),
+                lease,
+                settings,
+            }));
         }
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(None),
@@ -123,8 +193,21 @@ async fn try_acquire(
     settings: &Settings,
     observed: &mut Option<(String, Instant)>,
 ) -> Result<bool, Error> {
-    let current =
-        lease.get_opt(&settings.name).await.map_err(|e| Error::Read(settings.name.clone(), e))?;
+    let current = match lease.get_opt(&settings.name).await {
+        Ok(current) => current,
+        // Not being able to read the lease only means this attempt lost.
+        Err(kube::Error::Api(status)) if status.code >= 500 || status.code == 429 => {
+            warn!(code = status.code, "failed to read the lease");
+            return Ok(false);
+        }
+        Err(kube::Error::Api(status)) => {
+            return Err(Error::Read(settings.name.clone(), kube::Error::Api(status)));
+        }
+        Err(error) => {
+            warn!(%error, "failed to read the lease");
+            return Ok(false);
+        }
+    };
     let now = Timestamp::now();
     let Some(mut current) = current else {
         let fresh = Lease {
@@ -173,33 +256,45 @@ async fn try_acquire(
     Ok(lease.replace(&settings.name, &PostParams::default(), &current).await.is_ok())
 }
 
-/// Renews the lease every retry period; fires `lost` when renewals fail past the renew deadline
-/// or someone else holds the lease.
+/// Renews the lease every retry period, extending the term from when each successful renewal
+/// was sent. Fires `lost` (and closes the fence) when the term runs out before a renewal
+/// succeeds, or someone else holds the lease.
 async fn renew(
     lease: Api<Lease>,
     settings: Settings,
+    fence: Fence,
     lost: CancellationToken,
     stop: CancellationToken,
 ) {
-    let mut last_renewal = Instant::now();
+    let give_up = |why: &str| {
+        warn!(lease = settings.name, "{why}: no longer the leader");
+        fence.close();
+        lost.cancel();
+    };
     loop {
+        let Some(left) = fence.remaining() else { return };
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(settings.retry_period) => {}
+            // The term may run out while waiting for the next renewal.
+            _ = tokio::time::sleep(left) => {}
         }
-        match renew_once(&lease, &settings).await {
-            Ok(true) => last_renewal = Instant::now(),
-            Ok(false) => {
-                warn!(lease = settings.name, "another candidate holds the lease");
-                lost.cancel();
-                return;
-            }
-            Err(error) => warn!(%error, "failed to renew the lease"),
+        let sent = Instant::now();
+        let Some(left) = fence.deadline(settings.renew_deadline) else {
+            return give_up("could not renew the lease in time");
+        };
+        let renewed = tokio::select! {
+            _ = stop.cancelled() => return,
+            renewed = tokio::time::timeout(left, renew_once(&lease, &settings)) => renewed,
+        };
+        match renewed {
+            Ok(Ok(true)) => fence.extend_to(sent + settings.renew_deadline),
+            Ok(Ok(false)) => return give_up("another candidate holds the lease"),
+            Ok(Err(error)) => warn!(%error, "failed to renew the lease"),
+            Err(_) => return give_up("could not renew the lease in time"),
         }
-        if last_renewal.elapsed() >= settings.renew_deadline {
-            warn!(lease = settings.name, "could not renew the lease in time");
-            lost.cancel();
-            return;
+        if !fence.holds() {
+            return give_up("could not renew the lease in time");
         }
     }
 }

@@ -9,7 +9,9 @@
 pub mod api;
 pub mod cli;
 pub mod controller;
+pub mod encoding;
 pub mod engine;
+pub mod fence;
 pub mod leader;
 pub mod metrics;
 pub mod server;

@@ -184,6 +184,10 @@ pub fn resource_label(group: &str, version: &str, plural: &str) -> String {
     format!("{group}/{version}, Resource={plural}")
 }
 
+/// The `resource` label of a migration whose resource discovery never confirmed: what a user
+/// typed must not become a label value, or labels would be unbounded.
+pub const UNRESOLVED_RESOURCE: &str = "unresolved";
+
 /// The `code` label: the status code class, or `none` when no response came.
 pub fn code_class(code: Option<u16>) -> &'static str {
     match code {

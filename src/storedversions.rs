@@ -1,25 +1,31 @@
 //! Pruning a CRD's `status.storedVersions` after a migration: the decision (pure) and the write.
 //!
 //! Removing a version from `storedVersions` is only safe once no object in etcd is still encoded
-//! in it. kube-svm proves that before pruning: the migration succeeded with no failed object; the
-//! CRD's generation and storage version did not change while it ran; and before it started, the
-//! apiservers were already encoding in the storage version (the StorageVersion API where served,
-//! otherwise the discovery hash, seen consistently over a settle period). Anything less and the
-//! list stays as it is, with the reason said.
+//! in it. kube-svm proves that before pruning: the migration succeeded with no failed object,
+//! having listed the resource from its first object; the CRD's generation and storage version did
+//! not change while it ran; and before its first write, the apiservers were already encoding in
+//! the storage version ([`crate::encoding`]). Anything less and the list stays as it is, with the
+//! reason said.
 
 use std::fmt;
+use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::PostParams;
 use kube::{Api, Client};
 
-/// How the apiservers' encoding was confirmed before the migration started.
+use crate::api::conditions::stored_versions as reasons;
+use crate::encoding::Encoding;
+
+/// What a migration established, as far as pruning is concerned.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Encoding {
-    /// Confirmed: by the StorageVersion API, or by the discovery hash over the settle period.
-    Confirmed { by: &'static str },
-    /// Not confirmed; the message says what was seen.
-    Unconfirmed(String),
+pub struct Run {
+    /// Whether it ended Succeeded.
+    pub succeeded: bool,
+    /// Objects that could not be migrated.
+    pub failed: u64,
+    /// Whether it listed the resource from its first object.
+    pub listed_from_start: bool,
 }
 
 /// A CRD's state, as far as pruning is concerned.
@@ -60,6 +66,7 @@ pub enum Decision {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Refusal {
     MigrationFailed { failed: u64 },
+    PartialListing,
     GenerationChanged { started: i64, now: i64 },
     StorageVersionChanged { started: String, now: String },
     EncodingUnconfirmed(String),
@@ -70,11 +77,12 @@ impl Refusal {
     /// A machine-readable reason, for conditions, events and metrics.
     pub fn reason(&self) -> &'static str {
         match self {
-            Refusal::MigrationFailed { .. } => "MigrationFailed",
-            Refusal::GenerationChanged { .. } => "CRDChanged",
-            Refusal::StorageVersionChanged { .. } => "StorageVersionChanged",
-            Refusal::EncodingUnconfirmed(_) => "EncodingUnconfirmed",
-            Refusal::StorageVersionNotStored(_) => "StorageVersionNotStored",
+            Refusal::MigrationFailed { .. } => reasons::MIGRATION_FAILED,
+            Refusal::PartialListing => reasons::PARTIAL_LISTING,
+            Refusal::GenerationChanged { .. } => reasons::CRD_CHANGED,
+            Refusal::StorageVersionChanged { .. } => reasons::STORAGE_VERSION_CHANGED,
+            Refusal::EncodingUnconfirmed(_) => reasons::ENCODING_UNCONFIRMED,
+            Refusal::StorageVersionNotStored(_) => reasons::STORAGE_VERSION_NOT_STORED,
         }
     }
 }
@@ -82,12 +90,22 @@ impl Refusal {
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Refusal::MigrationFailed { failed: 0 } => {
+                write!(
+                    f,
+                    "the migration did not succeed, so objects may still be stored in older versions"
+                )
+            }
             Refusal::MigrationFailed { failed } => {
                 write!(
                     f,
                     "{failed} objects could not be migrated and may still be stored in older versions"
                 )
             }
+            Refusal::PartialListing => write!(
+                f,
+                "the migration began at a continue token another migrator left, so objects listed before it were never written by kube-svm; migrate again from the start"
+            ),
             Refusal::GenerationChanged { started, now } => write!(
                 f,
                 "the CRD changed while the migration ran (generation {started} then {now}); migrate again"
@@ -107,10 +125,13 @@ impl fmt::Display for Refusal {
     }
 }
 
-/// Decides whether `storedVersions` can become `[storage version]`.
-pub fn decide(failed: u64, started: &CrdState, now: &CrdState, encoding: &Encoding) -> Decision {
-    if failed > 0 {
-        return Decision::Keep(Refusal::MigrationFailed { failed });
+/// Decides whether `storedVersions` can become `[storage version]` after `run`.
+pub fn decide(run: &Run, started: &CrdState, now: &CrdState, encoding: &Encoding) -> Decision {
+    if !run.succeeded || run.failed > 0 {
+        return Decision::Keep(Refusal::MigrationFailed { failed: run.failed });
+    }
+    if !run.listed_from_start {
+        return Decision::Keep(Refusal::PartialListing);
     }
     if started.generation != now.generation {
         return Decision::Keep(Refusal::GenerationChanged {
@@ -136,114 +157,38 @@ pub fn decide(failed: u64, started: &CrdState, now: &CrdState, encoding: &Encodi
     Decision::Prune(vec![now.storage_version.clone()])
 }
 
-/// Sets `storedVersions` on `crd` as read, so the write fails (409) if the CRD changed since.
+/// Why the prune could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum PruneError {
+    #[error("the CRD changed since it was read")]
+    Conflict,
+    #[error("no answer within {0:?}")]
+    TimedOut(Duration),
+    #[error("this process may no longer write: its leadership ended")]
+    Fenced,
+    #[error("failed to write the CRD's status")]
+    Write(#[source] kube::Error),
+}
+
+/// Sets `storedVersions` on `crd` as read, within `limit`, so the write fails with
+/// [`PruneError::Conflict`] if the CRD changed since: the caller reads it again and decides again.
 pub async fn prune(
     client: &Client,
     mut crd: CustomResourceDefinition,
     stored_versions: Vec<String>,
-) -> Result<(), kube::Error> {
+    limit: Option<Duration>,
+) -> Result<(), PruneError> {
+    let limit = limit.ok_or(PruneError::Fenced)?;
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let name = crd.metadata.name.clone().unwrap_or_default();
     crd.status.get_or_insert_with(Default::default).stored_versions = Some(stored_versions);
-    api.replace_status(&name, &PostParams::default(), &crd).await?;
-    Ok(())
-}
-
-/// The StorageVersion API's group version (`internal.apiserver.k8s.io`).
-const STORAGE_VERSION_API: &str = "internal.apiserver.k8s.io/v1alpha1";
-
-/// How many times discovery is read over the settle period.
-const DISCOVERY_SAMPLES: u32 = 4;
-
-/// Checks that the apiservers encode `group/storage_version` for `plural`: through the
-/// StorageVersion API where it is served and has the resource, otherwise by reading the
-/// discovery hash several times over `settle` (apiservers behind a load balancer can disagree).
-pub async fn confirm_encoding(
-    client: &Client,
-    group: &str,
-    plural: &str,
-    kind: &str,
-    storage_version: &str,
-    settle: std::time::Duration,
-) -> Encoding {
-    let expected_version = format!("{group}/{storage_version}");
-    let by = match from_storage_version_api(client, group, plural, &expected_version).await {
-        StorageVersionApi::Answered(encoding) => return encoding,
-        StorageVersionApi::NotServed => "discovery",
-        // kube-apiserver 1.37 publishes StorageVersions for built-in resources only.
-        StorageVersionApi::NoEntry => {
-            "discovery (the StorageVersion API has no entry for this resource)"
-        }
-    };
-    let expected = crate::storage_hash::storage_version_hash(group, storage_version, kind);
-    for sample in 0..DISCOVERY_SAMPLES {
-        if sample > 0 {
-            tokio::time::sleep(settle / (DISCOVERY_SAMPLES - 1)).await;
-        }
-        let published = match client.list_api_group_resources(&expected_version).await {
-            Ok(list) => list
-                .resources
-                .into_iter()
-                .find(|r| r.name == plural)
-                .and_then(|r| r.storage_version_hash),
-            Err(error) => {
-                return Encoding::Unconfirmed(format!("discovery could not be read: {error}"));
-            }
-        };
-        if published.as_deref() != Some(expected.as_str()) {
-            return Encoding::Unconfirmed(format!(
-                "discovery published storage version hash {} for {plural}.{group}, not {expected} ({expected_version}); \
-                 if the apiserver's hash formula changed, prune storedVersions by hand",
-                published.as_deref().unwrap_or("none")
-            ));
-        }
+    match tokio::time::timeout(limit, api.replace_status(&name, &PostParams::default(), &crd)).await
+    {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(kube::Error::Api(status))) if status.code == 409 => Err(PruneError::Conflict),
+        Ok(Err(error)) => Err(PruneError::Write(error)),
+        Err(_) => Err(PruneError::TimedOut(limit)),
     }
-    Encoding::Confirmed { by }
-}
-
-/// What the StorageVersion API says about a resource.
-enum StorageVersionApi {
-    NotServed,
-    NoEntry,
-    Answered(Encoding),
-}
-
-async fn from_storage_version_api(
-    client: &Client,
-    group: &str,
-    plural: &str,
-    expected: &str,
-) -> StorageVersionApi {
-    use k8s_openapi::api::apiserverinternal::v1alpha1::StorageVersion;
-    if client.list_api_group_resources(STORAGE_VERSION_API).await.is_err() {
-        return StorageVersionApi::NotServed;
-    }
-    let api: Api<StorageVersion> = Api::all(client.clone());
-    let name = format!("{}.{plural}", if group.is_empty() { "core" } else { group });
-    let found = match api.get_opt(&name).await {
-        Ok(Some(found)) => found,
-        Ok(None) => return StorageVersionApi::NoEntry,
-        Err(error) => {
-            return StorageVersionApi::Answered(Encoding::Unconfirmed(format!(
-                "the StorageVersion API could not be read: {error}"
-            )));
-        }
-    };
-    let status = found.status.unwrap_or_default();
-    let common = status.common_encoding_version.clone();
-    let all_equal = status
-        .conditions
-        .unwrap_or_default()
-        .iter()
-        .any(|c| c.type_ == "AllEncodingVersionsEqual" && c.status == "True");
-    StorageVersionApi::Answered(if all_equal && common.as_deref() == Some(expected) {
-        Encoding::Confirmed { by: "the StorageVersion API" }
-    } else {
-        Encoding::Unconfirmed(format!(
-            "the StorageVersion API reports common encoding version {} (all equal: {all_equal}), not {expected}",
-            common.as_deref().unwrap_or("none")
-        ))
-    })
 }
 
 #[cfg(test)]
@@ -258,29 +203,53 @@ mod tests {
         }
     }
 
-    const CONFIRMED: Encoding = Encoding::Confirmed { by: "discovery" };
+    fn confirmed() -> Encoding {
+        Encoding::Confirmed { by: "discovery".into() }
+    }
+
+    const SUCCEEDED: Run = Run { succeeded: true, failed: 0, listed_from_start: true };
 
     #[test]
     fn prunes_to_the_storage_version_when_everything_holds() {
         let started = crd(2, "v2", &["v1", "v2"]);
-        assert_eq!(decide(0, &started, &started, &CONFIRMED), Decision::Prune(vec!["v2".into()]));
+        assert_eq!(
+            decide(&SUCCEEDED, &started, &started, &confirmed()),
+            Decision::Prune(vec!["v2".into()])
+        );
     }
 
     #[test]
-    fn never_prunes_after_failed_objects() {
+    fn never_prunes_after_failed_objects_or_a_failed_migration() {
         let started = crd(2, "v2", &["v1", "v2"]);
-        let decision = decide(1, &started, &started, &CONFIRMED);
+        let failed = Run { succeeded: false, failed: 1, ..SUCCEEDED };
+        let decision = decide(&failed, &started, &started, &confirmed());
         assert_eq!(decision, Decision::Keep(Refusal::MigrationFailed { failed: 1 }));
+        // Failed without a failed object: the resource stopped being served, for example.
+        let failed = Run { succeeded: false, failed: 0, ..SUCCEEDED };
+        let Decision::Keep(refusal) = decide(&failed, &started, &started, &confirmed()) else {
+            panic!("must keep")
+        };
+        assert_eq!(refusal.reason(), "MigrationFailed");
+        assert!(refusal.to_string().contains("did not succeed"), "{refusal}");
+    }
+
+    #[test]
+    fn never_prunes_after_a_run_that_began_at_a_foreign_continue_token() {
+        let started = crd(2, "v2", &["v1", "v2"]);
+        let partial = Run { listed_from_start: false, ..SUCCEEDED };
+        let decision = decide(&partial, &started, &started, &confirmed());
+        assert_eq!(decision, Decision::Keep(Refusal::PartialListing));
+        assert_eq!(Refusal::PartialListing.reason(), "PartialListing");
     }
 
     #[test]
     fn never_prunes_when_the_crd_changed_while_migrating() {
         let started = crd(2, "v2", &["v1", "v2"]);
-        let decision = decide(0, &started, &crd(3, "v2", &["v1", "v2"]), &CONFIRMED);
+        let decision = decide(&SUCCEEDED, &started, &crd(3, "v2", &["v1", "v2"]), &confirmed());
         assert_eq!(decision, Decision::Keep(Refusal::GenerationChanged { started: 2, now: 3 }));
         // A storage switch bumps the generation too; either way nothing is pruned.
         let switched = crd(2, "v3", &["v1", "v2", "v3"]);
-        let decision = decide(0, &started, &switched, &CONFIRMED);
+        let decision = decide(&SUCCEEDED, &started, &switched, &confirmed());
         assert!(
             matches!(decision, Decision::Keep(Refusal::StorageVersionChanged { .. })),
             "{decision:?}"
@@ -291,7 +260,9 @@ mod tests {
     fn never_prunes_on_an_unconfirmed_encoding() {
         let started = crd(2, "v2", &["v1", "v2"]);
         let encoding = Encoding::Unconfirmed("discovery published x, expected y".into());
-        let Decision::Keep(refusal) = decide(0, &started, &started, &encoding) else { panic!() };
+        let Decision::Keep(refusal) = decide(&SUCCEEDED, &started, &started, &encoding) else {
+            panic!()
+        };
         assert_eq!(refusal.reason(), "EncodingUnconfirmed");
         assert!(refusal.to_string().contains("discovery published x, expected y"));
     }
@@ -299,10 +270,10 @@ mod tests {
     #[test]
     fn already_pruned_and_odd_lists_are_left_alone() {
         let pruned = crd(2, "v2", &["v2"]);
-        assert_eq!(decide(0, &pruned, &pruned, &CONFIRMED), Decision::AlreadyPruned);
+        assert_eq!(decide(&SUCCEEDED, &pruned, &pruned, &confirmed()), Decision::AlreadyPruned);
         let odd = crd(2, "v2", &["v1"]);
         assert!(matches!(
-            decide(0, &odd, &odd, &CONFIRMED),
+            decide(&SUCCEEDED, &odd, &odd, &confirmed()),
             Decision::Keep(Refusal::StorageVersionNotStored(_))
         ));
     }

@@ -1,7 +1,10 @@
-//! Condition types and reasons written into `StorageVersionMigration.status.conditions`.
+//! The vocabulary kube-svm writes: condition types, their reasons, Event reasons, and the phase a
+//! migration is in. Every part of kube-svm that reads or writes these uses the names here.
 //!
-//! The three types are upstream's. Exactly one of them is present at a time and it is the first
-//! condition, so `.status.conditions[0].type` tells a migration's state.
+//! The three state types are upstream's. Exactly one of them is present at a time and it is the
+//! first condition, so `.status.conditions[0].type` tells a migration's state.
+
+use super::StorageVersionMigration;
 
 /// The migration is in progress.
 pub const RUNNING: &str = "Running";
@@ -10,8 +13,10 @@ pub const SUCCEEDED: &str = "Succeeded";
 /// The migration could not be completed; the message says why.
 pub const FAILED: &str = "Failed";
 
-/// Condition status values, as in `corev1.ConditionStatus`.
+/// Condition status True, as in `corev1.ConditionStatus`.
 pub const STATUS_TRUE: &str = "True";
+/// Condition status False.
+pub const STATUS_FALSE: &str = "False";
 
 /// Whether the CRD's `status.storedVersions` was pruned after the migration; when False, the
 /// reason and message say why it was left alone.
@@ -21,5 +26,105 @@ pub const STORED_VERSIONS_PRUNED: &str = "StoredVersionsPruned";
 /// in-tree migrator does.
 pub const STORAGE_MIGRATING: &str = "StorageMigrating";
 
-/// Condition status False.
-pub const STATUS_FALSE: &str = "False";
+/// Reasons of the Running, Succeeded and Failed conditions.
+pub mod reasons {
+    /// The migration started (or resumed) migrating objects.
+    pub const MIGRATING: &str = "Migrating";
+    /// Every object was migrated.
+    pub const COMPLETED: &str = "Completed";
+    /// Some objects could not be migrated.
+    pub const OBJECTS_FAILED: &str = "ObjectsFailed";
+    /// The resource cannot be migrated (unknown, subresource, missing verbs).
+    pub const INVALID_RESOURCE: &str = "InvalidResource";
+    /// Discovery or the CRD behind the resource could not be read, again and again.
+    pub const DISCOVERY_FAILED: &str = "DiscoveryFailed";
+    /// Listing the resource failed for good.
+    pub const LIST_FAILED: &str = "ListFailed";
+    /// The resource stopped being served while the migration ran (its version or CRD removed).
+    pub const RESOURCE_NOT_SERVED: &str = "ResourceNotServed";
+    /// The storage version changed while the migration ran: objects written before the change
+    /// are stored in the old one.
+    pub const STORAGE_VERSION_CHANGED: &str = "StorageVersionChanged";
+    /// The apiserver stayed unreachable longer than the migration may wait for it.
+    pub const APISERVER_UNAVAILABLE: &str = "ApiserverUnavailable";
+}
+
+/// Reasons of the StoredVersionsPruned condition (and of the stored-versions metric).
+pub mod stored_versions {
+    /// `storedVersions` was set to the storage version alone.
+    pub const PRUNED: &str = "Pruned";
+    /// `storedVersions` already listed the storage version alone.
+    pub const ALREADY_PRUNED: &str = "AlreadyPruned";
+    /// Objects failed, so some may still be stored in older versions.
+    pub const MIGRATION_FAILED: &str = "MigrationFailed";
+    /// The CRD's generation changed while the migration ran.
+    pub const CRD_CHANGED: &str = "CRDChanged";
+    /// The CRD's storage version changed while the migration ran.
+    pub const STORAGE_VERSION_CHANGED: &str = "StorageVersionChanged";
+    /// The apiservers were not proven to encode in the storage version before the first write.
+    pub const ENCODING_UNCONFIRMED: &str = "EncodingUnconfirmed";
+    /// `storedVersions` does not list the storage version: something else edited it.
+    pub const STORAGE_VERSION_NOT_STORED: &str = "StorageVersionNotStored";
+    /// The migration began at a continue token another migrator wrote: objects before it were
+    /// never written by kube-svm.
+    pub const PARTIAL_LISTING: &str = "PartialListing";
+    /// The CRD was deleted.
+    pub const CRD_GONE: &str = "CRDGone";
+    /// The CRD could not be read.
+    pub const CRD_UNREADABLE: &str = "CRDUnreadable";
+    /// The prune was refused or kept conflicting with other writers.
+    pub const PRUNE_FAILED: &str = "PruneFailed";
+}
+
+/// Reasons of the StorageMigrating condition on a CRD.
+pub mod storage_migrating {
+    /// A migration of the CRD's resource is running.
+    pub const MIGRATING: &str = "Migrating";
+    /// The migration ended (or was deleted).
+    pub const MIGRATION_DONE: &str = "MigrationDone";
+}
+
+/// Reasons of the Events kube-svm publishes on a migration.
+pub mod events {
+    pub const STARTED: &str = "Started";
+    pub const RESUMED: &str = "Resumed";
+    pub const RESTARTED: &str = "Restarted";
+    pub const SUCCEEDED: &str = "Succeeded";
+    pub const FAILED: &str = "Failed";
+    pub const STORED_VERSIONS_PRUNED: &str = "StoredVersionsPruned";
+    pub const STORED_VERSIONS_KEPT: &str = "StoredVersionsKept";
+    /// Discovery could not be read; the migration is retried later.
+    pub const DISCOVERY_RETRY: &str = "DiscoveryRetry";
+    /// The encoding check was skipped because an operator said so on the migration.
+    pub const ENCODING_OVERRIDDEN: &str = "EncodingOverridden";
+    /// The encoding could not be confirmed; the migration runs, storedVersions will be kept.
+    pub const ENCODING_UNCONFIRMED: &str = "EncodingUnconfirmed";
+    /// The apiserver was unreachable; the migration waited for it.
+    pub const APISERVER_UNAVAILABLE: &str = "ApiserverUnavailable";
+}
+
+/// Which of the three states a migration is in, from its first condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Not picked up yet.
+    New,
+    Running,
+    Succeeded,
+    Failed,
+}
+
+impl Phase {
+    pub fn of(migration: &StorageVersionMigration) -> Phase {
+        let first = migration.status.as_ref().and_then(|status| status.conditions.first());
+        match first.filter(|c| c.status == STATUS_TRUE).map(|c| c.type_.as_str()) {
+            Some(RUNNING) => Phase::Running,
+            Some(SUCCEEDED) => Phase::Succeeded,
+            Some(FAILED) => Phase::Failed,
+            _ => Phase::New,
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Failed)
+    }
+}

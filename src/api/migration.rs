@@ -90,6 +90,14 @@ pub struct StorageVersionMigrationStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<MigrationTarget>,
 
+    /// Whether kube-svm listed the resource from its first object: true when the migration
+    /// started at the beginning of the list (or resumed from kube-svm's own checkpoint of such a
+    /// run), false when it began at a `spec.continueToken` another migrator left, so objects
+    /// before it were never written by kube-svm. `status.storedVersions` of a CRD is pruned only
+    /// after a run that listed from the start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listed_from_start: Option<bool>,
+
     /// When kube-svm started the migration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,

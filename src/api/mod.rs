@@ -11,6 +11,7 @@ mod storage_state;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
+pub use conditions::Phase;
 pub use migration::{
     Checkpoint, FailedObject, GroupVersionResource, MigrationCondition, MigrationProgress,
     MigrationTarget, StorageVersionMigration, StorageVersionMigrationSpec,
@@ -33,11 +34,27 @@ pub const API_APPROVED_VALUE: &str =
 /// `status` subresource (value `"true"`); the migration fails when the resource has none.
 pub const WRITE_TO_STATUS_ANNOTATION: &str = "kube-svm.io/write-to-status";
 
+/// Annotation on a StorageVersionMigration by which an operator vouches that every apiserver
+/// already encodes the CRD's storage version (value `"true"`), for clusters where kube-svm cannot
+/// confirm it (a changed hash formula, discovery that never settles). kube-svm then skips its
+/// encoding check, says so in an Event and in `status.target.encodingEvidence`, and may prune
+/// `storedVersions` after the migration succeeds.
+pub const ENCODING_CONFIRMED_ANNOTATION: &str = "kube-svm.io/encoding-confirmed";
+
 impl StorageVersionMigration {
     /// Whether this migration asks to be written through the `status` subresource.
     pub fn requests_status_writes(&self) -> bool {
+        self.annotation_is_true(WRITE_TO_STATUS_ANNOTATION)
+    }
+
+    /// Whether an operator vouched for the apiservers' encoding on this migration.
+    pub fn encoding_vouched_for(&self) -> bool {
+        self.annotation_is_true(ENCODING_CONFIRMED_ANNOTATION)
+    }
+
+    fn annotation_is_true(&self, key: &str) -> bool {
         let annotations = self.metadata.annotations.as_ref();
-        annotations.and_then(|a| a.get(WRITE_TO_STATUS_ANNOTATION)).is_some_and(|v| v == "true")
+        annotations.and_then(|a| a.get(key)).is_some_and(|v| v == "true")
     }
 }
 

@@ -8,11 +8,12 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::kube::{KubeArgs, in_cluster};
 use crate::controller::{self, Stopped};
 use crate::engine::{self, Engine, RateLimiter};
+use crate::fence::Fence;
 use crate::leader;
 use crate::metrics::Metrics;
 use crate::server::{self, Health};
@@ -72,6 +73,19 @@ pub struct ControllerArgs {
     #[arg(long, env = "KUBE_SVM_STORAGE_VERSION_SETTLE", default_value_t = 10.0)]
     pub storage_version_settle: f64,
 
+    /// Seconds to wait, in all, for discovery to publish a CRD's new storage version hash and
+    /// hold it for the settle period; past that the migration runs but storedVersions is kept.
+    #[arg(long, env = "KUBE_SVM_STORAGE_VERSION_WAIT", default_value_t = 120.0)]
+    pub storage_version_wait: f64,
+
+    /// Seconds one request to the apiserver may go unanswered (watches excepted).
+    #[arg(long, env = "KUBE_SVM_REQUEST_TIMEOUT", default_value_t = 30.0)]
+    pub request_timeout: f64,
+
+    /// Seconds a migration waits, in all, for an apiserver that is down before it fails.
+    #[arg(long, env = "KUBE_SVM_APISERVER_OUTAGE_TIMEOUT", default_value_t = 900.0)]
+    pub apiserver_outage_timeout: f64,
+
     /// Write objects back through their `status` subresource wherever the resource has one: it
     /// re-encodes the whole object, and admission webhooks and policies rarely guard it. A
     /// migration can ask for it alone with the annotation `kube-svm.io/write-to-status: "true"`.
@@ -103,26 +117,44 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         identity,
         metrics_bind_address,
         storage_version_settle,
+        storage_version_wait,
+        request_timeout,
+        apiserver_outage_timeout,
         crd_trigger,
         write_to_status,
     } = args;
+    let seconds = |value: f64| Duration::from_secs_f64(value.max(0.0));
+    let request_timeout = seconds(request_timeout).max(Duration::from_secs(1));
     let metrics = Arc::new(Metrics::new().context("failed to register the metrics")?);
     let health = Arc::new(Health::default());
     let config = kube.config().await?;
-    let client = kube::Client::try_from(config.clone()).context("failed to create a client")?;
+    let requests = with_deadlines(config.clone(), request_timeout);
+    let clients = controller::Clients {
+        requests: kube::Client::try_from(requests.clone()).context("failed to create a client")?,
+        watches: kube::Client::try_from(config.clone()).context("failed to create a client")?,
+        config: requests.clone(),
+    };
+    let client = clients.requests.clone();
     let identity = identity.unwrap_or_else(default_identity);
     let limiter = Arc::new(RateLimiter::new(kube_api_qps, kube_api_burst));
-    let engine_settings =
-        engine::Settings { page_size, writes_in_flight, ..engine::Settings::default() };
-    let engine = Engine::new(config, limiter, engine_settings, metrics.clone())
+    let engine_settings = engine::Settings {
+        page_size,
+        writes_in_flight,
+        request_timeout,
+        outage_timeout: seconds(apiserver_outage_timeout),
+        ..engine::Settings::default()
+    };
+    let engine = Engine::new(requests, limiter, engine_settings, metrics.clone())
         .context("failed to create a client")?;
     let settings = controller::Settings {
         concurrency,
-        checkpoint_interval: Duration::from_secs_f64(checkpoint_interval.max(0.0)),
+        checkpoint_interval: seconds(checkpoint_interval),
         identity: identity.clone(),
-        storage_version_settle: Duration::from_secs_f64(storage_version_settle.max(0.0)),
+        storage_version_settle: seconds(storage_version_settle),
+        storage_version_wait: seconds(storage_version_wait),
         crd_trigger,
         write_to_status,
+        request_timeout,
     };
 
     let shutdown = CancellationToken::new();
@@ -138,43 +170,61 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     if !leader_elect.unwrap_or_else(in_cluster) {
         health.leadership_known.store(true, Ordering::Relaxed);
         metrics.leader.set(1);
-        controller::run(client, engine, settings, health, shutdown, CancellationToken::new()).await;
+        let never = CancellationToken::new();
+        controller::run(clients, engine, settings, health, shutdown, never, Fence::open()).await;
         return Ok(());
     }
-    let lease_duration = Duration::from_secs(lease_duration.max(2));
-    let leader_settings = leader::Settings {
-        namespace: leader_election_namespace
-            .unwrap_or_else(|| client.default_namespace().to_owned()),
-        name: leader_election_name,
+    let leader_settings = leader::Settings::new(
+        leader_election_namespace.unwrap_or_else(|| client.default_namespace().to_owned()),
+        leader_election_name,
         identity,
-        lease_duration,
-        // client-go's ratios: renew deadline 2/3 of the lease, retries every 2 s.
-        renew_deadline: lease_duration * 2 / 3,
-        retry_period: Duration::from_secs(2).min(lease_duration / 3),
-    };
+        Duration::from_secs(lease_duration),
+    );
     let on_attempt = |won: bool| {
         health.leadership_known.store(true, Ordering::Relaxed);
         health.beat();
         metrics.leader.set(i64::from(won));
     };
-    let Some(leadership) =
-        leader::acquire(client.clone(), leader_settings, &shutdown, on_attempt).await?
-    else {
-        info!("stopped before becoming the leader");
-        return Ok(());
-    };
-    let stopped =
-        controller::run(client, engine, settings, health, shutdown, leadership.lost()).await;
-    metrics.leader.set(0);
-    match stopped {
-        Stopped::Shutdown => {
-            leadership.release().await;
-            Ok(())
-        }
-        Stopped::LeadershipLost => {
-            anyhow::bail!("lost leadership; exiting so a new leader takes over")
+    // A deposed leader stops every write, then stands again as a candidate.
+    loop {
+        let acquired =
+            leader::acquire(client.clone(), leader_settings.clone(), &shutdown, on_attempt).await?;
+        let Some(leadership) = acquired else {
+            info!("stopped before becoming the leader");
+            return Ok(());
+        };
+        let stopped = controller::run(
+            clients.clone(),
+            engine.clone(),
+            settings.clone(),
+            health.clone(),
+            shutdown.clone(),
+            leadership.lost(),
+            leadership.fence(),
+        )
+        .await;
+        metrics.leader.set(0);
+        match stopped {
+            Stopped::Shutdown => {
+                leadership.release().await;
+                return Ok(());
+            }
+            Stopped::LeadershipLost => {
+                warn!("lost leadership: every write stopped; waiting to lead again");
+            }
         }
     }
+}
+
+/// `config` with a deadline on every request: connections that hang, and answers that stop
+/// coming, fail after `timeout` instead of never.
+fn with_deadlines(mut config: kube::Config, timeout: Duration) -> kube::Config {
+    config.connect_timeout = Some(timeout.min(Duration::from_secs(10)));
+    config.read_timeout = Some(timeout);
+    config.write_timeout = Some(timeout);
+    // Count from when a request is sent, not from when its pooled connection last read.
+    config.reset_reader_on_write = true;
+    config
 }
 
 /// Marks the CRDs established once the apiserver says both are.

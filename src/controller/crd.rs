@@ -11,45 +11,68 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use tracing::warn;
 
-use crate::api::MigrationCondition;
-use crate::api::MigrationTarget;
+use super::{Context, RequestError, bounded};
 use crate::api::conditions::{
-    STATUS_FALSE, STATUS_TRUE, STORAGE_MIGRATING, STORED_VERSIONS_PRUNED,
+    STATUS_FALSE, STATUS_TRUE, STORAGE_MIGRATING, STORED_VERSIONS_PRUNED, storage_migrating,
+    stored_versions as reasons,
 };
+use crate::api::{MigrationCondition, MigrationTarget};
+use crate::encoding::{self, Encoding};
 use crate::engine::Resource;
-use crate::storedversions::{self, CrdState, Decision, Encoding};
+use crate::fence::Fence;
+use crate::storedversions::{self, CrdState, Decision, PruneError, Run};
 
-/// The CRD serving `resource`, if it is a custom resource.
-pub async fn crd_of(
-    client: &Client,
-    resource: &Resource,
-) -> Result<Option<CustomResourceDefinition>, kube::Error> {
-    if resource.group.is_empty() {
-        return Ok(None);
-    }
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.get_opt(&format!("{}.{}", resource.plural, resource.group)).await
+/// Times the prune is decided again after the CRD changed under it.
+const PRUNE_CONFLICT_RETRIES: u32 = 5;
+
+/// The name of the CRD that would serve `resource`, if it can be a custom resource.
+fn crd_name(resource: &Resource) -> Option<String> {
+    (!resource.group.is_empty()).then(|| format!("{}.{}", resource.plural, resource.group))
 }
 
-/// Records the CRD's generation and storage version in `target`, and whether the apiservers
-/// already encode in it.
-pub async fn record_target(
-    client: &Client,
+/// The CRD serving `resource`; `None` for built-in and aggregated resources.
+pub async fn crd_of(
+    context: &Context,
+    resource: &Resource,
+) -> Result<Option<CustomResourceDefinition>, RequestError> {
+    let Some(name) = crd_name(resource) else { return Ok(None) };
+    let crds: Api<CustomResourceDefinition> = Api::all(context.client.clone());
+    bounded(&context.fence, context.settings.request_timeout, crds.get_opt(&name)).await
+}
+
+/// What the migration targets for a CRD-backed resource: the CRD's generation and storage
+/// version, and whether the apiservers already encode in it (`vouched` when an operator said
+/// so on the migration).
+pub async fn target_of(
+    context: &Context,
     resource: &Resource,
     crd: &CustomResourceDefinition,
-    settle: std::time::Duration,
-    target: &mut MigrationTarget,
-) {
-    let Some(state) = CrdState::of(crd) else { return };
-    let encoding = storedversions::confirm_encoding(
-        client,
-        &resource.group,
-        &resource.plural,
-        &resource.kind,
-        &state.storage_version,
-        settle,
-    )
-    .await;
+    vouched: bool,
+) -> MigrationTarget {
+    let mut target = MigrationTarget {
+        storage_version_hash: resource.storage_version_hash.clone(),
+        ..MigrationTarget::default()
+    };
+    let Some(state) = CrdState::of(crd) else { return target };
+    let encoding = match vouched {
+        true => Encoding::Confirmed {
+            by: format!(
+                "the operator: the migration carries the annotation {}: \"true\"",
+                crate::api::ENCODING_CONFIRMED_ANNOTATION
+            ),
+        },
+        false => {
+            let check = encoding::Check {
+                group: resource.group.clone(),
+                plural: resource.plural.clone(),
+                kind: resource.kind.clone(),
+                storage_version: state.storage_version.clone(),
+                settle: context.settings.storage_version_settle,
+                wait: context.settings.storage_version_wait,
+            };
+            encoding::confirm(&context.client, &context.config, &check).await
+        }
+    };
     let (confirmed, evidence) = match encoding {
         Encoding::Confirmed { by } => (true, format!("confirmed by {by}")),
         Encoding::Unconfirmed(seen) => (false, seen),
@@ -58,15 +81,17 @@ pub async fn record_target(
     target.crd_generation = Some(state.generation);
     target.encoding_confirmed = Some(confirmed);
     target.encoding_evidence = Some(evidence);
+    target
 }
 
-/// Decides on `storedVersions` after a completed migration, prunes when allowed, and returns the
-/// condition that says what happened.
+/// Decides on `storedVersions` after `run`, prunes when allowed (reading the CRD again and
+/// deciding again when it changed under the prune), and returns the condition that says what
+/// happened. `None` when the resource is not CRD-backed or nothing was recorded at the start.
 pub async fn settle_stored_versions(
-    client: &Client,
+    context: &Context,
     resource: &Resource,
     target: &MigrationTarget,
-    failed: u64,
+    run: &Run,
 ) -> Option<MigrationCondition> {
     let (Some(generation), Some(storage_version)) =
         (target.crd_generation, target.storage_version.clone())
@@ -75,43 +100,70 @@ pub async fn settle_stored_versions(
     };
     let started = CrdState { generation, storage_version, stored_versions: Vec::new() };
     let encoding = match (target.encoding_confirmed, &target.encoding_evidence) {
-        (Some(true), _) => Encoding::Confirmed { by: "the recorded evidence" },
+        (Some(true), evidence) => Encoding::Confirmed { by: evidence.clone().unwrap_or_default() },
         (_, evidence) => Encoding::Unconfirmed(evidence.clone().unwrap_or_default()),
     };
-    let crd = match crd_of(client, resource).await {
-        Ok(Some(crd)) => crd,
-        Ok(None) => return Some(condition(false, "CRDGone", "the CRD no longer exists".into())),
-        Err(error) => {
+    let mut last_conflict = String::new();
+    for _ in 0..PRUNE_CONFLICT_RETRIES {
+        let crd = match crd_of(context, resource).await {
+            Ok(Some(crd)) => crd,
+            Ok(None) => {
+                return Some(condition(
+                    false,
+                    reasons::CRD_GONE,
+                    "the CRD no longer exists".into(),
+                ));
+            }
+            Err(error) => {
+                return Some(condition(
+                    false,
+                    reasons::CRD_UNREADABLE,
+                    format!("failed to read the CRD: {}", crate::error_chain(&error)),
+                ));
+            }
+        };
+        let Some(now) = CrdState::of(&crd) else {
             return Some(condition(
                 false,
-                "CRDUnreadable",
-                format!("failed to read the CRD: {error}"),
+                reasons::CRD_CHANGED,
+                "the CRD no longer names a storage version".into(),
             ));
-        }
-    };
-    let now = CrdState::of(&crd)?;
-    Some(match storedversions::decide(failed, &started, &now, &encoding) {
-        Decision::Prune(stored_versions) => {
-            let message = format!(
-                "storedVersions set to {stored_versions:?} (was {:?})",
-                now.stored_versions
-            );
-            match storedversions::prune(client, crd, stored_versions).await {
-                Ok(()) => condition(true, "Pruned", message),
-                Err(error) => condition(
+        };
+        let stored_versions = match storedversions::decide(run, &started, &now, &encoding) {
+            Decision::Prune(stored_versions) => stored_versions,
+            Decision::AlreadyPruned => {
+                return Some(condition(
+                    true,
+                    reasons::ALREADY_PRUNED,
+                    format!("storedVersions already lists only {}", now.storage_version),
+                ));
+            }
+            Decision::Keep(refusal) => {
+                return Some(condition(false, refusal.reason(), refusal.to_string()));
+            }
+        };
+        let message =
+            format!("storedVersions set to {stored_versions:?} (was {:?})", now.stored_versions);
+        let limit = context.fence.deadline(context.settings.request_timeout);
+        match storedversions::prune(&context.client, crd, stored_versions, limit).await {
+            Ok(()) => return Some(condition(true, reasons::PRUNED, message)),
+            Err(PruneError::Conflict) => last_conflict = PruneError::Conflict.to_string(),
+            Err(error) => {
+                return Some(condition(
                     false,
-                    "PruneFailed",
-                    format!("failed to prune storedVersions: {error}"),
-                ),
+                    reasons::PRUNE_FAILED,
+                    format!("failed to prune storedVersions: {}", crate::error_chain(&error)),
+                ));
             }
         }
-        Decision::AlreadyPruned => condition(
-            true,
-            "AlreadyPruned",
-            format!("storedVersions already lists only {}", now.storage_version),
+    }
+    Some(condition(
+        false,
+        reasons::PRUNE_FAILED,
+        format!(
+            "failed to prune storedVersions: {last_conflict}, {PRUNE_CONFLICT_RETRIES} times in a row"
         ),
-        Decision::Keep(refusal) => condition(false, refusal.reason(), refusal.to_string()),
-    })
+    ))
 }
 
 fn condition(pruned: bool, reason: &str, message: String) -> MigrationCondition {
@@ -125,49 +177,74 @@ fn condition(pruned: bool, reason: &str, message: String) -> MigrationCondition 
 }
 
 /// Sets the CRD's `StorageMigrating` condition (True while a migration runs). Best effort: the
-/// condition informs, nothing depends on it.
+/// condition informs, nothing depends on it; failures are logged.
 pub async fn mark_migrating(
-    client: &Client,
+    context: &Context,
     resource: &Resource,
     migrating: bool,
     migration: &str,
 ) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let name = format!("{}.{}", resource.plural, resource.group);
+    let Some(name) = crd_name(resource) else { return };
+    let client = &context.client;
     // One retry covers a concurrent status write by the apiserver.
     for _ in 0..2 {
-        let Ok(Some(mut crd)) = crds.get_opt(&name).await else { return };
-        let status = crd.status.get_or_insert_with(Default::default);
-        let conditions = status.conditions.get_or_insert_with(Vec::new);
-        conditions.retain(|c| c.type_ != STORAGE_MIGRATING);
-        let (state, reason, message) = if migrating {
-            (
-                STATUS_TRUE,
-                "Migrating",
-                format!("StorageVersionMigration {migration} is rewriting every object"),
-            )
-        } else {
-            (
-                STATUS_FALSE,
-                "MigrationDone",
-                format!("StorageVersionMigration {migration} has finished"),
-            )
-        };
-        conditions.push(CustomResourceDefinitionCondition {
-            type_: STORAGE_MIGRATING.to_owned(),
-            status: state.to_owned(),
-            reason: Some(reason.to_owned()),
-            message: Some(message),
-            last_transition_time: Some(Time(Timestamp::now())),
-            observed_generation: None,
-        });
-        match crds.replace_status(&name, &PostParams::default(), &crd).await {
-            Ok(_) => return,
-            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+        match set_condition(client, &context.fence, context, &name, migrating, migration).await {
+            Ok(()) => return,
+            Err(RequestError::Api(kube::Error::Api(status))) if status.code == 409 => continue,
+            Err(RequestError::Api(kube::Error::Api(status))) if status.code == 404 => return,
             Err(error) => {
-                warn!(%error, crd = name, "failed to set the StorageMigrating condition");
+                warn!(
+                    error = %crate::error_chain(&error),
+                    crd = name,
+                    "failed to set the StorageMigrating condition"
+                );
                 return;
             }
         }
     }
+}
+
+async fn set_condition(
+    client: &Client,
+    fence: &Fence,
+    context: &Context,
+    name: &str,
+    migrating: bool,
+    migration: &str,
+) -> Result<(), RequestError> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let timeout = context.settings.request_timeout;
+    let mut crd = bounded(fence, timeout, crds.get(name)).await?;
+    let status = crd.status.get_or_insert_with(Default::default);
+    let conditions = status.conditions.get_or_insert_with(Vec::new);
+    let (state, reason, message) = if migrating {
+        (
+            STATUS_TRUE,
+            storage_migrating::MIGRATING,
+            format!("StorageVersionMigration {migration} is rewriting every object"),
+        )
+    } else {
+        (
+            STATUS_FALSE,
+            storage_migrating::MIGRATION_DONE,
+            format!("StorageVersionMigration {migration} has ended"),
+        )
+    };
+    let unchanged = conditions.iter().any(|c| {
+        c.type_ == STORAGE_MIGRATING && c.status == state && c.message.as_deref() == Some(&message)
+    });
+    if unchanged {
+        return Ok(());
+    }
+    conditions.retain(|c| c.type_ != STORAGE_MIGRATING);
+    conditions.push(CustomResourceDefinitionCondition {
+        type_: STORAGE_MIGRATING.to_owned(),
+        status: state.to_owned(),
+        reason: Some(reason.to_owned()),
+        message: Some(message),
+        last_transition_time: Some(Time(Timestamp::now())),
+        observed_generation: None,
+    });
+    bounded(fence, timeout, crds.replace_status(name, &PostParams::default(), &crd)).await?;
+    Ok(())
 }

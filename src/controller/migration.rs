@@ -1,52 +1,525 @@
-//! One running migration: resolve its resource, run the engine, checkpoint progress into status,
-//! and record the outcome. Stops promptly when the migration is deleted or the controller stops.
+//! One running migration, as a short list of named steps (see [`Task::migrate`]): resolve the
+//! resource, decide where to start and what to target, record the start, run the engine with
+//! checkpoints beside it, verify the resource is still served in the same storage version,
+//! settle the CRD's `storedVersions`, and record the end. The statuses come from the pure
+//! functions in [`super::status`]; every write goes through [`StatusWriter`], so nothing is
+//! written once the leader's term is over or someone else finished the migration.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource as _, ResourceExt};
-use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, instrument, warn};
 
-use super::status::{self, Phase, reasons};
-use super::{Context, crd};
-use crate::api::conditions::{FAILED, STATUS_TRUE, SUCCEEDED};
+use super::reconcile::DISCOVERY_ATTEMPTS;
+use super::status::{self, Start};
+use super::status_writer::{self, StatusWriter};
+use super::{Context, bounded, crd};
+use crate::api::conditions::{FAILED, STATUS_TRUE, SUCCEEDED, events, reasons};
 use crate::api::{MigrationTarget, StorageVersionMigration, StorageVersionMigrationStatus};
-use crate::engine::{Finished, Job, Resource};
-use crate::metrics::resource_label;
+use crate::engine::{self, Finished, Job, Progress, ResolveError, Resource};
+use crate::metrics::{UNRESOLVED_RESOURCE, resource_label};
+use crate::storedversions::{CrdState, Run};
 
 /// How often a running migration checks that its object still exists.
 const DELETION_CHECK: Duration = Duration::from_millis(250);
 
-/// How long to wait before asking discovery again after it could not be read.
-const DISCOVERY_RETRY: Duration = Duration::from_secs(5);
+/// How long the writes that start and end a migration are retried before the task gives up
+/// (and the migration is taken up again later).
+const RECORD_PATIENCE: Duration = Duration::from_secs(60);
+
+/// Tries, a second apart, to read discovery again when verifying the end of a run.
+const VERIFY_ATTEMPTS: u32 = 5;
+
+/// How a migration task ended, for the scheduler.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Ended {
+    /// Nothing left to do now: finished, failed, deleted, or stopped with a checkpoint.
+    Done,
+    /// Discovery (or the CRD) could not be read; try again later.
+    DiscoveryFailed,
+    /// The migration's status could not be written; take it up again later.
+    Unrecorded,
+}
 
 #[instrument(skip_all, fields(migration = %migration.name_any(), resource = %migration.spec.resource.resource))]
-pub(super) async fn run(context: &Context, migration: Arc<StorageVersionMigration>) {
-    let name = migration.name_any();
-    let cancel = context.stopping.child_token();
+pub(super) async fn run(
+    context: &Context,
+    migration: Arc<StorageVersionMigration>,
+    discovery_failures: u32,
+) -> Ended {
     let metrics = context.engine.metrics().clone();
     metrics.migrations_running.inc();
     let _running = scopeguard(move || metrics.migrations_running.dec());
-    let deleted = watch_deletion(context, &migration, cancel.clone());
-    let outcome = tokio::select! {
-        outcome = migrate(context, &migration, &cancel) => outcome,
-        () = deleted => {
+    let cancel = context.stopping.child_token();
+    let marked_crd = Mutex::new(None);
+    let task = Task { context, migration: &migration, cancel: &cancel, marked_crd: &marked_crd };
+    let ended = tokio::select! {
+        ended = task.migrate(discovery_failures) => ended,
+        () = watch_deletion(context, &migration, cancel.clone()) => {
             info!("migration deleted; stopped");
-            return;
+            task.unmark_crd().await;
+            Ended::Done
         }
     };
-    if let Err(error) = outcome {
-        warn!(error = %crate::error_chain(&error), "failed to record the migration's status");
+    info!(?ended, "migration task ended");
+    ended
+}
+
+/// What the steps of one migration share.
+struct Task<'a> {
+    context: &'a Context,
+    migration: &'a StorageVersionMigration,
+    /// Fires when the migration is deleted or the controller stops.
+    cancel: &'a CancellationToken,
+    /// The resource whose CRD was marked `StorageMigrating` (and so must be unmarked).
+    marked_crd: &'a Mutex<Option<Resource>>,
+}
+
+impl Task<'_> {
+    /// The steps of a migration, in order.
+    async fn migrate(&self, discovery_failures: u32) -> Ended {
+        let api: Api<StorageVersionMigration> = Api::all(self.context.client.clone());
+        let mut writer = StatusWriter::new(
+            api,
+            self.migration,
+            self.context.fence.clone(),
+            self.context.settings.request_timeout,
+        );
+        let (resource, crd) = match self.resolve(&mut writer, discovery_failures).await {
+            Ok(resolved) => resolved,
+            Err(ended) => return ended,
+        };
+        let start = status::start_point(self.migration, resource.storage_version_hash.as_deref());
+        let target = self.target(&resource, crd.as_ref(), &start).await;
+        let current = match self.record_start(&mut writer, &resource, &target, &start).await {
+            Ok(current) => current,
+            Err(ended) => return ended,
+        };
+        let finished = self.run_engine(&mut writer, &resource, &target, start, current).await;
+        let Some((progress, mut done)) = finished else { return Ended::Done };
+        self.verify(&resource, &target, &progress, &mut done).await;
+        if crd.is_some() {
+            self.settle_stored_versions(&resource, &target, &mut done).await;
+        }
+        self.record_end(&mut writer, &resource, &progress, done).await
     }
-    info!(migration = name, "migration task ended");
+
+    /// Step 1: the resource, through discovery, and the CRD behind it. A resource that cannot
+    /// be migrated fails the migration at once; discovery that cannot be read is tried again
+    /// later, and fails the migration after a few tries.
+    async fn resolve(
+        &self,
+        writer: &mut StatusWriter,
+        discovery_failures: u32,
+    ) -> Result<(Resource, Option<CustomResourceDefinition>), Ended> {
+        let target = &self.migration.spec.resource;
+        let requires_status = self.migration.requests_status_writes();
+        let resolved = Resource::resolve(&self.context.client, target, requires_status).await;
+        let failure = match resolved {
+            Err(error) if !error.is_transient() => {
+                let message = crate::error_chain(&error);
+                let failed = status::failed(
+                    self.previous(),
+                    reasons::INVALID_RESOURCE,
+                    message.clone(),
+                    Timestamp::now(),
+                );
+                return Err(self
+                    .record_terminal(writer, UNRESOLVED_RESOURCE, failed, message)
+                    .await);
+            }
+            Err(error) => crate::error_chain(&error),
+            Ok(resource) => match crd::crd_of(self.context, &resource).await {
+                Ok(crd) => return Ok((resource, crd)),
+                Err(error) => {
+                    format!("failed to read the CRD of {resource}: {}", crate::error_chain(&error))
+                }
+            },
+        };
+        let failures = discovery_failures + 1;
+        if failures < DISCOVERY_ATTEMPTS {
+            warn!(error = failure, failures, "discovery failed; trying again later");
+            let note =
+                format!("{failure} (try {failures} of {DISCOVERY_ATTEMPTS}); trying again later");
+            self.publish(EventType::Warning, events::DISCOVERY_RETRY, note).await;
+            return Err(Ended::DiscoveryFailed);
+        }
+        let message = format!("{failure} ({DISCOVERY_ATTEMPTS} tries)");
+        let failed = status::failed(
+            self.previous(),
+            reasons::DISCOVERY_FAILED,
+            message.clone(),
+            Timestamp::now(),
+        );
+        Err(self.record_terminal(writer, UNRESOLVED_RESOURCE, failed, message).await)
+    }
+
+    /// Step 2: what the migration targets. A resumed migration keeps what it recorded when it
+    /// first started; otherwise the storage version hash is recorded, and for a CRD-backed
+    /// resource its generation, storage version and whether the apiservers already encode in
+    /// it (confirmed before the first write, or vouched for by the operator).
+    async fn target(
+        &self,
+        resource: &Resource,
+        crd: Option<&CustomResourceDefinition>,
+        start: &Start,
+    ) -> MigrationTarget {
+        let recorded = self.previous().and_then(|s| s.target.clone());
+        if start.keeps_target
+            && let Some(recorded) = recorded
+        {
+            return recorded;
+        }
+        let Some(crd) = crd else {
+            return MigrationTarget {
+                storage_version_hash: resource.storage_version_hash.clone(),
+                ..MigrationTarget::default()
+            };
+        };
+        let vouched = self.migration.encoding_vouched_for();
+        let target = crd::target_of(self.context, resource, crd, vouched).await;
+        let evidence = target.encoding_evidence.clone().unwrap_or_default();
+        match (vouched, target.encoding_confirmed) {
+            (true, _) => {
+                warn!(evidence, "encoding check skipped: the operator vouched for it");
+                self.publish(EventType::Warning, events::ENCODING_OVERRIDDEN, evidence).await;
+            }
+            (false, Some(false)) => {
+                let note = format!("migrating anyway; storedVersions will be kept: {evidence}");
+                self.publish(EventType::Warning, events::ENCODING_UNCONFIRMED, note).await;
+            }
+            _ => {}
+        }
+        target
+    }
+
+    /// Step 3: the Running status, the CRD's `StorageMigrating` condition, the start Event.
+    async fn record_start(
+        &self,
+        writer: &mut StatusWriter,
+        resource: &Resource,
+        target: &MigrationTarget,
+        start: &Start,
+    ) -> Result<StorageVersionMigrationStatus, Ended> {
+        let current = status::started(self.previous(), target, start, Timestamp::now());
+        if let Err(error) = writer.write_within(&current, RECORD_PATIENCE).await {
+            return Err(give_up(&error));
+        }
+        if target.crd_generation.is_some() {
+            crd::mark_migrating(self.context, resource, true, &self.migration.name_any()).await;
+            *self.marked_crd.lock().unwrap_or_else(|p| p.into_inner()) = Some(resource.clone());
+        }
+        let note = format!("{resource}: {}", start.note);
+        self.publish(EventType::Normal, start.event, note).await;
+        Ok(current)
+    }
+
+    /// Step 4: the engine, with progress checkpointed into status beside it (never pausing
+    /// it). Returns the final progress and the status it leads to, or `None` when the task
+    /// stopped: deleted, the controller stopping (after a checkpoint), the leader deposed, or
+    /// the migration finished by someone else.
+    async fn run_engine(
+        &self,
+        writer: &mut StatusWriter,
+        resource: &Resource,
+        target: &MigrationTarget,
+        start: Start,
+        mut current: StorageVersionMigrationStatus,
+    ) -> Option<(Progress, StorageVersionMigrationStatus)> {
+        let context = self.context;
+        let (report, updates) = watch::channel(start.progress.clone());
+        let write_to_status = self.migration.requests_status_writes()
+            || (context.settings.write_to_status && resource.patchable_status);
+        let job = Job {
+            resource: resource.clone(),
+            write_to_status,
+            resume: start.progress,
+            fence: context.fence.clone(),
+        };
+        let latest = updates.clone();
+        let run = context.engine.run(job, &report, self.cancel);
+        tokio::pin!(run);
+        let stopped = {
+            let checkpoints = Box::pin(checkpoint(context, writer, &mut current, target, updates));
+            tokio::select! {
+                finished = &mut run => Ok(finished),
+                stop = checkpoints => Err(stop),
+            }
+        };
+        let finished = match stopped {
+            Ok(finished) => finished,
+            Err(stop) => {
+                info!(reason = %stop, "stopping the migration");
+                self.cancel.cancel();
+                let _ = (&mut run).await;
+                return None;
+            }
+        };
+        let now = Timestamp::now();
+        match finished {
+            Ok(Finished::Completed(progress)) => {
+                let done = status::completed(Some(&current), target, &progress, now);
+                Some((progress, done))
+            }
+            Ok(Finished::Cancelled(progress)) => {
+                // The controller is stopping while still leading: leave the migration Running
+                // with its checkpoint for the next leader. A deposed leader's fence refuses.
+                if context.stopping.is_cancelled() && context.fence.holds() {
+                    let checkpoint = status::running(Some(&current), target, &progress, now);
+                    match writer.write_within(&checkpoint, Duration::ZERO).await {
+                        Ok(()) => info!(processed = progress.processed(), "checkpointed"),
+                        Err(error) => warn!(error = %crate::error_chain(&error), "no checkpoint"),
+                    }
+                }
+                None
+            }
+            Err(error) => {
+                let reason = match &error {
+                    engine::Error::NotServed { .. } => reasons::RESOURCE_NOT_SERVED,
+                    engine::Error::ApiserverUnavailable { .. } => reasons::APISERVER_UNAVAILABLE,
+                    _ => reasons::LIST_FAILED,
+                };
+                let progress = latest.borrow().clone();
+                let with_progress = status::running(Some(&current), target, &progress, now);
+                let message = crate::error_chain(&error);
+                let failed = status::failed(Some(&with_progress), reason, message, now);
+                Some((progress, failed))
+            }
+        }
+    }
+
+    /// Step 5: a run that completed proves nothing if the resource stopped being served, or
+    /// its storage version changed, while it ran: then objects written earlier may be stored in
+    /// the old version. Such a run ends Failed.
+    async fn verify(
+        &self,
+        resource: &Resource,
+        target: &MigrationTarget,
+        progress: &Progress,
+        done: &mut StorageVersionMigrationStatus,
+    ) {
+        if done.conditions.first().map(|c| c.type_.as_str()) != Some(SUCCEEDED) {
+            return;
+        }
+        let Some((reason, message)) = self.changed_since_start(resource, target).await else {
+            return;
+        };
+        let message = format!(
+            "{message}; {} objects were processed, but those written before the change may be stored in the old version: migrate again",
+            progress.processed()
+        );
+        *done = status::failed(Some(done), reason, message, Timestamp::now());
+    }
+
+    /// What changed about the resource since the migration started, if anything.
+    async fn changed_since_start(
+        &self,
+        resource: &Resource,
+        target: &MigrationTarget,
+    ) -> Option<(&'static str, String)> {
+        let spec = &self.migration.spec.resource;
+        let requires_status = self.migration.requests_status_writes();
+        let mut attempts = 0;
+        let now = loop {
+            match Resource::resolve(&self.context.client, spec, requires_status).await {
+                Ok(now) => break now,
+                Err(error) if error.is_transient() && attempts + 1 < VERIFY_ATTEMPTS => {
+                    attempts += 1;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(error @ ResolveError::Discovery(..)) => {
+                    let why = format!(
+                        "could not confirm that {resource} was still served at the end: {}",
+                        crate::error_chain(&error)
+                    );
+                    return Some((reasons::DISCOVERY_FAILED, why));
+                }
+                Err(error) => {
+                    let why = format!(
+                        "{resource} stopped being served while the migration ran: {}",
+                        crate::error_chain(&error)
+                    );
+                    return Some((reasons::RESOURCE_NOT_SERVED, why));
+                }
+            }
+        };
+        if now.storage_version_hash != resource.storage_version_hash {
+            let why = format!(
+                "the storage version hash of {resource} changed from {} to {} while the migration ran",
+                resource.storage_version_hash.as_deref().unwrap_or("none"),
+                now.storage_version_hash.as_deref().unwrap_or("none")
+            );
+            return Some((reasons::STORAGE_VERSION_CHANGED, why));
+        }
+        let started_in = target.storage_version.as_deref()?;
+        let crd = match crd::crd_of(self.context, resource).await {
+            Ok(Some(crd)) => crd,
+            Ok(None) => {
+                let why = format!("the CRD of {resource} was deleted while the migration ran");
+                return Some((reasons::RESOURCE_NOT_SERVED, why));
+            }
+            Err(error) => {
+                let why = format!(
+                    "could not read the CRD of {resource} at the end: {}",
+                    crate::error_chain(&error)
+                );
+                return Some((reasons::DISCOVERY_FAILED, why));
+            }
+        };
+        let storage_now = CrdState::of(&crd).map(|state| state.storage_version);
+        (storage_now.as_deref() != Some(started_in)).then(|| {
+            let why = format!(
+                "the storage version of {resource} changed from {started_in} to {} while the migration ran",
+                storage_now.as_deref().unwrap_or("none")
+            );
+            (reasons::STORAGE_VERSION_CHANGED, why)
+        })
+    }
+
+    /// Step 6: prune the CRD's `storedVersions` when that is proven safe; say what was done,
+    /// and why, in a condition, an Event and a metric.
+    async fn settle_stored_versions(
+        &self,
+        resource: &Resource,
+        target: &MigrationTarget,
+        done: &mut StorageVersionMigrationStatus,
+    ) {
+        let run = Run {
+            succeeded: done.conditions.first().map(|c| c.type_.as_str()) == Some(SUCCEEDED),
+            failed: done.progress.as_ref().map_or(0, |p| p.failed),
+            listed_from_start: done.listed_from_start.unwrap_or(false),
+        };
+        let Some(pruned) = crd::settle_stored_versions(self.context, resource, target, &run).await
+        else {
+            return;
+        };
+        let (type_, reason, result) = match pruned.status.as_str() {
+            STATUS_TRUE => (EventType::Normal, events::STORED_VERSIONS_PRUNED, "pruned"),
+            _ => (EventType::Warning, events::STORED_VERSIONS_KEPT, "kept"),
+        };
+        let why = pruned.reason.clone().unwrap_or_default();
+        let metrics = self.context.engine.metrics();
+        metrics.stored_versions.with_label_values(&[result, &why]).inc();
+        self.publish(type_, reason, pruned.message.clone().unwrap_or_default()).await;
+        done.conditions.retain(|c| c.type_ != pruned.type_);
+        done.conditions.push(pruned);
+    }
+
+    /// Step 7: the final status, the CRD unmarked, the metrics and the Event.
+    async fn record_end(
+        &self,
+        writer: &mut StatusWriter,
+        resource: &Resource,
+        progress: &Progress,
+        done: StorageVersionMigrationStatus,
+    ) -> Ended {
+        let label = resource_label(&resource.group, &resource.version, &resource.plural);
+        let message = done.conditions[0].message.clone().unwrap_or_default();
+        let ended = self.record_terminal(writer, &label, done, message).await;
+        self.unmark_crd().await;
+        info!(rewritten = progress.rewritten, failed = progress.failed, "migration finished");
+        ended
+    }
+
+    /// Unmarks the CRD this task marked `StorageMigrating`, if any.
+    async fn unmark_crd(&self) {
+        let marked = self.marked_crd.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(resource) = marked {
+            crd::mark_migrating(self.context, &resource, false, &self.migration.name_any()).await;
+        }
+    }
+
+    /// Writes a terminal status, then counts it and publishes its Event.
+    async fn record_terminal(
+        &self,
+        writer: &mut StatusWriter,
+        label: &str,
+        done: StorageVersionMigrationStatus,
+        message: String,
+    ) -> Ended {
+        if let Err(error) = writer.write_within(&done, RECORD_PATIENCE).await {
+            return give_up(&error);
+        }
+        observe_finished(self.context, label, &done);
+        let (type_, reason) = match done.conditions.first().map(|c| c.type_.as_str()) {
+            Some(SUCCEEDED) => (EventType::Normal, events::SUCCEEDED),
+            _ => (EventType::Warning, events::FAILED),
+        };
+        self.publish(type_, reason, message).await;
+        Ended::Done
+    }
+
+    fn previous(&self) -> Option<&StorageVersionMigrationStatus> {
+        self.migration.status.as_ref()
+    }
+
+    /// Publishes an Event on the migration, inside the leader's term.
+    async fn publish(&self, type_: EventType, reason: &str, note: String) {
+        // Event notes are limited to 1 kB.
+        let note: String = note.chars().take(1000).collect();
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Migrate".into(),
+            secondary: None,
+        };
+        let reference = self.migration.object_ref(&());
+        let published = self.context.recorder.publish(&event, &reference);
+        let limit = self.context.settings.request_timeout;
+        let published = match self.context.fence.deadline(limit) {
+            Some(limit) => tokio::time::timeout(limit, published).await.ok(),
+            None => return,
+        };
+        if let Some(Err(error)) = published {
+            warn!(%error, "failed to publish an event");
+        }
+    }
+}
+
+/// What a status write that failed for good means for the task.
+fn give_up(error: &status_writer::Error) -> Ended {
+    warn!(error = %crate::error_chain(error), "could not record the migration's status");
+    match error.ends_the_task() {
+        true => Ended::Done,
+        false => Ended::Unrecorded,
+    }
+}
+
+/// Writes progress into status after pages, at most every checkpoint interval, until the task
+/// must stop; returns why.
+async fn checkpoint(
+    context: &Context,
+    writer: &mut StatusWriter,
+    current: &mut StorageVersionMigrationStatus,
+    target: &MigrationTarget,
+    mut updates: watch::Receiver<Progress>,
+) -> status_writer::Error {
+    let interval = context.settings.checkpoint_interval;
+    let mut last_write = Instant::now();
+    loop {
+        if updates.changed().await.is_err() {
+            // The engine is gone; the select around this ends first.
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep_until(last_write + interval).await;
+        let progress = updates.borrow_and_update().clone();
+        let next = status::running(Some(current), target, &progress, Timestamp::now());
+        match writer.write(&next).await {
+            Ok(()) => *current = next,
+            Err(error) if error.ends_the_task() => return error,
+            Err(error) => warn!(error = %crate::error_chain(&error), "failed to checkpoint"),
+        }
+        last_write = Instant::now();
+    }
 }
 
 /// Resolves when the migration object is deleted (or replaced by another of the same name).
@@ -69,7 +542,8 @@ async fn watch_deletion(
         if !is_gone(context.store.get(&reference).as_deref()) {
             continue;
         }
-        match api.get_opt(&reference.name).await {
+        let timeout = context.settings.request_timeout;
+        match bounded(&context.fence, timeout, api.get_opt(&reference.name)).await {
             Ok(current) if is_gone(current.as_ref()) => {
                 cancel.cancel();
                 return;
@@ -78,170 +552,6 @@ async fn watch_deletion(
             Err(error) => warn!(%error, "failed to check whether the migration still exists"),
         }
     }
-}
-
-async fn migrate(
-    context: &Context,
-    migration: &StorageVersionMigration,
-    cancel: &CancellationToken,
-) -> Result<(), kube::Error> {
-    let api: Api<StorageVersionMigration> = Api::all(context.client.clone());
-    let name = migration.name_any();
-    let previous = migration.status.clone();
-    let status_required = migration.requests_status_writes();
-    let resource = loop {
-        match Resource::resolve(&context.client, &migration.spec.resource, status_required).await {
-            Ok(resource) => break resource,
-            Err(error) if error.is_transient() => {
-                warn!(error = %crate::error_chain(&error), "discovery failed; trying again");
-                tokio::select! {
-                    _ = cancel.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(DISCOVERY_RETRY) => continue,
-                }
-            }
-            Err(error) => {
-                let message = crate::error_chain(&error);
-                let status = status::failed(
-                    previous.as_ref(),
-                    reasons::INVALID_RESOURCE,
-                    message.clone(),
-                    Timestamp::now(),
-                );
-                write_status(&api, &name, &status).await?;
-                let target = &migration.spec.resource;
-                let label = resource_label(&target.group, &target.version, &target.resource);
-                observe_finished(context, &label, &status);
-                publish(context, migration, EventType::Warning, "Failed", message).await;
-                return Ok(());
-            }
-        }
-    };
-    let label = resource_label(&resource.group, &resource.version, &resource.plural);
-    let resumed = Phase::of(migration) == Phase::Running;
-    let mut target = previous.as_ref().and_then(|s| s.target.clone()).unwrap_or_default();
-    // What the migration targets is recorded once, when it first starts; a resumed migration
-    // keeps the record, so the pruning decision compares with the CRD as it was then.
-    let crd = crd::crd_of(&context.client, &resource).await.ok().flatten();
-    if !resumed || target.storage_version_hash.is_none() {
-        target = MigrationTarget {
-            storage_version_hash: resource.storage_version_hash.clone(),
-            ..MigrationTarget::default()
-        };
-        if let Some(crd) = &crd {
-            crd::record_target(
-                &context.client,
-                &resource,
-                crd,
-                context.settings.storage_version_settle,
-                &mut target,
-            )
-            .await;
-        }
-    }
-    if crd.is_some() {
-        crd::mark_migrating(&context.client, &resource, true, &name).await;
-    }
-    let start = status::resume_point(migration);
-    let mut current = status::running(previous.as_ref(), &target, &start, Timestamp::now());
-    write_status(&api, &name, &current).await?;
-    let (reason, note) = match (&start.continue_token, resumed) {
-        (Some(_), _) => {
-            ("Resumed", format!("resuming the migration of {resource} from a checkpoint"))
-        }
-        (None, true) => {
-            ("Restarted", format!("migrating every object of {resource} again from the start"))
-        }
-        (None, false) => ("Started", format!("migrating every object of {resource}")),
-    };
-    publish(context, migration, EventType::Normal, reason, note).await;
-
-    let (report, mut updates) = watch::channel(start.clone());
-    let write_to_status =
-        status_required || (context.settings.write_to_status && resource.patchable_status);
-    let job = Job { resource: resource.clone(), write_to_status, resume: start };
-    let run = context.engine.run(job, &report, cancel);
-    tokio::pin!(run);
-    let mut last_write = Instant::now();
-    let finished = loop {
-        tokio::select! {
-            finished = &mut run => break finished,
-            Ok(()) = updates.changed() => {
-                if last_write.elapsed() >= context.settings.checkpoint_interval {
-                    let progress = updates.borrow_and_update().clone();
-                    current = status::running(Some(&current), &target, &progress, Timestamp::now());
-                    if let Err(error) = write_status(&api, &name, &current).await {
-                        warn!(%error, "failed to checkpoint");
-                    }
-                    last_write = Instant::now();
-                }
-            }
-        }
-    };
-    let now = Timestamp::now();
-    match finished {
-        Ok(Finished::Completed(progress)) => {
-            let mut done = status::completed(Some(&current), &target, &progress, now);
-            if crd.is_some() {
-                if let Some(pruned) = crd::settle_stored_versions(
-                    &context.client,
-                    &resource,
-                    &target,
-                    progress.failed,
-                )
-                .await
-                {
-                    let (type_, reason, result) = match pruned.status.as_str() {
-                        STATUS_TRUE => (EventType::Normal, "StoredVersionsPruned", "pruned"),
-                        _ => (EventType::Warning, "StoredVersionsKept", "kept"),
-                    };
-                    let why = pruned.reason.as_deref().unwrap_or_default();
-                    context
-                        .engine
-                        .metrics()
-                        .stored_versions
-                        .with_label_values(&[result, why])
-                        .inc();
-                    publish(
-                        context,
-                        migration,
-                        type_,
-                        reason,
-                        pruned.message.clone().unwrap_or_default(),
-                    )
-                    .await;
-                    done.conditions.retain(|c| c.type_ != pruned.type_);
-                    done.conditions.push(pruned);
-                }
-                crd::mark_migrating(&context.client, &resource, false, &name).await;
-            }
-            write_status(&api, &name, &done).await?;
-            observe_finished(context, &label, &done);
-            let (type_, reason) = match progress.failed {
-                0 => (EventType::Normal, "Succeeded"),
-                _ => (EventType::Warning, "Failed"),
-            };
-            let message = done.conditions[0].message.clone().unwrap_or_default();
-            info!(rewritten = progress.rewritten, failed = progress.failed, "migration finished");
-            publish(context, migration, type_, reason, message).await;
-        }
-        Ok(Finished::Cancelled(progress)) => {
-            // The controller is stopping: leave the migration Running with its checkpoint.
-            let checkpoint = status::running(Some(&current), &target, &progress, now);
-            write_status(&api, &name, &checkpoint).await?;
-            info!(processed = progress.processed(), "checkpointed for the next leader");
-        }
-        Err(error) => {
-            let message = crate::error_chain(&error);
-            let progress = updates.borrow().clone();
-            let with_progress = status::running(Some(&current), &target, &progress, now);
-            let failed =
-                status::failed(Some(&with_progress), reasons::LIST_FAILED, message.clone(), now);
-            write_status(&api, &name, &failed).await?;
-            observe_finished(context, &label, &failed);
-            publish(context, migration, EventType::Warning, "Failed", message).await;
-        }
-    }
-    Ok(())
 }
 
 /// Counts a finished migration in the upstream and kube-svm metrics.
@@ -256,46 +566,6 @@ fn observe_finished(context: &Context, label: &str, status: &StorageVersionMigra
     if let (Some(start), Some(end)) = (&status.start_time, &status.completion_time) {
         let seconds = end.0.duration_since(start.0).as_secs_f64().max(0.0);
         metrics.migration_duration.with_label_values(&[outcome]).observe(seconds);
-    }
-}
-
-/// Writes the whole status with a merge patch; fields the status leaves out are cleared.
-async fn write_status(
-    api: &Api<StorageVersionMigration>,
-    name: &str,
-    status: &StorageVersionMigrationStatus,
-) -> Result<(), kube::Error> {
-    let mut value = serde_json::to_value(status).map_err(kube::Error::SerdeError)?;
-    if let Value::Object(fields) = &mut value {
-        for field in
-            ["progress", "checkpoint", "failedObjects", "target", "startTime", "completionTime"]
-        {
-            fields.entry(field).or_insert(Value::Null);
-        }
-    }
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(json!({ "status": value })))
-        .await?;
-    Ok(())
-}
-
-async fn publish(
-    context: &Context,
-    migration: &StorageVersionMigration,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) {
-    // Event notes are limited to 1 kB.
-    let note: String = note.chars().take(1000).collect();
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: "Migrate".into(),
-        secondary: None,
-    };
-    if let Err(error) = context.recorder.publish(&event, &migration.object_ref(&())).await {
-        warn!(%error, "failed to publish an event");
     }
 }
 

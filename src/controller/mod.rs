@@ -1,14 +1,17 @@
 //! `kube-svm controller`: reconciles StorageVersionMigrations and drives the engine.
 //!
 //! - [`reconcile`](self::reconcile): decides when a migration may start (one per resource, oldest
-//!   first, a bounded number at once) and starts it;
-//! - `migration`: one running migration: resolve, run the engine, checkpoint, finish;
-//! - [`status`]: the pure status computations.
+//!   first, a bounded number at once, discovery failures retried later without holding a slot)
+//!   and starts it;
+//! - `migration`: one running migration, as a short list of named steps;
+//! - [`status`]: the pure status computations; `status_writer`: conditional status writes;
+//! - `crd`: what a migration does to the CRD behind its resource.
 
 mod crd;
 mod migration;
 mod reconcile;
 pub mod status;
+mod status_writer;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -16,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
+use futures::channel::mpsc;
 use kube::runtime::Controller;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
@@ -28,6 +32,7 @@ use tracing::{info, warn};
 
 use crate::api::{GroupResource, StorageVersionMigration};
 use crate::engine::Engine;
+use crate::fence::Fence;
 use crate::server::Health;
 
 /// How often the controller's loop reports that it is alive.
@@ -46,8 +51,25 @@ pub struct Settings {
     pub crd_trigger: bool,
     /// How long the discovery hash must be seen unchanged before a CRD's encoding is trusted.
     pub storage_version_settle: Duration,
+    /// How long to wait, in all, for discovery to publish a CRD's new storage version hash and
+    /// hold it for the settle period.
+    pub storage_version_wait: Duration,
     /// Write through the `status` subresource wherever a resource has one.
     pub write_to_status: bool,
+    /// Longest time one request (other than a watch) may go unanswered.
+    pub request_timeout: Duration,
+}
+
+/// The clients the controller talks through.
+#[derive(Clone)]
+pub struct Clients {
+    /// For requests: every request has a deadline.
+    pub requests: Client,
+    /// For watches, which stay open for minutes and are kept alive by the watcher.
+    pub watches: Client,
+    /// What both were made from, for fresh connections (the encoding check samples several
+    /// apiservers behind a load balancer).
+    pub config: kube::Config,
 }
 
 /// Why the controller stopped.
@@ -62,6 +84,7 @@ pub enum Stopped {
 /// What reconciles share.
 pub(crate) struct Context {
     client: Client,
+    config: kube::Config,
     engine: Engine,
     recorder: Recorder,
     store: Store<StorageVersionMigration>,
@@ -72,27 +95,66 @@ pub(crate) struct Context {
     tasks: TaskTracker,
     /// Fires when the controller stops taking work; running migrations checkpoint and end.
     stopping: CancellationToken,
+    /// The leader's term: nothing is written once it closes.
+    fence: Fence,
+    /// Migrations whose discovery failed, by UID: when to try again, and how often it failed.
+    retries: Mutex<HashMap<String, reconcile::Retrying>>,
+    /// Asks for every migration to be looked at again, when a task ends: the migration it
+    /// leaves unfinished, or the one waiting for its resource or slot, goes next.
+    requeue: mpsc::UnboundedSender<()>,
 }
 
 impl Context {
     fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, GroupResource>> {
         self.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+
+    fn retries(&self) -> std::sync::MutexGuard<'_, HashMap<String, reconcile::Retrying>> {
+        self.retries.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A request that got no answer in time, was not sent, or got an error answer.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("no answer within {0:?}")]
+    TimedOut(Duration),
+    #[error("this process may no longer write: its leadership ended")]
+    Fenced,
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+}
+
+/// Runs `request` inside the leader's term, giving it at most `limit`.
+async fn bounded<T>(
+    fence: &Fence,
+    limit: Duration,
+    request: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, RequestError> {
+    let limit = fence.deadline(limit).ok_or(RequestError::Fenced)?;
+    match tokio::time::timeout(limit, request).await {
+        Ok(answer) => Ok(answer?),
+        Err(_) => Err(RequestError::TimedOut(limit)),
+    }
 }
 
 /// Runs the controller until `shutdown` or `leadership_lost` fires, then lets running migrations
-/// checkpoint and returns.
+/// checkpoint (on shutdown; a deposed leader's fence is closed, so it writes nothing) and
+/// returns.
 pub async fn run(
-    client: Client,
+    clients: Clients,
     engine: Engine,
     settings: Settings,
     health: Arc<Health>,
     shutdown: CancellationToken,
     leadership_lost: CancellationToken,
+    fence: Fence,
 ) -> Stopped {
-    let api: Api<StorageVersionMigration> = Api::all(client.clone());
+    let Clients { requests: client, watches, config } = clients;
+    let api: Api<StorageVersionMigration> = Api::all(watches.clone());
     let stopping = CancellationToken::new();
-    let controller = Controller::new(api, watcher::Config::default());
+    let (requeue, requeued) = mpsc::unbounded();
+    let controller = Controller::new(api, watcher::Config::default()).reconcile_all_on(requeued);
     let reporter =
         Reporter { controller: "kube-svm".into(), instance: Some(settings.identity.clone()) };
     let context = Arc::new(Context {
@@ -102,7 +164,11 @@ pub async fn run(
         running: Mutex::new(HashMap::new()),
         tasks: TaskTracker::new(),
         stopping: stopping.clone(),
+        retries: Mutex::new(HashMap::new()),
+        requeue,
+        fence,
         client,
+        config,
         engine,
         settings,
     });
@@ -139,7 +205,13 @@ pub async fn run(
     };
     let trigger = async {
         match context.settings.crd_trigger {
-            true => crate::trigger::crd::run(context.client.clone(), stopping.clone()).await,
+            true => {
+                let clients = crate::trigger::Clients {
+                    requests: context.client.clone(),
+                    watches: watches.clone(),
+                };
+                crate::trigger::crd::run(clients, context.fence.clone(), stopping.clone()).await
+            }
             false => stopping.cancelled().await,
         }
     };

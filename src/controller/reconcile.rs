@@ -1,20 +1,42 @@
 //! Deciding when a migration starts: never twice, at most one per resource (the oldest first), at
-//! most `concurrency` at once. Terminal migrations are never run again.
+//! most `concurrency` at once. Terminal migrations are never run again. A migration whose
+//! discovery failed waits for its next try without holding a slot, and fails after a few.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
+use tokio::time::Instant;
 use tracing::{debug, instrument};
 
 use super::Context;
-use super::migration;
-use super::status::Phase;
-use crate::api::{GroupResource, StorageVersionMigration};
+use super::migration::{self, Ended};
+use crate::api::{GroupResource, Phase, StorageVersionMigration};
 
 /// How soon a migration waiting for its turn is looked at again.
 const WAIT_FOR_TURN: Duration = Duration::from_secs(2);
+
+/// Tries a migration gets when discovery (or its CRD) cannot be read, before it fails: with
+/// [`retry_delay`], about two and a half minutes, long enough for an aggregated API's backend or
+/// an apiserver to come back, short enough that an operator hears of it soon.
+pub(super) const DISCOVERY_ATTEMPTS: u32 = 6;
+
+/// Wait before the try after `failures` failed ones: 5 s, doubling, at most a minute.
+fn retry_delay(failures: u32) -> Duration {
+    let doubled = Duration::from_secs(5).saturating_mul(1 << failures.saturating_sub(1).min(8));
+    doubled.min(Duration::from_secs(60))
+}
+
+/// Wait before taking up again a migration whose status could not be written.
+const UNRECORDED_RETRY: Duration = Duration::from_secs(30);
+
+/// A migration whose discovery failed: how often, and when to try again.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Retrying {
+    pub failures: u32,
+    pub next: Instant,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -32,6 +54,15 @@ pub(super) async fn reconcile(
         return Ok(Action::await_change());
     }
     let resource = group_resource(&migration);
+    let uid = migration.uid().unwrap_or_default();
+    let retrying = context.retries().get(&uid).copied();
+    if let Some(wait) = retrying.map(|r| r.next.saturating_duration_since(Instant::now()))
+        && !wait.is_zero()
+    {
+        debug!(?wait, "discovery failed before; trying again later");
+        return Ok(Action::requeue(wait));
+    }
+    let failures = retrying.map_or(0, |r| r.failures);
     {
         let mut running = context.running();
         if running.contains_key(&name) {
@@ -48,9 +79,27 @@ pub(super) async fn reconcile(
         running.insert(name.clone(), resource);
         let task_context = context.clone();
         context.tasks.spawn(async move {
-            migration::run(&task_context, migration).await;
-            task_context.running().remove(&name);
+            let ended = migration::run(&task_context, migration, failures).await;
+            let context = task_context;
+            match ended {
+                Ended::DiscoveryFailed => {
+                    let failures = failures + 1;
+                    let next = Instant::now() + retry_delay(failures);
+                    context.retries().insert(uid, Retrying { failures, next });
+                }
+                Ended::Unrecorded => {
+                    let next = Instant::now() + UNRECORDED_RETRY;
+                    context.retries().insert(uid, Retrying { failures, next });
+                }
+                Ended::Done => {
+                    context.retries().remove(&uid);
+                }
+            }
+            context.running().remove(&name);
             drop(slot);
+            // Look again: a migration that did not finish (a status write that kept failing, a
+            // discovery retry) is taken up again; a finished one is left alone.
+            let _ = context.requeue.unbounded_send(());
         });
     }
     Ok(Action::await_change())
@@ -85,4 +134,16 @@ fn older_waiting(context: &Context, migration: &StorageVersionMigration) -> bool
 fn order_key(migration: &StorageVersionMigration) -> (Option<i64>, String) {
     let created = migration.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second());
     (created, migration.name_any())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn discovery_retries_back_off_to_a_minute_and_end_within_minutes() {
+        let delays: Vec<u64> = (1..DISCOVERY_ATTEMPTS).map(|n| retry_delay(n).as_secs()).collect();
+        assert_eq!(delays, [5, 10, 20, 40, 60]);
+        assert_eq!(retry_delay(u32::MAX), Duration::from_secs(60));
+    }
 }

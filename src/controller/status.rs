@@ -1,81 +1,104 @@
-//! Computing a migration's status from engine progress. Pure: the controller sends what these
-//! functions return.
+//! Computing a migration's status from engine progress, and where a migration starts. Pure: the
+//! controller sends what these functions return.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::conditions::{FAILED, RUNNING, STATUS_TRUE, SUCCEEDED};
+use crate::api::conditions::{FAILED, Phase, RUNNING, STATUS_TRUE, SUCCEEDED, events, reasons};
 use crate::api::{
     Checkpoint, FailedObject, MigrationCondition, MigrationProgress, MigrationTarget,
     StorageVersionMigration, StorageVersionMigrationStatus,
 };
 use crate::engine::{ObjectFailure, Progress};
 
-/// Reasons on the conditions kube-svm writes.
-pub mod reasons {
-    /// The migration started (or resumed) migrating objects.
-    pub const MIGRATING: &str = "Migrating";
-    /// Every object was migrated.
-    pub const COMPLETED: &str = "Completed";
-    /// Some objects could not be migrated.
-    pub const OBJECTS_FAILED: &str = "ObjectsFailed";
-    /// The resource cannot be migrated (unknown, subresource, missing verbs).
-    pub const INVALID_RESOURCE: &str = "InvalidResource";
-    /// Listing the resource failed for good.
-    pub const LIST_FAILED: &str = "ListFailed";
-}
-
 /// Failures named in a Failed condition's message.
 const FAILURES_IN_MESSAGE: usize = 3;
 
-/// Which of the three states a migration is in, from its first condition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    /// Not picked up yet.
-    New,
-    Running,
-    Succeeded,
-    Failed,
+/// Where a migration starts, and what kind of start it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Start {
+    /// Counts and the continue token to go on from.
+    pub progress: Progress,
+    /// Whether the objects before `progress.continue_token` were listed by kube-svm under the
+    /// same target.
+    pub listed_from_start: bool,
+    /// Whether the target recorded when the migration first started still holds.
+    pub keeps_target: bool,
+    /// The Event reason saying what kind of start this is, and its note.
+    pub event: &'static str,
+    pub note: String,
 }
 
-impl Phase {
-    pub fn of(migration: &StorageVersionMigration) -> Phase {
-        let first = migration.status.as_ref().and_then(|status| status.conditions.first());
-        match first.filter(|c| c.status == STATUS_TRUE).map(|c| c.type_.as_str()) {
-            Some(RUNNING) => Phase::Running,
-            Some(SUCCEEDED) => Phase::Succeeded,
-            Some(FAILED) => Phase::Failed,
-            _ => Phase::New,
-        }
-    }
-
-    pub fn is_terminal(self) -> bool {
-        matches!(self, Phase::Succeeded | Phase::Failed)
-    }
-}
-
-/// Where a migration resumes: its own checkpoint, else upstream's `spec.continueToken`.
-pub fn resume_point(migration: &StorageVersionMigration) -> Progress {
+/// Where `migration` starts, given the storage version hash discovery publishes now. It resumes
+/// from its own checkpoint when that was taken under the same storage version; otherwise it
+/// starts over, from upstream's `spec.continueToken` when there is one (then it did not list
+/// from the start), or from the first object.
+pub fn start_point(migration: &StorageVersionMigration, current_hash: Option<&str>) -> Start {
     let status = migration.status.clone().unwrap_or_default();
-    let checkpoint_token = status.checkpoint.map(|c| c.continue_token).filter(|t| !t.is_empty());
-    let Some(continue_token) = checkpoint_token else {
-        // Without a checkpoint of its own the migration lists from where upstream's token says,
-        // or from the start; counts restart with it, so they stay exact.
-        let upstream = migration.spec.continue_token.clone().filter(|t| !t.is_empty());
-        return Progress { continue_token: upstream, ..Progress::default() };
-    };
-    let counts = status.progress.unwrap_or_default();
-    Progress {
-        listed: counts.listed,
-        rewritten: counts.rewritten,
-        already_current: counts.already_current,
-        skipped: counts.skipped,
-        failed: counts.failed,
-        remaining: counts.remaining,
-        continue_token: Some(continue_token),
-        failures: status.failed_objects.into_iter().map(object_failure).collect(),
-        ..Progress::default()
+    let recorded_hash = status.target.as_ref().and_then(|t| t.storage_version_hash.as_deref());
+    let checkpoint = status.checkpoint.map(|c| c.continue_token).filter(|t| !t.is_empty());
+    let running = Phase::of(migration) == Phase::Running;
+    let same_target = recorded_hash == current_hash;
+    if let (true, Some(continue_token), true) = (running, &checkpoint, same_target) {
+        let counts = status.progress.unwrap_or_default();
+        return Start {
+            progress: Progress {
+                listed: counts.listed,
+                rewritten: counts.rewritten,
+                already_current: counts.already_current,
+                skipped: counts.skipped,
+                failed: counts.failed,
+                remaining: counts.remaining,
+                continue_token: Some(continue_token.clone()),
+                failures: status.failed_objects.into_iter().map(object_failure).collect(),
+                ..Progress::default()
+            },
+            // A checkpoint written before kube-svm recorded this is not trusted for pruning.
+            listed_from_start: status.listed_from_start.unwrap_or(false),
+            keeps_target: true,
+            event: events::RESUMED,
+            note: "resuming from the checkpoint".to_owned(),
+        };
     }
+    let (event, why) = match (running, same_target) {
+        (false, _) => (events::STARTED, String::new()),
+        (true, false) => (
+            events::RESTARTED,
+            format!(
+                " again: the storage version hash changed from {} to {} since the migration started",
+                recorded_hash.unwrap_or("none"),
+                current_hash.unwrap_or("none")
+            ),
+        ),
+        (true, true) => {
+            (events::RESTARTED, " again: there was no checkpoint to resume from".into())
+        }
+    };
+    // Counts restart with the listing, so they stay exact.
+    let upstream = migration.spec.continue_token.clone().filter(|t| !t.is_empty());
+    let (listed_from_start, from) = match &upstream {
+        Some(_) => (false, "from the continue token in spec.continueToken"),
+        None => (true, "from the first object"),
+    };
+    Start {
+        progress: Progress { continue_token: upstream, ..Progress::default() },
+        listed_from_start,
+        keeps_target: false,
+        event,
+        note: format!("migrating every object {from}{why}"),
+    }
+}
+
+/// The status of a migration starting from `start`, targeting `target`.
+pub fn started(
+    previous: Option<&StorageVersionMigrationStatus>,
+    target: &MigrationTarget,
+    start: &Start,
+    now: Timestamp,
+) -> StorageVersionMigrationStatus {
+    let mut status = running(previous, target, &start.progress, now);
+    status.listed_from_start = Some(start.listed_from_start);
+    status
 }
 
 /// The status of a running migration after `progress`.
@@ -88,6 +111,7 @@ pub fn running(
     let previous = previous.cloned().unwrap_or_default();
     let message = format!("{} objects processed", progress.processed());
     StorageVersionMigrationStatus {
+        listed_from_start: previous.listed_from_start,
         conditions: conditions(&previous, RUNNING, reasons::MIGRATING, message, now),
         progress: Some(counts(progress)),
         checkpoint: Some(Checkpoint {
@@ -298,27 +322,80 @@ mod tests {
         assert_eq!(second.checkpoint.unwrap().time, Some(Time(later)));
     }
 
+    fn target(hash: &str) -> MigrationTarget {
+        MigrationTarget { storage_version_hash: Some(hash.into()), ..MigrationTarget::default() }
+    }
+
+    /// A Running migration with a checkpoint at `token` (none when empty), taken under `hash`.
+    fn checkpointed(
+        token: &str,
+        hash: &str,
+        listed_from_start: Option<bool>,
+    ) -> StorageVersionMigration {
+        let mut with_progress = progress(1);
+        with_progress.continue_token = Some(token.to_owned()).filter(|t| !t.is_empty());
+        let mut status = running(None, &target(hash), &with_progress, now());
+        status.listed_from_start = listed_from_start;
+        migration(Some(status))
+    }
+
     #[test]
-    fn resumes_from_the_checkpoint_else_from_the_upstream_token() {
+    fn a_new_migration_lists_from_the_start_unless_upstream_left_a_token() {
+        let fresh = start_point(&migration(None), Some("h2"));
+        assert_eq!((fresh.progress, fresh.listed_from_start), (Progress::default(), true));
+        assert_eq!((fresh.keeps_target, fresh.event), (false, events::STARTED));
+
         let mut upstream = migration(None);
         upstream.spec.continue_token = Some("upstream-token".into());
-        assert_eq!(resume_point(&upstream).continue_token.as_deref(), Some("upstream-token"));
+        let start = start_point(&upstream, Some("h2"));
+        assert_eq!(start.progress.continue_token.as_deref(), Some("upstream-token"));
+        assert!(
+            !start.listed_from_start,
+            "objects before the token were never written by kube-svm"
+        );
+        assert!(start.note.contains("spec.continueToken"), "{}", start.note);
+    }
 
-        let mut with_progress = progress(1);
-        with_progress.continue_token = Some("own-token".into());
-        let status = running(None, &MigrationTarget::default(), &with_progress, now());
-        upstream.status = Some(status);
-        let resumed = resume_point(&upstream);
-        assert_eq!(resumed.continue_token.as_deref(), Some("own-token"));
-        assert_eq!((resumed.rewritten, resumed.failed, resumed.failures.len()), (7, 1, 1));
+    #[test]
+    fn resumes_from_its_own_checkpoint_of_the_same_target() {
+        let start = start_point(&checkpointed("own-token", "h2", Some(true)), Some("h2"));
+        assert_eq!(start.progress.continue_token.as_deref(), Some("own-token"));
+        let counts = &start.progress;
+        assert_eq!((counts.rewritten, counts.failed, counts.failures.len()), (7, 1, 1));
+        assert_eq!((start.listed_from_start, start.keeps_target), (true, true));
+        assert_eq!(start.event, events::RESUMED);
+        // A run that began at a foreign token stays partial when resumed.
+        let partial = start_point(&checkpointed("own-token", "h2", Some(false)), Some("h2"));
+        assert!(!partial.listed_from_start);
+        // A checkpoint that never said is not trusted.
+        assert!(!start_point(&checkpointed("own-token", "h2", None), Some("h2")).listed_from_start);
+    }
 
+    #[test]
+    fn starts_over_when_the_storage_version_changed_since_the_checkpoint() {
+        let start = start_point(&checkpointed("own-token", "h1", Some(true)), Some("h2"));
+        assert_eq!((start.progress, start.listed_from_start), (Progress::default(), true));
+        assert_eq!((start.keeps_target, start.event), (false, events::RESTARTED));
+        assert!(start.note.contains("changed from h1 to h2"), "{}", start.note);
+    }
+
+    #[test]
+    fn starts_over_without_a_checkpoint_token() {
         // Killed after the last page but before completing: start over, counts from zero.
-        let mut without_token = with_progress.clone();
-        without_token.continue_token = None;
-        let mut restarted =
-            migration(Some(running(None, &MigrationTarget::default(), &without_token, now())));
-        restarted.spec.continue_token = None;
-        assert_eq!(resume_point(&restarted), Progress::default());
+        let start = start_point(&checkpointed("", "h2", Some(true)), Some("h2"));
+        assert_eq!((start.progress, start.listed_from_start), (Progress::default(), true));
+        assert_eq!(start.event, events::RESTARTED);
+    }
+
+    #[test]
+    fn the_start_records_whether_the_listing_is_whole_and_later_statuses_keep_it() {
+        let start = start_point(&migration(None), Some("h2"));
+        let first = started(None, &target("h2"), &start, now());
+        assert_eq!(first.listed_from_start, Some(true));
+        let later = running(Some(&first), &target("h2"), &progress(0), now());
+        assert_eq!(later.listed_from_start, Some(true));
+        let done = completed(Some(&later), &target("h2"), &progress(0), now());
+        assert_eq!(done.listed_from_start, Some(true));
     }
 
     #[test]

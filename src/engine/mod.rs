@@ -10,6 +10,7 @@
 //! - `writer`: the minimal conditional write and its outcome;
 //! - [`retry`], [`rate_limit`]: backoff decisions and the client-side rate limit.
 
+mod outage;
 mod pager;
 pub mod rate_limit;
 mod request;
@@ -20,14 +21,21 @@ mod writer;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use futures::StreamExt;
-
-use crate::metrics::{self, Metrics, results};
 use kube::Client;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, instrument};
+use tracing::{info, instrument, warn};
+
+use crate::fence::Fence;
+use crate::metrics::{self, Metrics, results};
+use outage::{Availability, Verdict};
+pub use request::NoReply;
+use request::Reply;
+use writer::Halt;
 
 pub use pager::Listed;
 pub use rate_limit::RateLimiter;
@@ -54,6 +62,10 @@ pub struct Settings {
     /// Failed objects kept with their details; the count is always exact.
     pub failures_kept: usize,
     pub backoff: Backoff,
+    /// Longest time one request may go unanswered before it counts as failed.
+    pub request_timeout: Duration,
+    /// Longest time a run waits, in all, for an apiserver that is down before it fails.
+    pub outage_timeout: Duration,
 }
 
 impl Default for Settings {
@@ -67,6 +79,13 @@ impl Default for Settings {
             list_attempts: 10,
             failures_kept: 20,
             backoff: Backoff::default(),
+            // The apiserver answers a request within its own 60 s timeout, or with 504; a
+            // patch or a page of metadata takes milliseconds. Half of that bounds a hung
+            // connection without cutting off a slow but working apiserver.
+            request_timeout: Duration::from_secs(30),
+            // kube-storage-version-migrator's end-to-end test survives six minutes of
+            // apiserver downtime; allow more than twice that.
+            outage_timeout: Duration::from_secs(15 * 60),
         }
     }
 }
@@ -94,6 +113,8 @@ pub struct Progress {
     /// Continue tokens that expired (etcd compacted past them); the list went on from the
     /// latest revision.
     pub expired_tokens: u64,
+    /// Times the run paused because the apiserver was not ready.
+    pub outages: u64,
     /// The first failures, at most [`Settings::failures_kept`].
     pub failures: Vec<ObjectFailure>,
 }
@@ -124,7 +145,8 @@ impl Progress {
 pub enum Finished {
     /// Every page was read and every object handled (some may have failed).
     Completed(Progress),
-    /// Stopped by the cancellation token; progress is that of the last whole page.
+    /// Stopped by the cancellation token, or because the fence closed; progress is that of the
+    /// last whole page.
     Cancelled(Progress),
 }
 
@@ -136,29 +158,42 @@ pub enum Error {
     #[error("failed to list {resource}: HTTP {code} {reason}: {message}")]
     List { resource: String, code: u16, reason: String, message: String },
     #[error("failed to list {0}: no response")]
-    ListTransport(String, #[source] kube::Error),
+    ListTransport(String, #[source] NoReply),
     #[error("failed to list {0}: continue tokens kept expiring, or the apiserver offered no other")]
     ListExpired(String),
     #[error("failed to decode the list of {0}")]
     Decode(String, #[source] serde_json::Error),
+    #[error(
+        "{resource} is no longer served at {api_version} (HTTP 404: {message}); its version or CRD was removed"
+    )]
+    NotServed { resource: String, api_version: String, message: String },
+    #[error("the apiserver was not ready for {waited_seconds} s in all while migrating {resource}")]
+    ApiserverUnavailable { resource: String, waited_seconds: u64 },
+    /// The leader's term ended; not an error of the migration.
+    #[error("this process may no longer write: its leadership ended")]
+    Fenced,
 }
 
-/// What a run's concurrent requests share: counts kept while a page is in flight, and the
-/// window of writes sent at once.
+/// What a run's concurrent requests share: counts kept while a page is in flight, the window
+/// of writes sent at once, the leader's term, and what is known of the apiserver's health.
 struct RunState {
     requests: AtomicU64,
     throttled: AtomicU64,
     expired_tokens: AtomicU64,
     window: Window,
+    fence: Fence,
+    availability: Availability,
 }
 
 impl RunState {
-    fn new(writes_in_flight: usize) -> RunState {
+    fn new(writes_in_flight: usize, fence: Fence) -> RunState {
         RunState {
             requests: AtomicU64::new(0),
             throttled: AtomicU64::new(0),
             expired_tokens: AtomicU64::new(0),
             window: Window::new(writes_in_flight),
+            fence,
+            availability: Availability::default(),
         }
     }
 
@@ -167,7 +202,24 @@ impl RunState {
         progress.requests += self.requests.swap(0, Ordering::Relaxed);
         progress.throttled += self.throttled.swap(0, Ordering::Relaxed);
         progress.expired_tokens += self.expired_tokens.swap(0, Ordering::Relaxed);
+        progress.outages += self.availability.outages.swap(0, Ordering::Relaxed);
     }
+}
+
+/// A request that failed: no answer at all, or an answer that is an error.
+enum Failed {
+    NoAnswer(NoReply),
+    Answer(Reply),
+}
+
+/// What to do after a failed request.
+enum Next {
+    /// Send it again (any backoff has been waited out).
+    Retry,
+    /// The failure is final for this request.
+    GiveUp,
+    /// The apiserver stayed down past the run's outage budget.
+    Unavailable { waited: Duration },
 }
 
 /// Runs migrations. Cheap to clone; clones share the rate limiter.
@@ -185,8 +237,10 @@ pub struct Job {
     pub resource: Resource,
     /// Write through the `status` subresource instead of the resource itself.
     pub write_to_status: bool,
-    /// Where a previous run stopped; run go on from it.
+    /// Where a previous run stopped; the run goes on from it.
     pub resume: Progress,
+    /// No request is sent once this closes: the leader's term.
+    pub fence: Fence,
 }
 
 impl Engine {
@@ -221,13 +275,16 @@ impl Engine {
         report: &watch::Sender<Progress>,
         cancel: &CancellationToken,
     ) -> Result<Finished, Error> {
-        let Job { resource, write_to_status, resume } = job;
+        let Job { resource, write_to_status, resume, fence } = job;
         let mut progress = resume;
-        let run = RunState::new(self.settings.writes_in_flight);
+        let run = RunState::new(self.settings.writes_in_flight, fence);
         let first = progress.continue_token.clone();
         let mut page = tokio::select! {
             _ = cancel.cancelled() => return Ok(Finished::Cancelled(progress)),
-            page = self.list_page(&resource, first.as_deref(), &run) => page?,
+            page = self.list_page(&resource, first.as_deref(), &run) => match page {
+                Err(Error::Fenced) => return Ok(Finished::Cancelled(progress)),
+                page => page?,
+            },
         };
         loop {
             let next_token = page.continue_token.clone();
@@ -254,6 +311,33 @@ impl Engine {
                 }
                 done = futures::future::join(writes, prefetch) => done,
             };
+            // A halted write stops the run; the page does not count, so a checkpoint never
+            // skips an object that was not written.
+            let mut halted = None;
+            let outcomes: Vec<Outcome> = outcomes
+                .into_iter()
+                .filter_map(|outcome| outcome.map_err(|halt| halted = Some(halt)).ok())
+                .collect();
+            match halted {
+                None => {}
+                Some(Halt::Fenced) => {
+                    run.drain_into(&mut progress);
+                    return Ok(Finished::Cancelled(progress));
+                }
+                Some(Halt::NotServed(message)) => {
+                    return Err(Error::NotServed {
+                        resource: resource.to_string(),
+                        api_version: resource.api_version(),
+                        message,
+                    });
+                }
+                Some(Halt::Unavailable(waited)) => {
+                    return Err(Error::ApiserverUnavailable {
+                        resource: resource.to_string(),
+                        waited_seconds: waited.as_secs(),
+                    });
+                }
+            }
             let before = progress.clone();
             for outcome in outcomes {
                 progress.record(outcome, self.settings.failures_kept);
@@ -276,8 +360,43 @@ impl Engine {
             );
             match next {
                 None => return Ok(Finished::Completed(progress)),
+                Some(Err(Error::Fenced)) => return Ok(Finished::Cancelled(progress)),
                 Some(next) => page = next?,
             }
+        }
+    }
+
+    /// What to do after a request sent at `sent` failed: an apiserver outage is waited out and
+    /// not counted; other failures count in `attempts` and are retried after a backoff until
+    /// the throttled or the other failures reach their limit (`other_limit`).
+    async fn after_failure(
+        &self,
+        run: &RunState,
+        sent: Instant,
+        failed: &Failed,
+        attempts: &mut Attempts,
+        other_limit: u32,
+    ) -> Next {
+        let (outage_like, failure) = match failed {
+            Failed::NoAnswer(_) => (true, Failure::Transport),
+            Failed::Answer(reply) => (reply.code >= 500, reply.failure()),
+        };
+        if outage_like {
+            match self.judge_failure(run, sent).await {
+                Verdict::Excuse => return Next::Retry,
+                Verdict::GaveUp { waited } => {
+                    warn!(?waited, "the apiserver stayed unavailable; giving up");
+                    return Next::Unavailable { waited };
+                }
+                Verdict::Charge => {}
+            }
+        }
+        match self.retry_decision(failure, attempts, other_limit) {
+            Retry::After(wait) => {
+                tokio::time::sleep(wait).await;
+                Next::Retry
+            }
+            Retry::Never => Next::GiveUp,
         }
     }
 

@@ -3,12 +3,12 @@
 use std::sync::atomic::Ordering;
 
 use kube::api::ListParams;
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
+use tokio::time::Instant;
 use tracing::warn;
 
-use super::request::Reply;
-use super::retry::{Failure, Retry};
-use super::{Attempts, Engine, Error, Resource, RunState};
+use super::request::{NoReply, Reply};
+use super::{Attempts, Engine, Error, Failed, Next, Resource, RunState};
 
 /// What a write needs of a listed object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,8 +33,15 @@ pub struct Page {
 struct MetadataList {
     #[serde(default)]
     metadata: ListMeta,
-    #[serde(default)]
+    /// The apiserver sends `"items": null` for an empty list.
+    #[serde(default, deserialize_with = "null_as_empty")]
     items: Vec<MetadataItem>,
+}
+
+fn null_as_empty<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<Vec<T>, D::Error> {
+    Ok(Option::<Vec<T>>::deserialize(deserializer)?.unwrap_or_default())
 }
 
 #[derive(Default, Deserialize)]
@@ -79,7 +86,8 @@ impl Engine {
             let request = kube::core::Request::new(resource.collection_path())
                 .list_metadata(&params)
                 .map_err(|source| Error::BuildRequest(resource.to_string(), source))?;
-            let reply = match self.send(request, run).await {
+            let sent = Instant::now();
+            let failed = match self.send(request, run).await {
                 Ok(reply) if reply.is_success() => return parse_page(resource, &reply),
                 Ok(reply) if reply.code == 410 => {
                     token = Some(expired(resource, &reply)?);
@@ -92,31 +100,43 @@ impl Engine {
                     }
                     continue;
                 }
-                Ok(reply) => reply,
-                Err(error) => {
-                    warn!(%resource, %error, "list request failed");
-                    match self.retry_decision(
-                        Failure::Transport,
-                        &mut attempts,
-                        self.settings.list_attempts,
-                    ) {
-                        Retry::After(wait) => tokio::time::sleep(wait).await,
-                        Retry::Never => {
-                            return Err(Error::ListTransport(resource.to_string(), error));
-                        }
-                    }
-                    continue;
-                }
-            };
-            match self.retry_decision(reply.failure(), &mut attempts, self.settings.list_attempts) {
-                Retry::After(wait) => tokio::time::sleep(wait).await,
-                Retry::Never => {
-                    let status = reply.status();
-                    return Err(Error::List {
+                // The collection itself is not found: the version or the CRD is gone.
+                Ok(reply) if reply.code == 404 => {
+                    return Err(Error::NotServed {
                         resource: resource.to_string(),
-                        code: reply.code,
-                        reason: status.reason,
-                        message: status.message,
+                        api_version: resource.api_version(),
+                        message: reply.status().message,
+                    });
+                }
+                Ok(reply) => Failed::Answer(reply),
+                Err(NoReply::Fenced) => return Err(Error::Fenced),
+                Err(error) => Failed::NoAnswer(error),
+            };
+            match self
+                .after_failure(run, sent, &failed, &mut attempts, self.settings.list_attempts)
+                .await
+            {
+                Next::Retry => {}
+                Next::Unavailable { waited } => {
+                    return Err(Error::ApiserverUnavailable {
+                        resource: resource.to_string(),
+                        waited_seconds: waited.as_secs(),
+                    });
+                }
+                Next::GiveUp => {
+                    return Err(match failed {
+                        Failed::NoAnswer(error) => {
+                            Error::ListTransport(resource.to_string(), error)
+                        }
+                        Failed::Answer(reply) => {
+                            let status = reply.status();
+                            Error::List {
+                                resource: resource.to_string(),
+                                code: reply.code,
+                                reason: status.reason,
+                                message: status.message,
+                            }
+                        }
                     });
                 }
             }
@@ -154,4 +174,54 @@ fn parse_page(resource: &Resource, reply: &Reply) -> Result<Page, Error> {
         None => Some(0),
     };
     Ok(Page { items, continue_token, remaining })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(body: &str) -> Page {
+        let resource = Resource {
+            group: String::new(),
+            version: "v1".into(),
+            plural: "secrets".into(),
+            kind: "Secret".into(),
+            namespaced: true,
+            storage_version_hash: None,
+            patchable_status: false,
+        };
+        let reply = Reply { code: 200, retry_after: None, body: body.to_owned().into() };
+        parse_page(&resource, &reply).expect("the page parses")
+    }
+
+    #[test]
+    fn an_empty_list_with_null_items_is_an_empty_last_page() {
+        let empty = page(
+            r#"{"kind":"PartialObjectMetadataList","metadata":{"resourceVersion":"9"},"items":null}"#,
+        );
+        assert!(empty.items.is_empty());
+        assert_eq!((empty.continue_token, empty.remaining), (None, Some(0)));
+        assert!(page(r#"{"metadata":{}}"#).items.is_empty(), "items left out");
+    }
+
+    #[test]
+    fn a_page_keeps_identity_and_resource_version_and_the_next_token() {
+        let parsed = page(
+            r#"{"metadata":{"continue":"next","remainingItemCount":7},"items":[
+                {"metadata":{"namespace":"ns","name":"a","resourceVersion":"11"}},
+                {"metadata":{"name":"b","resourceVersion":"12"}}]}"#,
+        );
+        assert_eq!(
+            parsed.items,
+            [
+                Listed { namespace: "ns".into(), name: "a".into(), resource_version: "11".into() },
+                Listed {
+                    namespace: String::new(),
+                    name: "b".into(),
+                    resource_version: "12".into()
+                },
+            ]
+        );
+        assert_eq!((parsed.continue_token.as_deref(), parsed.remaining), (Some("next"), Some(7)));
+    }
 }

@@ -1,11 +1,11 @@
-//! Sending one request: rate-limited, with the raw status, headers and body kept, because
-//! migration decisions need what `kube::Api` hides (`Retry-After`, the 410 Status's continue token).
+//! Sending one request: rate-limited, within a deadline, inside the leader's term, with the raw
+//! status, headers and body kept, because migration decisions need what `kube::Api` hides
+//! (`Retry-After`, the details of a 404, the 410 Status's continue token).
 
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use http::header::RETRY_AFTER;
-use std::sync::atomic::Ordering;
-
 use kube::client::Body;
 use serde::Deserialize;
 
@@ -17,6 +17,18 @@ pub struct Reply {
     pub code: u16,
     pub retry_after: Option<Duration>,
     pub body: bytes::Bytes,
+}
+
+/// Why a request got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum NoReply {
+    /// The leader's term is over: the request was not sent.
+    #[error("this process may no longer write: its leadership ended")]
+    Fenced,
+    #[error("no answer within {0:?}")]
+    TimedOut(Duration),
+    #[error(transparent)]
+    Transport(#[from] kube::Error),
 }
 
 impl Reply {
@@ -42,6 +54,7 @@ pub struct ApiStatus {
     pub reason: String,
     pub message: String,
     pub metadata: StatusMetadata,
+    pub details: Option<StatusDetails>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -52,45 +65,70 @@ pub struct StatusMetadata {
     pub continue_token: String,
 }
 
+/// Which object an error is about. A 404 for a deleted object names it here; a 404 for a
+/// resource or version the apiserver does not serve names nothing.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct StatusDetails {
+    pub name: String,
+    pub group: String,
+    /// The resource (plural), despite the field's name.
+    pub kind: String,
+}
+
+/// The request verb, for metrics.
+fn verb(request: &http::Request<Vec<u8>>) -> &'static str {
+    match *request.method() {
+        http::Method::GET => "list",
+        http::Method::PATCH => "patch",
+        _ => "other",
+    }
+}
+
 impl Engine {
-    /// Sends `request` once the rate limiter allows it.
+    /// Sends `request` once the rate limiter allows it, if the leader's term allows it, and
+    /// gives up when no answer comes within the request timeout (or the end of the term).
     pub(super) async fn send(
         &self,
         request: http::Request<Vec<u8>>,
         run: &RunState,
-    ) -> Result<Reply, kube::Error> {
+    ) -> Result<Reply, NoReply> {
         self.limiter.acquire().await;
+        let limit = run.fence.deadline(self.settings.request_timeout).ok_or(NoReply::Fenced)?;
         run.requests.fetch_add(1, Ordering::Relaxed);
-        let verb = match *request.method() {
-            http::Method::GET => "list",
-            http::Method::PATCH => "patch",
-            _ => "other",
-        };
+        let verb = verb(&request);
         let metrics = &self.metrics;
         let writing = (verb == "patch").then(|| InFlight::enter(&metrics.writes_in_flight));
-        let started = std::time::Instant::now();
-        let response = self.client.send(request.map(Body::from)).await;
+        let started = Instant::now();
+        let exchange = async {
+            let response = self.client.send(request.map(Body::from)).await?;
+            let code = response.status().as_u16();
+            let retry_after = response
+                .headers()
+                .get(RETRY_AFTER)
+                .and_then(|value| value.to_str().ok())
+                .and_then(|value| value.trim().parse::<u64>().ok())
+                .map(Duration::from_secs);
+            let body = response.into_body().collect_bytes().await?;
+            Ok::<_, kube::Error>(Reply { code, retry_after, body })
+        };
+        let result = match tokio::time::timeout(limit, exchange).await {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(error)) => Err(NoReply::Transport(error)),
+            Err(_) => Err(NoReply::TimedOut(limit)),
+        };
         drop(writing);
         metrics
             .request_duration
             .with_label_values(&[verb])
             .observe(started.elapsed().as_secs_f64());
-        let code = response.as_ref().ok().map(|r| r.status().as_u16());
+        let code = result.as_ref().ok().map(|reply| reply.code);
         metrics.requests.with_label_values(&[verb, crate::metrics::code_class(code)]).inc();
-        let response = response?;
-        let code = response.status().as_u16();
-        if code == 429 {
+        if code == Some(429) {
             run.throttled.fetch_add(1, Ordering::Relaxed);
             metrics.throttled.with_label_values(&[verb]).inc();
         }
-        let retry_after = response
-            .headers()
-            .get(RETRY_AFTER)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
-        let body = response.into_body().collect_bytes().await?;
-        Ok(Reply { code, retry_after, body })
+        result
     }
 }
 

@@ -5,13 +5,13 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde::Deserialize;
 use serde_json::json;
+use tokio::time::Instant;
 use tracing::debug;
 
 use super::pager::Listed;
-use super::request::Reply;
-use super::retry::{Failure, Retry};
+use super::request::{ApiStatus, NoReply, Reply};
 use super::window::Signal;
-use super::{Attempts, Engine, Resource, RunState};
+use super::{Attempts, Engine, Failed, Next, Resource, RunState};
 
 /// What became of one object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,6 +48,12 @@ pub const NAMESPACE_UNKNOWN: &str = "NamespaceUnknown";
 /// Reason recorded when no attempt got an HTTP response.
 pub const TRANSPORT_ERROR: &str = "TransportError";
 
+/// Reason recorded when the write request could not be built.
+const INVALID_REQUEST: &str = "InvalidRequest";
+
+/// Reason recorded when a successful write's answer could not be read.
+const INVALID_RESPONSE: &str = "InvalidResponse";
+
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct WrittenMeta {
@@ -60,6 +66,18 @@ struct WrittenObjectMeta {
     resource_version: String,
 }
 
+/// Why a run must stop, found while writing one object.
+#[derive(Debug)]
+pub(super) enum Halt {
+    /// The leader's term is over.
+    Fenced,
+    /// A write was answered 404 for the resource itself, not for the object: the version or
+    /// the CRD is no longer served.
+    NotServed(String),
+    /// The apiserver stayed down past the run's outage budget.
+    Unavailable(std::time::Duration),
+}
+
 impl Engine {
     /// Sends the minimal conditional write for `object`, retrying transient failures.
     pub(super) async fn write(
@@ -68,7 +86,7 @@ impl Engine {
         object: &Listed,
         to_status: bool,
         run: &RunState,
-    ) -> Outcome {
+    ) -> Result<Outcome, Halt> {
         // Only type, identity and the resourceVersion precondition: nothing to merge, so the
         // stored content is untouched, and a concurrent write turns this into a 409.
         let mut metadata =
@@ -79,64 +97,54 @@ impl Engine {
         let body = json!({ "apiVersion": resource.api_version(), "kind": resource.kind, "metadata": metadata });
         let mut attempts = Attempts::default();
         loop {
-            let result = match self.write_request(resource, object, to_status, &body) {
-                Ok(request) => {
-                    let slot = run.window.enter().await;
-                    let result = self.send(request, run).await;
-                    slot.leave(match &result {
-                        Ok(reply) if reply.code == 429 => Signal::Throttled,
-                        Ok(reply) if reply.code < 300 || reply.code == 404 || reply.code == 409 => {
-                            Signal::Success
-                        }
-                        _ => Signal::Neutral,
-                    });
-                    result
-                }
+            let request = match self.write_request(resource, object, to_status, &body) {
+                Ok(request) => request,
                 Err(error) => {
-                    return Outcome::Failed(failure(
+                    return Ok(Outcome::Failed(failure(
                         object,
                         0,
-                        "InvalidRequest",
+                        INVALID_REQUEST,
                         error.to_string(),
-                    ));
+                    )));
                 }
             };
-            let (retry, last) = match result {
-                Ok(reply) => match self.classify(resource, object, &reply).await {
-                    Some(outcome) => return outcome,
-                    None => (
-                        self.retry_decision(
-                            reply.failure(),
-                            &mut attempts,
-                            self.settings.write_attempts,
-                        ),
-                        Last::Reply(reply),
-                    ),
+            let slot = run.window.enter().await;
+            let sent = Instant::now();
+            let result = self.send(request, run).await;
+            slot.leave(match &result {
+                Ok(reply) if reply.code == 429 => Signal::Throttled,
+                Ok(reply) if reply.code < 300 || reply.code == 404 || reply.code == 409 => {
+                    Signal::Success
+                }
+                _ => Signal::Neutral,
+            });
+            let failed = match result {
+                Ok(reply) => match self.classify(resource, object, &reply).await? {
+                    Some(outcome) => return Ok(outcome),
+                    None => Failed::Answer(reply),
                 },
+                Err(NoReply::Fenced) => return Err(Halt::Fenced),
                 Err(error) => {
                     debug!(%resource, name = object.name, %error, "write request failed");
-                    (
-                        self.retry_decision(
-                            Failure::Transport,
-                            &mut attempts,
-                            self.settings.write_attempts,
-                        ),
-                        Last::Transport(error),
-                    )
+                    Failed::NoAnswer(error)
                 }
             };
-            match retry {
-                Retry::After(wait) => tokio::time::sleep(wait).await,
-                Retry::Never => {
-                    return Outcome::Failed(match last {
-                        Last::Reply(reply) => {
+            match self
+                .after_failure(run, sent, &failed, &mut attempts, self.settings.write_attempts)
+                .await
+            {
+                Next::Retry => {}
+                Next::Unavailable { waited } => return Err(Halt::Unavailable(waited)),
+                Next::GiveUp => {
+                    return Ok(Outcome::Failed(match failed {
+                        Failed::Answer(reply) => {
                             let status = reply.status();
                             failure(object, reply.code, &status.reason, status.message)
                         }
-                        Last::Transport(error) => {
+                        Failed::NoAnswer(error) => {
                             failure(object, 0, TRANSPORT_ERROR, error.to_string())
                         }
-                    });
+                    }));
                 }
             }
         }
@@ -166,14 +174,15 @@ impl Engine {
         Ok(status)
     }
 
-    /// The outcome a reply settles, or `None` when the request failed and may be retried.
+    /// The outcome a reply settles, `None` when the request failed and may be retried, or why
+    /// the run must stop.
     async fn classify(
         &self,
         resource: &Resource,
         object: &Listed,
         reply: &Reply,
-    ) -> Option<Outcome> {
-        match reply.code {
+    ) -> Result<Option<Outcome>, Halt> {
+        Ok(match reply.code {
             200..300 => Some(match serde_json::from_slice::<WrittenMeta>(&reply.body) {
                 Ok(written) if written.metadata.resource_version == object.resource_version => {
                     Outcome::AlreadyCurrent
@@ -182,32 +191,60 @@ impl Engine {
                 Err(error) => Outcome::Failed(failure(
                     object,
                     reply.code,
-                    "InvalidResponse",
+                    INVALID_RESPONSE,
                     error.to_string(),
                 )),
             }),
             409 => Some(Outcome::Conflict),
-            404 if resource.namespaced => {
-                Some(not_found(object, self.namespace_exists(&object.namespace).await))
+            404 => {
+                let status = reply.status();
+                if !names_the_object(&status, resource, object) {
+                    return Err(Halt::NotServed(status.message));
+                }
+                match resource.namespaced {
+                    true => Some(not_found(object, self.namespace_exists(&object.namespace).await)),
+                    false => Some(Outcome::Deleted),
+                }
             }
-            404 => Some(Outcome::Deleted),
             _ => None,
-        }
+        })
     }
+}
+
+/// Whether a 404 is about `object` (it was deleted), rather than about the resource: the
+/// apiserver names the object and its resource in the Status details only in the first case.
+fn names_the_object(status: &ApiStatus, resource: &Resource, object: &Listed) -> bool {
+    let Some(details) = &status.details else { return false };
+    let kind_matches = details.kind == resource.plural
+        || details.kind.strip_suffix("/status") == Some(resource.plural.as_str());
+    details.name == object.name && details.group == resource.group && kind_matches
 }
 
 impl Engine {
     /// Whether `namespace` exists. Objects a list returns but a write cannot find are either
     /// deleted or stranded in a namespace that is gone; only the first are done.
-    async fn namespace_exists(&self, namespace: &str) -> Result<bool, kube::Error> {
+    async fn namespace_exists(&self, namespace: &str) -> Result<bool, NamespaceUnread> {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         self.limiter.acquire().await;
-        Ok(namespaces.get_metadata_opt(namespace).await?.is_some())
+        let read = namespaces.get_metadata_opt(namespace);
+        match tokio::time::timeout(self.settings.request_timeout, read).await {
+            Ok(found) => Ok(found?.is_some()),
+            Err(_) => Err(NamespaceUnread::TimedOut(self.settings.request_timeout)),
+        }
     }
 }
 
+/// Why a namespace could not be read.
+#[derive(Debug, thiserror::Error)]
+enum NamespaceUnread {
+    #[error("no answer within {0:?}")]
+    TimedOut(std::time::Duration),
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+}
+
 /// The outcome of a 404 for a namespaced object, given whether its namespace still exists.
-fn not_found(object: &Listed, namespace_exists: Result<bool, kube::Error>) -> Outcome {
+fn not_found(object: &Listed, namespace_exists: Result<bool, NamespaceUnread>) -> Outcome {
     match namespace_exists {
         Ok(true) => Outcome::Deleted,
         Ok(false) => Outcome::Failed(failure(
@@ -229,11 +266,6 @@ fn not_found(object: &Listed, namespace_exists: Result<bool, kube::Error>) -> Ou
             ),
         )),
     }
-}
-
-enum Last {
-    Reply(Reply),
-    Transport(kube::Error),
 }
 
 fn failure(object: &Listed, code: u16, reason: &str, message: String) -> ObjectFailure {
@@ -268,10 +300,61 @@ mod tests {
 
     #[test]
     fn an_unreadable_namespace_is_never_assumed_to_exist() {
-        let error = kube::Error::LinesCodecMaxLineLengthExceeded;
+        let error = NamespaceUnread::TimedOut(std::time::Duration::from_secs(30));
         let Outcome::Failed(failure) = not_found(&listed(), Err(error)) else {
             panic!("must fail")
         };
         assert_eq!(failure.reason, NAMESPACE_UNKNOWN);
+    }
+}
+
+#[cfg(test)]
+mod not_found_tests {
+    use super::*;
+
+    fn widgets() -> Resource {
+        Resource {
+            group: "example.com".into(),
+            version: "v1".into(),
+            plural: "widgets".into(),
+            kind: "Widget".into(),
+            namespaced: false,
+            storage_version_hash: None,
+            patchable_status: true,
+        }
+    }
+
+    fn status(json: &str) -> ApiStatus {
+        serde_json::from_str(json).expect("a Status")
+    }
+
+    #[test]
+    fn a_404_naming_the_object_means_it_was_deleted() {
+        let object =
+            Listed { namespace: String::new(), name: "w-1".into(), resource_version: "5".into() };
+        let deleted = status(
+            r#"{"kind":"Status","status":"Failure","reason":"NotFound","code":404,
+                "message":"widgets.example.com \"w-1\" not found",
+                "details":{"name":"w-1","group":"example.com","kind":"widgets"}}"#,
+        );
+        assert!(names_the_object(&deleted, &widgets(), &object));
+    }
+
+    #[test]
+    fn a_404_for_the_resource_is_not_a_deletion() {
+        let object =
+            Listed { namespace: String::new(), name: "w-1".into(), resource_version: "5".into() };
+        // What the apiserver answers for a version or CRD it does not serve.
+        let unserved = status(
+            r#"{"kind":"Status","status":"Failure","reason":"NotFound","code":404,
+                "message":"the server could not find the requested resource","details":{}}"#,
+        );
+        assert!(!names_the_object(&unserved, &widgets(), &object));
+        assert!(!names_the_object(&ApiStatus::default(), &widgets(), &object), "no Status at all");
+        let other = status(r#"{"details":{"name":"w-2","group":"example.com","kind":"widgets"}}"#);
+        assert!(!names_the_object(&other, &widgets(), &object), "another object");
+        let elsewhere =
+            status(r#"{"details":{"name":"w-1","group":"other.com","kind":"widgets"}}"#);
+        assert!(!names_the_object(&elsewhere, &widgets(), &object), "another group");
     }
 }

@@ -2,12 +2,14 @@
 //! its storage version, create a migration for it, unless one is pending or running for that
 //! resource or the CRD opts out. Watch-driven: a storage version switch is seen within seconds.
 //!
-//! Migrations are named `<plural>.<group>-<storage version>-<generation>`: the same CRD state
-//! never gets a second migration, so a migration that failed is not retried in a loop; a changed
-//! CRD (new generation) gets a new one once the previous has finished.
+//! Migrations are named `<plural>.<group>-<storage version>-<generation>` (shortened, with a
+//! hash of the full name, when that is longer than a name may be): the same CRD state never gets
+//! a second migration, so a migration that failed is not retried in a loop; a changed CRD (new
+//! generation) gets a new one once the previous has finished.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -19,8 +21,13 @@ use kube::{Api, Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::api::{GroupVersionResource, StorageVersionMigration, StorageVersionMigrationSpec};
-use crate::controller::status::Phase;
+use sha2::{Digest, Sha256};
+
+use super::Clients;
+use crate::api::{
+    GroupVersionResource, Phase, StorageVersionMigration, StorageVersionMigrationSpec,
+};
+use crate::fence::Fence;
 
 /// Annotation on a CRD: `"false"` keeps kube-svm from migrating it on its own.
 pub const OPT_OUT_ANNOTATION: &str = "kube-svm.io/auto-migrate";
@@ -28,12 +35,44 @@ pub const OPT_OUT_ANNOTATION: &str = "kube-svm.io/auto-migrate";
 /// Label on the migrations the trigger creates.
 pub const TRIGGER_LABEL: &str = "kube-svm.io/trigger";
 
+/// The longest name an object may have (a DNS subdomain).
+const MAX_NAME: usize = 253;
+
+/// Hex digits of the full name's sha256 kept in a shortened name: enough that two CRDs never
+/// meet.
+const NAME_HASH_DIGITS: usize = 10;
+
+/// How long one request of the trigger may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("failed to list StorageVersionMigrations")]
     List(#[source] kube::Error),
     #[error("failed to create StorageVersionMigration {0}")]
     Create(String, #[source] kube::Error),
+    #[error("no answer within {0:?}")]
+    TimedOut(Duration),
+    #[error("this process may no longer write: its leadership ended")]
+    Fenced,
+}
+
+/// `<plural>.<group>-<storage version>-<generation>`, or, when that is too long for a name, its
+/// beginning, a hash of the whole, and the same ending.
+pub fn migration_name(plural: &str, group: &str, storage: &str, generation: i64) -> String {
+    let prefix = format!("{plural}.{group}");
+    let suffix = format!("-{storage}-{generation}");
+    let full = format!("{prefix}{suffix}");
+    if full.len() <= MAX_NAME {
+        return full;
+    }
+    let digest = Sha256::digest(full.as_bytes());
+    let hash: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    let hash = &hash[..NAME_HASH_DIGITS];
+    let room = MAX_NAME - suffix.len() - hash.len() - 1;
+    // The prefix is ASCII (a CRD's name); a name may not end in '.' or '-' before the hash.
+    let kept = prefix[..room.min(prefix.len())].trim_end_matches(['.', '-']);
+    format!("{kept}-{hash}{suffix}")
 }
 
 /// The migration a CRD needs, if any: its name and what it migrates.
@@ -49,7 +88,7 @@ pub fn needed_migration(crd: &CustomResourceDefinition) -> Option<(String, Group
     let plural = &crd.spec.names.plural;
     let group = &crd.spec.group;
     let generation = crd.metadata.generation.unwrap_or_default();
-    let name = format!("{plural}.{group}-{storage}-{generation}");
+    let name = migration_name(plural, group, storage, generation);
     let target = GroupVersionResource {
         group: group.clone(),
         version: storage.clone(),
@@ -60,12 +99,14 @@ pub fn needed_migration(crd: &CustomResourceDefinition) -> Option<(String, Group
 
 struct Context {
     client: Client,
+    fence: Fence,
 }
 
-/// Runs until `stop` fires.
-pub async fn run(client: Client, stop: CancellationToken) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let migrations: Api<StorageVersionMigration> = Api::all(client.clone());
+/// Runs until `stop` fires; creates nothing once `fence` closes.
+pub async fn run(clients: Clients, fence: Fence, stop: CancellationToken) {
+    let Clients { requests: client, watches } = clients;
+    let crds: Api<CustomResourceDefinition> = Api::all(watches.clone());
+    let migrations: Api<StorageVersionMigration> = Api::all(watches);
     // A finished migration may leave its CRD needing another: look at the CRD again.
     let crd_of = |migration: StorageVersionMigration| {
         let target = &migration.spec.resource;
@@ -75,7 +116,7 @@ pub async fn run(client: Client, stop: CancellationToken) {
     Controller::new(crds, watcher::Config::default())
         .watches(migrations, watcher::Config::default(), crd_of)
         .graceful_shutdown_on(async move { stop.cancelled().await })
-        .run(reconcile, error_policy, Arc::new(Context { client }))
+        .run(reconcile, error_policy, Arc::new(Context { client, fence }))
         .for_each(|result| async move {
             if let Err(error) = result {
                 warn!(error = %crate::error_chain(&error), "CRD trigger failed");
@@ -90,7 +131,8 @@ async fn reconcile(
 ) -> Result<Action, Error> {
     let Some((name, target)) = needed_migration(&crd) else { return Ok(Action::await_change()) };
     let api: Api<StorageVersionMigration> = Api::all(context.client.clone());
-    let existing = api.list(&Default::default()).await.map_err(Error::List)?;
+    let existing =
+        bounded(&context.fence, api.list(&Default::default())).await?.map_err(Error::List)?;
     let busy = existing.items.iter().any(|m| {
         m.spec.resource.group == target.group
             && m.spec.resource.resource == target.resource
@@ -108,7 +150,7 @@ async fn reconcile(
         spec: StorageVersionMigrationSpec { resource: target, continue_token: None },
         status: None,
     };
-    match api.create(&PostParams::default(), &migration).await {
+    match bounded(&context.fence, api.create(&PostParams::default(), &migration)).await? {
         Ok(_) => info!(
             crd = crd.name_any(),
             migration = name,
@@ -120,12 +162,18 @@ async fn reconcile(
     Ok(Action::await_change())
 }
 
+/// Runs `request` inside the leader's term, giving it at most [`REQUEST_TIMEOUT`].
+async fn bounded<T>(fence: &Fence, request: impl Future<Output = T>) -> Result<T, Error> {
+    let limit = fence.deadline(REQUEST_TIMEOUT).ok_or(Error::Fenced)?;
+    tokio::time::timeout(limit, request).await.map_err(|_| Error::TimedOut(limit))
+}
+
 fn error_policy(
     _crd: Arc<CustomResourceDefinition>,
     _error: &Error,
     _context: Arc<Context>,
 ) -> Action {
-    Action::requeue(std::time::Duration::from_secs(5))
+    Action::requeue(Duration::from_secs(5))
 }
 
 #[cfg(test)]
@@ -166,6 +214,26 @@ mod tests {
     #[test]
     fn current_stored_versions_need_nothing() {
         assert_eq!(needed_migration(&crd("v2", &["v2"], None)), None);
+    }
+
+    #[test]
+    fn names_too_long_for_an_object_are_shortened_but_stay_distinct_and_valid() {
+        let group = format!("{}.example.com", "g".repeat(230));
+        let name = migration_name("widgets", &group, "v2", 12);
+        assert_eq!(name.len(), MAX_NAME, "{name}");
+        assert!(name.ends_with("-v2-12") && name.starts_with("widgets.ggg"), "{name}");
+        let other =
+            migration_name("widgets", &format!("{}.example.org", "g".repeat(230)), "v2", 12);
+        assert_ne!(name, other, "the hash tells them apart");
+        assert_eq!(
+            migration_name("widgets", &group, "v2", 12),
+            name,
+            "the same CRD state, the same name"
+        );
+        let valid = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
+        assert!(name.chars().all(valid), "{name}");
+        // Short names are left as they are.
+        assert_eq!(migration_name("widgets", "example.com", "v2", 4), "widgets.example.com-v2-4");
     }
 
     #[test]

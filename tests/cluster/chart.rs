@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use kube::core::DynamicObject;
-use kube_svm::controller::status::Phase;
+use kube_svm::api::Phase;
 
 use crate::controller::{create_migration, phase_is, wait_for};
 use crate::support::chart::{self, apply, objects, render, run_helm};

@@ -10,11 +10,11 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{ListParams, Patch, PostParams};
 use kube::{Api, Client};
+use kube_svm::api::Phase;
 use kube_svm::api::{
     GroupVersionResource, StorageVersionMigration, StorageVersionMigrationSpec,
     WRITE_TO_STATUS_ANNOTATION,
 };
-use kube_svm::controller::status::Phase;
 
 use crate::engine::reject_updates_of_frozen;
 use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds};

@@ -54,7 +54,12 @@ async fn migrate_during<F: Future<Output = ()>>(
 ) -> Progress {
     let resource = Resource::resolve(client, target, false).await.expect("the resource resolves");
     let (report, updates) = watch::channel(Progress::default());
-    let job = Job { resource, write_to_status: false, resume: Progress::default() };
+    let job = Job {
+        resource,
+        write_to_status: false,
+        resume: Progress::default(),
+        fence: kube_svm::fence::Fence::open(),
+    };
     let cancel = CancellationToken::new();
     let (finished, ()) = tokio::join!(engine.run(job, &report, &cancel), during(updates));
     match finished.expect("the migration runs") {
@@ -121,7 +126,12 @@ async fn migrates_through_the_status_subresource() {
     assert!(resource.patchable_status);
     let engine = engine(control_plane.config().await, Settings::default());
     let (report, _) = watch::channel(Progress::default());
-    let job = Job { resource, write_to_status: true, resume: Progress::default() };
+    let job = Job {
+        resource,
+        write_to_status: true,
+        resume: Progress::default(),
+        fence: kube_svm::fence::Fence::open(),
+    };
     let finished = engine.run(job, &report, &CancellationToken::new()).await.expect("runs");
     let Finished::Completed(progress) = finished else { panic!("not cancelled") };
     assert_eq!((progress.rewritten, progress.failed), (100, 0), "{:?}", progress.failures.first());

@@ -104,7 +104,7 @@ async fn probes_and_metrics_follow_a_real_migration() {
     let deadline = Instant::now() + Duration::from_secs(60);
     let done = loop {
         let migration = api.get("observed").await.expect("exists");
-        if kube_svm::controller::status::Phase::of(&migration).is_terminal() {
+        if kube_svm::api::Phase::of(&migration).is_terminal() {
             break migration;
         }
         assert!(Instant::now() < deadline, "the migration never finished\n{}", controller.logs());

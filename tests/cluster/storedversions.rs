@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
+use kube_svm::api::Phase;
 use kube_svm::api::StorageVersionMigration;
-use kube_svm::controller::status::Phase;
-use kube_svm::storedversions::{Encoding, confirm_encoding};
+use kube_svm::encoding::{self, Encoding};
 use kube_svm::trigger::crd::{OPT_OUT_ANNOTATION, TRIGGER_LABEL};
 
 use crate::engine::reject_updates_of_frozen;
@@ -186,19 +186,28 @@ async fn storage_switch_is_migrated_and_pruned_by_the_storage_version_api() {
     ];
     // kube-apiserver publishes StorageVersions for built-in resources only: for the CRD the
     // evidence comes from discovery, and says why.
-    let (_control_plane, client) =
+    let (control_plane, client) =
         storage_switch_ends_with_v1_removable(&flags, "the StorageVersion API has no entry").await;
 
     // For a built-in resource the StorageVersion API answers.
+    let config = control_plane.config().await;
     let confirm = |version: &'static str| {
-        let client = client.clone();
+        let (client, config) = (client.clone(), config.clone());
         async move {
-            confirm_encoding(&client, "apps", "deployments", "Deployment", version, Duration::ZERO)
-                .await
+            let check = encoding::Check {
+                group: "apps".into(),
+                plural: "deployments".into(),
+                kind: "Deployment".into(),
+                storage_version: version.into(),
+                settle: Duration::ZERO,
+                wait: Duration::ZERO,
+            };
+            encoding::confirm(&client, &config, &check).await
         }
     };
+    let by_the_api = Encoding::Confirmed { by: "the StorageVersion API".into() };
     let deadline = Instant::now() + Duration::from_secs(30);
-    while confirm("v1").await != (Encoding::Confirmed { by: "the StorageVersion API" }) {
+    while confirm("v1").await != by_the_api {
         assert!(Instant::now() < deadline, "{:?}", confirm("v1").await);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
