@@ -60,12 +60,6 @@ impl Settings {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("failed to read lease {0}")]
-    Read(String, #[source] kube::Error),
-}
-
 /// A held lease. Dropping it stops renewals without releasing the lease.
 pub struct Leadership {
     fence: Fence,
@@ -135,7 +129,7 @@ pub async fn acquire(
     settings: Settings,
     shutdown: &CancellationToken,
     on_attempt: impl Fn(bool),
-) -> Result<Option<Leadership>, Error> {
+) -> Option<Leadership> {
     let lease: Api<Lease> = Api::namespaced(client, &settings.namespace);
     let mut observed: Option<(String, Instant)> = None;
     info!(
@@ -153,7 +147,7 @@ pub async fn acquire(
         )
         .await;
         let won = match attempt {
-            Ok(won) => won?,
+            Ok(won) => won,
             Err(_) => {
                 warn!(lease = settings.name, "reading or taking the lease timed out");
                 false
@@ -171,17 +165,17 @@ pub async fn acquire(
                 lost.clone(),
                 stop.clone(),
             ));
-            return Ok(Some(Leadership {
+            return Some(Leadership {
                 fence,
                 lost,
                 stop,
                 renewals: Some(renewals),
                 lease,
                 settings,
-            }));
+            });
         }
         tokio::select! {
-            _ = shutdown.cancelled() => return Ok(None),
+            _ = shutdown.cancelled() => return None,
             _ = tokio::time::sleep(settings.retry_period) => {}
         }
     }
@@ -192,20 +186,14 @@ async fn try_acquire(
     lease: &Api<Lease>,
     settings: &Settings,
     observed: &mut Option<(String, Instant)>,
-) -> Result<bool, Error> {
+) -> bool {
+    // Not being able to read the lease (the apiserver restarting, its authorizer not synced
+    // yet, a permission missing) only means this attempt lost; the next one asks again.
     let current = match lease.get_opt(&settings.name).await {
         Ok(current) => current,
-        // Not being able to read the lease only means this attempt lost.
-        Err(kube::Error::Api(status)) if status.code >= 500 || status.code == 429 => {
-            warn!(code = status.code, "failed to read the lease");
-            return Ok(false);
-        }
-        Err(kube::Error::Api(status)) => {
-            return Err(Error::Read(settings.name.clone(), kube::Error::Api(status)));
-        }
         Err(error) => {
-            warn!(%error, "failed to read the lease");
-            return Ok(false);
+            warn!(error = %crate::error_chain(&error), lease = settings.name, "failed to read the lease");
+            return false;
         }
     };
     let now = Timestamp::now();
@@ -221,7 +209,7 @@ async fn try_acquire(
                 ..Default::default()
             }),
         };
-        return Ok(lease.create(&PostParams::default(), &fresh).await.is_ok());
+        return lease.create(&PostParams::default(), &fresh).await.is_ok();
     };
     let version = current.metadata.resource_version.clone().unwrap_or_default();
     let ours = holder(&current) == Some(settings.identity.as_str());
@@ -242,7 +230,7 @@ async fn try_acquire(
     };
     let expired = first_seen.elapsed() >= duration;
     if !(ours || free || expired) {
-        return Ok(false);
+        return false;
     }
     let spec = current.spec.get_or_insert_with(Default::default);
     if !ours {
@@ -253,7 +241,7 @@ async fn try_acquire(
     spec.lease_duration_seconds = Some(seconds(settings.lease_duration));
     spec.renew_time = Some(MicroTime(now));
     // The resourceVersion makes this conditional: of two candidates, one wins.
-    Ok(lease.replace(&settings.name, &PostParams::default(), &current).await.is_ok())
+    lease.replace(&settings.name, &PostParams::default(), &current).await.is_ok()
 }
 
 /// Renews the lease every retry period, extending the term from when each successful renewal

@@ -1,5 +1,7 @@
 //! Logging setup: `tracing` with plain or JSON output, level from `--log-level` or `RUST_LOG`.
 
+use std::io::IsTerminal;
+
 use clap::{Args, ValueEnum};
 use tracing_subscriber::EnvFilter;
 
@@ -29,7 +31,12 @@ pub struct LogArgs {
 pub fn init(args: &LogArgs) -> Result<(), tracing_subscriber::filter::ParseError> {
     let LogArgs { log_format, log_level } = args;
     let filter = EnvFilter::try_new(log_level)?;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colours only for a person at a terminal, never in files, pipes or log collectors.
+    let ansi = std::io::stderr().is_terminal();
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     match log_format {
         LogFormat::Plain => builder.init(),
         LogFormat::Json => builder.json().init(),

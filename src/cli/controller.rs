@@ -82,6 +82,11 @@ pub struct ControllerArgs {
     #[arg(long, env = "KUBE_SVM_REQUEST_TIMEOUT", default_value_t = 30.0)]
     pub request_timeout: f64,
 
+    /// Tries a migration gets when discovery of its resource cannot be read (5 s apart, doubling
+    /// up to a minute), before it fails.
+    #[arg(long, env = "KUBE_SVM_DISCOVERY_ATTEMPTS", default_value_t = controller::DISCOVERY_ATTEMPTS)]
+    pub discovery_attempts: u32,
+
     /// Seconds a migration waits, in all, for an apiserver that is down before it fails.
     #[arg(long, env = "KUBE_SVM_APISERVER_OUTAGE_TIMEOUT", default_value_t = 900.0)]
     pub apiserver_outage_timeout: f64,
@@ -120,6 +125,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         storage_version_wait,
         request_timeout,
         apiserver_outage_timeout,
+        discovery_attempts,
         crd_trigger,
         write_to_status,
     } = args;
@@ -155,6 +161,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         crd_trigger,
         write_to_status,
         request_timeout,
+        discovery_attempts: discovery_attempts.max(1),
     };
 
     let shutdown = CancellationToken::new();
@@ -188,7 +195,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     // A deposed leader stops every write, then stands again as a candidate.
     loop {
         let acquired =
-            leader::acquire(client.clone(), leader_settings.clone(), &shutdown, on_attempt).await?;
+            leader::acquire(client.clone(), leader_settings.clone(), &shutdown, on_attempt).await;
         let Some(leadership) = acquired else {
             info!("stopped before becoming the leader");
             return Ok(());
@@ -217,13 +224,16 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
 }
 
 /// `config` with a deadline on every request: connections that hang, and answers that stop
-/// coming, fail after `timeout` instead of never.
+/// coming, fail after `timeout` instead of never; and no retries behind kube-svm's back.
 fn with_deadlines(mut config: kube::Config, timeout: Duration) -> kube::Config {
     config.connect_timeout = Some(timeout.min(Duration::from_secs(10)));
     config.read_timeout = Some(timeout);
     config.write_timeout = Some(timeout);
     // Count from when a request is sent, not from when its pooled connection last read.
     config.reset_reader_on_write = true;
+    // kube-svm decides itself what to retry, and for how long: the client's own retries would
+    // stretch a request past its deadline and hide an unavailable API behind one slow call.
+    config.default_retry = false;
     config
 }
 

@@ -18,7 +18,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, instrument, warn};
 
-use super::reconcile::DISCOVERY_ATTEMPTS;
 use super::status::{self, Start};
 use super::status_writer::{self, StatusWriter};
 use super::{Context, bounded, crd};
@@ -145,14 +144,14 @@ impl Task<'_> {
             },
         };
         let failures = discovery_failures + 1;
-        if failures < DISCOVERY_ATTEMPTS {
+        let attempts = self.context.settings.discovery_attempts;
+        if failures < attempts {
             warn!(error = failure, failures, "discovery failed; trying again later");
-            let note =
-                format!("{failure} (try {failures} of {DISCOVERY_ATTEMPTS}); trying again later");
+            let note = format!("{failure} (try {failures} of {attempts}); trying again later");
             self.publish(EventType::Warning, events::DISCOVERY_RETRY, note).await;
             return Err(Ended::DiscoveryFailed);
         }
-        let message = format!("{failure} ({DISCOVERY_ATTEMPTS} tries)");
+        let message = format!("{failure} ({attempts} tries)");
         let failed = status::failed(
             self.previous(),
             reasons::DISCOVERY_FAILED,

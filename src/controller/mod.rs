@@ -11,6 +11,8 @@ mod crd;
 mod migration;
 mod reconcile;
 pub mod status;
+
+pub use reconcile::DISCOVERY_ATTEMPTS;
 mod status_writer;
 
 use std::collections::HashMap;
@@ -58,6 +60,8 @@ pub struct Settings {
     pub write_to_status: bool,
     /// Longest time one request (other than a watch) may go unanswered.
     pub request_timeout: Duration,
+    /// Tries a migration gets when discovery cannot be read, before it fails.
+    pub discovery_attempts: u32,
 }
 
 /// The clients the controller talks through.

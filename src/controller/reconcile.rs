@@ -17,10 +17,10 @@ use crate::api::{GroupResource, Phase, StorageVersionMigration};
 /// How soon a migration waiting for its turn is looked at again.
 const WAIT_FOR_TURN: Duration = Duration::from_secs(2);
 
-/// Tries a migration gets when discovery (or its CRD) cannot be read, before it fails: with
-/// [`retry_delay`], about two and a half minutes, long enough for an aggregated API's backend or
-/// an apiserver to come back, short enough that an operator hears of it soon.
-pub(super) const DISCOVERY_ATTEMPTS: u32 = 6;
+/// Tries a migration gets by default when discovery (or its CRD) cannot be read, before it
+/// fails: with [`retry_delay`], about two and a half minutes, long enough for an aggregated
+/// API's backend or an apiserver to come back, short enough that an operator hears of it soon.
+pub const DISCOVERY_ATTEMPTS: u32 = 6;
 
 /// Wait before the try after `failures` failed ones: 5 s, doubling, at most a minute.
 fn retry_delay(failures: u32) -> Duration {

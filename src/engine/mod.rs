@@ -381,6 +381,16 @@ impl Engine {
             Failed::NoAnswer(_) => (true, Failure::Transport),
             Failed::Answer(reply) => (reply.code >= 500, reply.failure()),
         };
+        let denied = matches!(failed, Failed::Answer(reply) if matches!(reply.code, 401 | 403));
+        if denied && self.may_be_starting(run).await {
+            attempts.excused += 1;
+            if let Retry::After(wait) =
+                self.settings.backoff.decide(Failure::Transport, attempts.excused, fastrand::f64())
+            {
+                tokio::time::sleep(wait).await;
+            }
+            return Next::Retry;
+        }
         if outage_like {
             match self.judge_failure(run, sent).await {
                 Verdict::Excuse => return Next::Retry,
@@ -442,4 +452,6 @@ impl Engine {
 struct Attempts {
     throttled: u32,
     other: u32,
+    /// Failures not counted: the apiserver was still starting.
+    excused: u32,
 }

@@ -19,7 +19,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use sha2::{Digest, Sha256};
 
@@ -156,7 +156,9 @@ async fn reconcile(
             migration = name,
             "created a migration for stale storedVersions"
         ),
-        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            debug!(migration = name, "a migration for this CRD state exists already");
+        }
         Err(error) => return Err(Error::Create(name, error)),
     }
     Ok(Action::await_change())

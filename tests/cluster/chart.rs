@@ -13,9 +13,9 @@ use std::time::Duration;
 use kube::core::DynamicObject;
 use kube_svm::api::Phase;
 
-use crate::controller::{create_migration, phase_is, wait_for};
 use crate::support::chart::{self, apply, objects, render, run_helm};
 use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds, unique};
+use crate::support::migrations::{create_migration, phase_is, wait_for};
 use crate::support::process::KubeSvm;
 use crate::support::{ControlPlane, shared};
 
@@ -178,7 +178,7 @@ async fn a_narrowed_resource_list_limits_what_kube_svm_can_migrate() {
     create_migration(&client, "forbidden", "", "secrets").await;
     let timeout = Duration::from_secs(60);
     wait_for(&client, "allowed", timeout, &[&controller], phase_is(Phase::Succeeded)).await;
-    assert_eq!(widgets.assert_all_stored_as(&control_plane.etcd(), "v2").await, 50);
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 50).await;
     let failed =
         wait_for(&client, "forbidden", timeout, &[&controller], phase_is(Phase::Failed)).await;
     let message = failed.status.and_then(|s| s.conditions[0].message.clone()).unwrap_or_default();

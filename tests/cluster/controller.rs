@@ -7,8 +7,7 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Event;
-use kube::api::{ListParams, Patch, PostParams};
+use kube::api::{Patch, PostParams};
 use kube::{Api, Client};
 use kube_svm::api::Phase;
 use kube_svm::api::{
@@ -18,6 +17,10 @@ use kube_svm::api::{
 
 use crate::engine::reject_updates_of_frozen;
 use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds};
+use crate::support::invariant::Census;
+use crate::support::migrations::{
+    create_migration, event_reasons, phase_is, processed_at_least, progress, wait_for,
+};
 use crate::support::process::KubeSvm;
 use crate::support::{CONTROLLER_NAMESPACE, ControlPlane};
 
@@ -28,67 +31,6 @@ async fn setup(count: usize) -> (ControlPlane, Client, WidgetCrd) {
     install_kube_svm_crds(&client).await;
     let widgets = WidgetCrd::stale(&client, "ctl", count).await;
     (control_plane, client, widgets)
-}
-
-pub(crate) async fn create_migration(client: &Client, name: &str, group: &str, resource: &str) {
-    let spec = StorageVersionMigrationSpec {
-        resource: GroupVersionResource {
-            group: group.into(),
-            version: String::new(),
-            resource: resource.into(),
-        },
-        continue_token: None,
-    };
-    let api: Api<StorageVersionMigration> = Api::all(client.clone());
-    api.create(&PostParams::default(), &StorageVersionMigration::new(name, spec))
-        .await
-        .expect("created");
-}
-
-/// Polls the migration until `done` holds, failing after `timeout` with the controller's logs.
-pub(crate) async fn wait_for(
-    client: &Client,
-    name: &str,
-    timeout: Duration,
-    controllers: &[&KubeSvm],
-    done: impl Fn(&StorageVersionMigration) -> bool,
-) -> StorageVersionMigration {
-    let api: Api<StorageVersionMigration> = Api::all(client.clone());
-    let deadline = Instant::now() + timeout;
-    loop {
-        let migration = api.get(name).await.expect("the migration exists");
-        if done(&migration) {
-            return migration;
-        }
-        if Instant::now() > deadline {
-            let logs: Vec<String> = controllers.iter().map(|c| c.logs()).collect();
-            panic!(
-                "timed out waiting for {name}: {:?}\n{}",
-                migration.status,
-                logs.join("\n----\n")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-pub(crate) fn phase_is(phase: Phase) -> impl Fn(&StorageVersionMigration) -> bool {
-    move |m| Phase::of(m) == phase
-}
-
-fn processed_at_least(n: u64) -> impl Fn(&StorageVersionMigration) -> bool {
-    move |m| m.status.as_ref().and_then(|s| s.progress.as_ref()).is_some_and(|p| p.processed >= n)
-}
-
-fn progress(migration: &StorageVersionMigration) -> kube_svm::api::MigrationProgress {
-    migration.status.as_ref().and_then(|s| s.progress.clone()).expect("progress is reported")
-}
-
-async fn event_reasons(client: &Client, name: &str) -> Vec<String> {
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    let selector = format!("involvedObject.name={name}");
-    let list = events.list(&ListParams::default().fields(&selector)).await.expect("events");
-    list.items.into_iter().filter_map(|e| e.reason).collect()
 }
 
 /// A migration written exactly as for kube-storage-version-migrator succeeds.
@@ -135,7 +77,7 @@ async fn an_upstream_migration_succeeds() {
         status.target.and_then(|t| t.storage_version_hash),
         Some(kube_svm::storage_hash::storage_version_hash(&widgets.group, "v2", "Widget"))
     );
-    assert_eq!(widgets.assert_all_stored_as(&control_plane.etcd(), "v2").await, 300);
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 300).await;
     let reasons = event_reasons(&client, "upstream").await;
     assert!(
         reasons.contains(&"Started".into()) && reasons.contains(&"Succeeded".into()),
@@ -178,7 +120,7 @@ async fn a_killed_controller_resumes_from_its_checkpoint() {
     assert_eq!((counts.processed, counts.failed), (600, 0), "{counts:?}");
     // Objects rewritten after the last checkpoint are found current on the second pass.
     assert!(counts.already_current <= 20, "at most one page redone: {counts:?}");
-    widgets.assert_all_stored_as(&control_plane.etcd(), "v2").await;
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 600).await;
     assert!(event_reasons(&client, "killed").await.contains(&"Resumed".into()));
 }
 
@@ -257,16 +199,19 @@ async fn deleting_a_migration_stops_its_writes() {
         .await
         .expect("deleted");
 
+    // First the controller says it stopped; only then is "nothing more happens" meaningful.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !controller.logs().contains("migration deleted; stopped") {
+        assert!(Instant::now() < deadline, "the task never stopped\n{}", controller.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let etcd = control_plane.etcd();
-    let migrated = || async {
-        let stored = etcd.list(&widgets.etcd_prefix()).await.expect("etcd");
-        stored.iter().filter(|kv| kv.api_version() == widgets.api_version("v2")).count()
-    };
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let after_a_second = migrated().await;
+    let census = || async { Census::of(&etcd, &widgets).await };
+    let stopped = census().await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(migrated().await, after_a_second, "no writes after the deletion");
-    assert!(after_a_second < 600, "stopped before the end: {after_a_second}");
+    assert_eq!(census().await, stopped, "no writes after the task stopped");
+    let migrated = stopped.count(&widgets.api_version("v2"));
+    assert!((100..600).contains(&migrated), "stopped before the end: {stopped:?}");
 }
 
 /// Two controllers: only the leader migrates; when it dies the other takes over and finishes.
@@ -318,7 +263,7 @@ async fn a_standby_takes_over_when_the_leader_dies() {
     .await;
     assert_eq!(holder().await.as_deref(), Some("standby"));
     assert_eq!(progress(&done).processed, 800);
-    widgets.assert_all_stored_as(&control_plane.etcd(), "v2").await;
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 800).await;
 }
 
 /// Different resources run in parallel, the same resource one after another, and a migration
@@ -485,7 +430,7 @@ async fn writes_can_go_through_the_status_subresource() {
         wait_for(&client, "widgets", timeout, &[&controller], phase_is(Phase::Succeeded)).await;
     let counts = progress(&done);
     assert_eq!((counts.rewritten, counts.failed), (50, 0), "the frozen widgets too");
-    assert_eq!(widgets.assert_all_stored_as(&control_plane.etcd(), "v2").await, 50);
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 50).await;
     wait_for(&client, "configmaps", timeout, &[&controller], phase_is(Phase::Succeeded)).await;
     let failed =
         wait_for(&client, "strict-configmaps", timeout, &[&controller], phase_is(Phase::Failed))

@@ -5,6 +5,7 @@
 mod chart;
 mod controller;
 mod engine;
+mod faults;
 mod foundation;
 mod observability;
 mod storedversions;

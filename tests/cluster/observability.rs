@@ -41,12 +41,17 @@ impl Admin {
         }
     }
 
-    /// The value of one series, by its exact name and labels; 0 when absent.
-    async fn value(&self, series: &str) -> f64 {
+    /// The value of one series, by its exact name and labels; `None` when absent.
+    async fn find(&self, series: &str) -> Option<f64> {
         let (_, text) = self.get("/metrics").await;
-        text.lines()
-            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or(0.0)
+        text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// The value of one series, by its exact name and labels; fails when it is absent, so a
+    /// renamed series or label cannot read as zero.
+    async fn value(&self, series: &str) -> f64 {
+        let found = self.find(series).await;
+        found.unwrap_or_else(|| panic!("no series {series} in /metrics"))
     }
 }
 
@@ -96,7 +101,7 @@ async fn probes_and_metrics_follow_a_real_migration() {
     let mut seen_remaining = 0.0;
     while seen_remaining == 0.0 {
         assert!(Instant::now() < deadline, "remaining_objects never rose\n{}", controller.logs());
-        seen_remaining = admin.value(&remaining).await;
+        seen_remaining = admin.find(&remaining).await.unwrap_or(0.0);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(seen_remaining > 0.0 && seen_remaining < 300.0, "{seen_remaining}");

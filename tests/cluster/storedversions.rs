@@ -4,16 +4,17 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ListParams, PostParams};
+use kube::api::PostParams;
 use kube::{Api, Client, ResourceExt};
 use kube_svm::api::Phase;
 use kube_svm::api::StorageVersionMigration;
 use kube_svm::encoding::{self, Encoding};
-use kube_svm::trigger::crd::{OPT_OUT_ANNOTATION, TRIGGER_LABEL};
+use kube_svm::trigger::crd::OPT_OUT_ANNOTATION;
 
 use crate::engine::reject_updates_of_frozen;
 use crate::support::ControlPlane;
 use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds};
+use crate::support::migrations::{triggered, wait_for_triggered};
 use crate::support::process::KubeSvm;
 
 /// A private control plane with kube-svm's CRDs and a widget CRD stored at v1 with `count`
@@ -38,44 +39,6 @@ async fn setup(
     args.extend_from_slice(controller_flags);
     let controller = KubeSvm::start(&control_plane, "controller", &args).await;
     (control_plane, client, widgets, controller)
-}
-
-/// The migrations the trigger created for `widgets`, oldest first.
-async fn triggered(client: &Client, widgets: &WidgetCrd) -> Vec<StorageVersionMigration> {
-    let api: Api<StorageVersionMigration> = Api::all(client.clone());
-    let mut found: Vec<_> = api
-        .list(&ListParams::default().labels(&format!("{TRIGGER_LABEL}=crd")))
-        .await
-        .expect("listed")
-        .items
-        .into_iter()
-        .filter(|m| m.spec.resource.group == widgets.group)
-        .collect();
-    found.sort_by_key(|m| m.metadata.creation_timestamp.as_ref().map(|t| t.0));
-    found
-}
-
-/// Waits until the trigger has created `n` migrations for `widgets`; returns the newest.
-async fn wait_for_triggered(
-    client: &Client,
-    widgets: &WidgetCrd,
-    n: usize,
-    controller: &KubeSvm,
-) -> StorageVersionMigration {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let mut found = triggered(client, widgets).await;
-        if found.len() >= n {
-            return found.swap_remove(n - 1);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the trigger created {} migrations, not {n}\n{}",
-            found.len(),
-            controller.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 async fn wait_terminal(
@@ -155,7 +118,7 @@ async fn storage_switch_ends_with_v1_removable(
     );
     assert_eq!(pruned(&done).0, "True", "{:?}", pruned(&done));
     assert_eq!(stored_versions(&client, &widgets).await, ["v2"]);
-    assert_eq!(widgets.assert_all_stored_as(&control_plane.etcd(), "v2").await, 200);
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 200).await;
 
     // With storedVersions pruned, the apiserver lets v1 go.
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -220,8 +183,9 @@ async fn storage_switch_is_migrated_and_pruned_by_the_storage_version_api() {
     );
 }
 
-/// Storage switched again (v2 to v3) while the migration runs: it must not prune to [v2]; a
-/// follow-up migration ends with [v3].
+/// Storage switched again (v2 to v3) while the migration runs: objects written before the switch
+/// are stored as v2, so it must not say Succeeded, nor prune to [v2]; a follow-up migration ends
+/// with [v3].
 #[tokio::test]
 async fn a_storage_switch_during_a_migration_is_not_pruned_over() {
     let slow = ["--page-size=20", "--kube-api-qps=30", "--kube-api-burst=1"];
@@ -232,8 +196,11 @@ async fn a_storage_switch_during_a_migration_is_not_pruned_over() {
     widgets.set_storage_version(&client, "v3").await;
 
     let first = wait_terminal(&client, &first.name_any(), &controller).await;
+    assert_eq!(Phase::of(&first), Phase::Failed, "{:?}", first.status);
+    let condition = first.status.as_ref().map(|s| s.conditions[0].clone()).expect("status");
+    assert_eq!(condition.reason.as_deref(), Some("StorageVersionChanged"), "{condition:?}");
     let (status, reason, message) = pruned(&first);
-    assert_eq!((status.as_str(), reason.as_str()), ("False", "CRDChanged"), "{message}");
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "MigrationFailed"), "{message}");
     assert!(
         stored_versions(&client, &widgets).await.contains(&"v1".to_owned()),
         "not pruned to [v2]"
@@ -243,7 +210,7 @@ async fn a_storage_switch_during_a_migration_is_not_pruned_over() {
     let second = wait_terminal(&client, &second.name_any(), &controller).await;
     assert_eq!(pruned(&second).0, "True", "{:?}", pruned(&second));
     assert_eq!(stored_versions(&client, &widgets).await, ["v3"]);
-    widgets.assert_all_stored_as(&control_plane.etcd(), "v3").await;
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v3", 300).await;
 }
 
 /// The CRD changes (not its storage version) mid-migration: that migration prunes nothing.
@@ -291,8 +258,18 @@ async fn failed_objects_prevent_pruning() {
     let (status, reason, message) = pruned(&done);
     assert_eq!((status.as_str(), reason.as_str()), ("False", "MigrationFailed"), "{message}");
     assert_eq!(stored_versions(&client, &widgets).await, ["v1", "v2"]);
-    // The failed migration is not retried in a loop.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The failed migration is not retried in a loop: the trigger looks at the CRD again once
+    // the migration has failed, finds its migration there, and creates nothing.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let seen = format!(
+        "a migration for this CRD state exists already migration=\"{}\"",
+        migration.name_any()
+    );
+    while !controller.logs().contains(&seen) {
+        assert!(Instant::now() < deadline, "the trigger never looked again\n{}", controller.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(triggered(&client, &widgets).await.len(), 1);
 }
 

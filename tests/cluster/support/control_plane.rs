@@ -57,13 +57,85 @@ pub async fn shared() -> &'static ControlPlane {
         .await
 }
 
+/// The audit policy of audited control planes: every request that writes, with who sent it.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: None
+    verbs: [get, list, watch]
+  - level: Metadata
+";
+
+/// One entry of kube-apiserver's audit log: a request that wrote, as the apiserver saw it.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditEvent {
+    pub verb: String,
+    #[serde(default)]
+    pub impersonated_user: Option<AuditUser>,
+    pub user: AuditUser,
+    #[serde(default)]
+    pub object_ref: Option<AuditObject>,
+    /// When the apiserver began to handle the request.
+    pub request_received_timestamp: String,
+}
+
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct AuditUser {
+    pub username: String,
+}
+
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct AuditObject {
+    pub resource: String,
+    pub name: String,
+    pub api_group: String,
+    pub subresource: String,
+}
+
+impl AuditEvent {
+    /// Whether the request changes something.
+    pub fn writes(&self) -> bool {
+        matches!(self.verb.as_str(), "create" | "update" | "patch" | "delete" | "deletecollection")
+    }
+
+    /// Who sent it: the impersonated user when there is one.
+    pub fn sender(&self) -> &str {
+        self.impersonated_user.as_ref().map_or(&self.user.username, |u| &u.username)
+    }
+
+    /// When the apiserver received it.
+    pub fn received(&self) -> k8s_openapi::jiff::Timestamp {
+        self.request_received_timestamp.parse().expect("an RFC 3339 timestamp")
+    }
+}
+
 impl ControlPlane {
     /// Starts etcd and kube-apiserver (with `extra_flags` appended) and waits until both serve.
     pub async fn start(extra_flags: &[&str]) -> anyhow::Result<ControlPlane> {
+        Self::start_with(extra_flags, false).await
+    }
+
+    /// [`ControlPlane::start`], with kube-apiserver writing every request that writes to an
+    /// audit log ([`ControlPlane::audit_events`]).
+    pub async fn start_audited(extra_flags: &[&str]) -> anyhow::Result<ControlPlane> {
+        Self::start_with(extra_flags, true).await
+    }
+
+    async fn start_with(extra_flags: &[&str], audited: bool) -> anyhow::Result<ControlPlane> {
         let dir = tempfile::Builder::new().prefix("kube-svm-control-plane-").tempdir()?.keep();
         keep_on_panic(&dir);
         fs::create_dir_all(dir.join("certs"))?;
         spawn_watchdog(&dir)?;
+        let mut extra_flags: Vec<String> = extra_flags.iter().map(ToString::to_string).collect();
+        if audited {
+            fs::write(dir.join("audit-policy.yaml"), AUDIT_POLICY)?;
+            extra_flags
+                .push(format!("--audit-policy-file={}", dir.join("audit-policy.yaml").display()));
+            extra_flags.push(format!("--audit-log-path={}", dir.join("audit.log").display()));
+        }
 
         let (etcd_port, peer_port, apiserver_port) = (free_port()?, free_port()?, free_port()?);
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
@@ -90,7 +162,7 @@ impl ControlPlane {
             controller_kubeconfig: OnceCell::new(),
             apiserver: Mutex::new(None),
             etcd_process: Mutex::new(etcd_process),
-            extra_flags: Mutex::new(extra_flags.iter().map(ToString::to_string).collect()),
+            extra_flags: Mutex::new(extra_flags),
             dir,
             etcd_url,
             apiserver_port,
@@ -175,6 +247,44 @@ impl ControlPlane {
         *self.extra_flags.lock().expect("flags lock") =
             extra_flags.iter().map(ToString::to_string).collect();
         self.start_apiserver().await
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`, `KILL`) to kube-apiserver.
+    pub fn signal_apiserver(&self, signal: &str) {
+        let apiserver = self.apiserver.lock().expect("apiserver lock");
+        let pid = apiserver.as_ref().expect("kube-apiserver runs").id();
+        let status = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status();
+        assert!(status.is_ok_and(|s| s.success()), "kill -{signal} kube-apiserver");
+    }
+
+    /// Kills kube-apiserver (SIGKILL: no graceful shutdown), starts it again with the same
+    /// flags, and waits until it is ready.
+    pub async fn kill_and_restart_apiserver(&self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.apiserver.lock().expect("apiserver lock").take() {
+            child.kill()?;
+            child.wait()?;
+        }
+        self.start_apiserver().await
+    }
+
+    /// What the audit log holds so far (an audited control plane only).
+    pub fn audit_events(&self) -> Vec<AuditEvent> {
+        let log = fs::read_to_string(self.dir.join("audit.log")).expect("an audited control plane");
+        log.lines()
+            .filter(|line| !line.trim().is_empty())
+            .map(|line| serde_json::from_str(line).expect("an audit event"))
+            .collect()
+    }
+
+    /// Records `pid` so the watchdog stops it when the test binary exits.
+    pub fn adopt(&self, pid: u32) {
+        use std::io::Write;
+        let mut pids = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("pids"))
+            .expect("the pid file opens");
+        writeln!(pids, "{pid}").expect("the pid file is written");
     }
 
     async fn start_apiserver(&self) -> anyhow::Result<()> {

@@ -12,6 +12,7 @@ use kube_svm::storage_hash::storage_version_hash;
 use serde_json::json;
 
 use super::Etcd;
+use super::invariant::Census;
 
 /// How long the apiserver may take to act on a CRD change.
 const CRD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -105,6 +106,34 @@ impl WidgetCrd {
             .await
             .expect("the storage version is switched");
         self.wait_storage_version(client, storage).await;
+    }
+
+    /// Marks the CRD so kube-svm's CRD trigger leaves it alone (migrations are created by hand).
+    pub async fn opt_out(&self, client: &Client) {
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        let annotate = json!({ "metadata": { "annotations": {
+            kube_svm::trigger::crd::OPT_OUT_ANNOTATION: "false",
+        }}});
+        crds.patch(&self.name(), &PatchParams::default(), &Patch::Merge(&annotate))
+            .await
+            .expect("the CRD is annotated");
+    }
+
+    /// Stops (or starts again) serving `version`, and waits until discovery says so.
+    pub async fn set_served(&self, client: &Client, version: &str, served: bool) {
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        let mut crd = crds.get(&self.name()).await.expect("the CRD exists");
+        for each in &mut crd.spec.versions {
+            if each.name == version {
+                each.served = served;
+            }
+        }
+        crds.replace(&self.name(), &PostParams::default(), &crd).await.expect("replaced");
+        let deadline = Instant::now() + CRD_TIMEOUT;
+        while client.list_api_group_resources(&self.api_version(version)).await.is_ok() != served {
+            assert!(Instant::now() < deadline, "discovery never showed {version} served={served}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Waits until discovery publishes the storage version hash of `version`.
@@ -251,19 +280,15 @@ impl WidgetCrd {
             .await;
     }
 
-    /// Asserts every stored widget is encoded as `version`, and returns how many there are.
-    pub async fn assert_all_stored_as(&self, etcd: &Etcd, version: &str) -> usize {
-        let stored = etcd.list(&self.etcd_prefix()).await.expect("etcd answers");
+    /// Asserts that etcd holds exactly `count` widgets, every one encoded as `version`.
+    pub async fn assert_all_stored_as(&self, etcd: &Etcd, version: &str, count: usize) {
+        let census = Census::of(etcd, self).await;
         let expected = self.api_version(version);
-        let stale: Vec<_> =
-            stored.iter().filter(|kv| kv.api_version() != expected).map(|kv| &kv.key).collect();
-        assert!(
-            stale.is_empty(),
-            "{} of {} widgets not stored as {expected}: {:?}",
-            stale.len(),
-            stored.len(),
-            stale.iter().take(5).collect::<Vec<_>>()
+        assert_eq!(
+            (census.total(), census.count(&expected)),
+            (count, count),
+            "expected {count} widgets stored as {expected}, found {:?}",
+            census.0
         );
-        stored.len()
     }
 }

@@ -4,6 +4,8 @@ pub mod chart;
 mod control_plane;
 mod etcd;
 pub mod fixtures;
+pub mod invariant;
+pub mod migrations;
 pub mod process;
 
 pub use control_plane::{CONTROLLER_NAMESPACE, ControlPlane, shared};

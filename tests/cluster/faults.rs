@@ -1,0 +1,779 @@
+//! The fault suite: real faults from the real thing, each scenario ending with the safety
+//! invariant checked in etcd ([`invariant::check`]). Scenarios that do not disturb the control
+//! plane share one, with one `kube-svm controller` (CRD trigger on) acting on all of them, as in a
+//! cluster; the others (apiserver restarts, leader faults, the combined run) each start their own.
+//!
+//! `KUBE_SVM_FAULT_SCALE` multiplies the object counts (default 1, what CI runs).
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use kube_svm::api::{Phase, StorageVersionMigration};
+use serde_json::json;
+use tokio::sync::OnceCell;
+
+use crate::engine::reject_updates_of_frozen;
+use crate::support::fixtures::{WidgetCrd, create_namespace, install_kube_svm_crds, unique};
+use crate::support::invariant::{self, Census, Outcome};
+use crate::support::migrations::{
+    self, is_terminal, processed_at_least, progress, state, wait_for, wait_for_triggered,
+};
+use crate::support::process::KubeSvm;
+use crate::support::{CONTROLLER_NAMESPACE, ControlPlane};
+
+/// How long any one migration of a scenario may take.
+const FINISH: Duration = Duration::from_secs(180);
+
+/// Object counts are multiplied by this (`KUBE_SVM_FAULT_SCALE`, default 1).
+fn scale(count: usize) -> usize {
+    let factor = std::env::var("KUBE_SVM_FAULT_SCALE").ok().and_then(|s| s.parse().ok());
+    count * factor.unwrap_or(1usize).max(1)
+}
+
+/// The control plane the undisturbing scenarios share, and the controller acting on it. The
+/// watch cache is off so that etcd compaction expires continue tokens.
+struct FaultPlane {
+    control_plane: ControlPlane,
+    controller: KubeSvm,
+}
+
+static PLANE: OnceCell<FaultPlane> = OnceCell::const_new();
+
+async fn plane() -> &'static FaultPlane {
+    PLANE
+        .get_or_init(|| async {
+            let control_plane =
+                ControlPlane::start(&["--watch-cache=false"]).await.expect("control plane");
+            let client = control_plane.client().await;
+            install_kube_svm_crds(&client).await;
+            let controller = KubeSvm::start(
+                &control_plane,
+                "faults-controller",
+                &[
+                    "controller",
+                    "--leader-elect=false",
+                    "--crd-trigger=true",
+                    "--concurrency=4",
+                    "--page-size=50",
+                    "--kube-api-qps=150",
+                    "--kube-api-burst=10",
+                    "--checkpoint-interval=0",
+                    "--storage-version-settle=1",
+                ],
+            )
+            .await;
+            // Shared statics are never dropped: the watchdog stops the controller at exit.
+            control_plane.adopt(controller.pid());
+            FaultPlane { control_plane, controller }
+        })
+        .await
+}
+
+/// A fresh widget CRD holding `count` widgets stored at v1 (spread over `namespaces` when given,
+/// which makes it namespaced).
+async fn stale_widgets(
+    client: &Client,
+    test: &str,
+    count: usize,
+    namespaces: &[&str],
+) -> WidgetCrd {
+    let widgets = WidgetCrd::new(test, !namespaces.is_empty());
+    widgets.create(client, "v1").await;
+    if namespaces.is_empty() {
+        widgets.seed(client, "v1", &[None], count).await;
+    } else {
+        for namespace in namespaces {
+            create_namespace(client, namespace).await;
+        }
+        let spread: Vec<Option<&str>> = namespaces.iter().map(|n| Some(*n)).collect();
+        widgets.seed(client, "v1", &spread, count / namespaces.len()).await;
+    }
+    widgets
+}
+
+/// Switches `widgets` to storage v2 and returns the name of the migration the trigger creates.
+async fn switch_and_wait_for_migration(
+    client: &Client,
+    widgets: &WidgetCrd,
+    controller: &KubeSvm,
+) -> String {
+    widgets.set_storage_version(client, "v2").await;
+    wait_for_triggered(client, widgets, 1, controller).await.name_any()
+}
+
+/// Waits until the migration ends, then checks the invariant.
+async fn finish(
+    control_plane: &ControlPlane,
+    client: &Client,
+    widgets: &WidgetCrd,
+    name: &str,
+    controllers: &[&KubeSvm],
+) -> (StorageVersionMigration, Outcome) {
+    let done = wait_for(client, name, FINISH, controllers, is_terminal).await;
+    let outcome = invariant::check(client, &control_plane.etcd(), widgets, name).await;
+    (done, outcome)
+}
+
+/// Asserts a migration succeeded, pruned storedVersions to [v2], and left exactly `count`
+/// widgets, all stored as v2.
+fn assert_migrated_and_pruned(
+    widgets: &WidgetCrd,
+    done: &StorageVersionMigration,
+    outcome: &Outcome,
+    count: usize,
+) {
+    assert_eq!(outcome.phase, Phase::Succeeded, "{:?}", done.status);
+    assert!(outcome.pruned, "{:?}", done.status);
+    assert_eq!(outcome.stored_versions, ["v2"]);
+    assert_eq!(outcome.census.total(), count, "{:?}", outcome.census);
+    assert_eq!(outcome.census.count(&widgets.api_version("v2")), count);
+    assert_eq!(progress(done).failed, 0);
+}
+
+// ---- Scenarios on the shared control plane -------------------------------------------------
+
+/// Empty is normal: a CRD switched while it holds no object is migrated and pruned, and a
+/// built-in resource with no object (the apiserver answers `"items": null`) succeeds.
+#[tokio::test]
+async fn an_empty_resource_succeeds_and_an_empty_crd_is_pruned() {
+    let plane = plane().await;
+    let client = plane.control_plane.client().await;
+    let widgets = WidgetCrd::new("empty", false);
+    widgets.create(&client, "v1").await;
+    let name = switch_and_wait_for_migration(&client, &widgets, &plane.controller).await;
+    let (done, outcome) =
+        finish(&plane.control_plane, &client, &widgets, &name, &[&plane.controller]).await;
+    assert_migrated_and_pruned(&widgets, &done, &outcome, 0);
+    assert_eq!(progress(&done).processed, 0);
+
+    let limitranges = unique("limitranges");
+    migrations::create_migration(&client, &limitranges, "", "limitranges").await;
+    let done = wait_for(&client, &limitranges, FINISH, &[&plane.controller], is_terminal).await;
+    assert_eq!(Phase::of(&done), Phase::Succeeded, "{:?}", done.status);
+    assert_eq!((progress(&done).listed, progress(&done).processed), (0, 0));
+}
+
+/// Every object deleted while the migration runs: it succeeds, and prunes.
+#[tokio::test]
+async fn a_crd_emptied_mid_run_succeeds_and_is_pruned() {
+    let plane = plane().await;
+    let client = plane.control_plane.client().await;
+    let count = scale(600);
+    let widgets = stale_widgets(&client, "emptied", count, &[]).await;
+    let name = switch_and_wait_for_migration(&client, &widgets, &plane.controller).await;
+    wait_for(&client, &name, FINISH, &[&plane.controller], processed_at_least(50)).await;
+    widgets
+        .api(&client, "v1", None)
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .expect("every widget is deleted");
+
+    let (done, outcome) =
+        finish(&plane.control_plane, &client, &widgets, &name, &[&plane.controller]).await;
+    assert_migrated_and_pruned(&widgets, &done, &outcome, 0);
+    let counts = progress(&done);
+    assert_eq!(counts.processed, counts.listed);
+    assert!(counts.skipped > 0 && counts.listed < count as u64 + 1, "{counts:?}");
+}
+
+/// Writers update a tenth of the objects, and others are deleted, while the migration runs:
+/// every update is kept, every survivor ends in v2, and storedVersions is pruned.
+#[tokio::test]
+async fn writers_and_deletions_mid_run_lose_nothing() {
+    let plane = plane().await;
+    let client = plane.control_plane.client().await;
+    let count = scale(800);
+    let widgets = stale_widgets(&client, "writers", count, &[]).await;
+    let name = switch_and_wait_for_migration(&client, &widgets, &plane.controller).await;
+    wait_for(&client, &name, FINISH, &[&plane.controller], processed_at_least(50)).await;
+
+    let api = widgets.api(&client, "v2", None);
+    let updated: Vec<String> = (0..count).step_by(10).map(|i| format!("w-{i}")).collect();
+    let deleted: Vec<String> =
+        (0..count).filter(|i| i % 7 == 3 && i % 10 != 0).map(|i| format!("w-{i}")).collect();
+    for round in 1..=3 {
+        for name in &updated {
+            let patch = json!({ "spec": { "round": round } });
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("updated");
+        }
+    }
+    for name in &deleted {
+        api.delete(name, &DeleteParams::default()).await.expect("deleted");
+    }
+
+    let (done, outcome) =
+        finish(&plane.control_plane, &client, &widgets, &name, &[&plane.controller]).await;
+    assert_migrated_and_pruned(&widgets, &done, &outcome, count - deleted.len());
+    for name in &updated {
+        let object = api.get(name).await.expect("exists");
+        assert_eq!(object.data["spec"]["round"], json!(3), "{name} kept its last update");
+    }
+}
+
+/// etcd compacted three times mid-run (continue tokens expire, HTTP 410): the migration goes on
+/// from the apiserver's inconsistent token, succeeds, and prunes.
+#[tokio::test]
+async fn compaction_mid_run_is_survived() {
+    let plane = plane().await;
+    let client = plane.control_plane.client().await;
+    let count = scale(800);
+    let widgets = stale_widgets(&client, "compaction", count, &[]).await;
+    let name = switch_and_wait_for_migration(&client, &widgets, &plane.controller).await;
+    let etcd = plane.control_plane.etcd();
+    for processed in [50, 250, 450] {
+        wait_for(&client, &name, FINISH, &[&plane.controller], processed_at_least(processed)).await;
+        etcd.compact(etcd.revision().await.expect("revision")).await.expect("compacted");
+    }
+    let (done, outcome) =
+        finish(&plane.control_plane, &client, &widgets, &name, &[&plane.controller]).await;
+    assert_migrated_and_pruned(&widgets, &done, &outcome, count);
+    assert!(
+        plane.controller.logs().contains("continue token expired"),
+        "a compaction expired a continue token"
+    );
+}
+
+/// A namespace vanishes mid-run while its objects stay in etcd: the apiserver still accepts
+/// writes to them, so they are rewritten, and the whole resource ends in v2.
+#[tokio::test]
+async fn a_namespace_deleted_mid_run_strands_nothing() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let plane = plane().await;
+    let client = plane.control_plane.client().await;
+    let (kept, vanished) = (unique("kept"), unique("vanished"));
+    let count = scale(600);
+    let widgets = stale_widgets(&client, "namespace", count, &[&kept, &vanished]).await;
+    let name = switch_and_wait_for_migration(&client, &widgets, &plane.controller).await;
+    wait_for(&client, &name, FINISH, &[&plane.controller], processed_at_least(50)).await;
+    // No namespace controller runs here: deleting leaves the namespace terminating with its
+    // contents, and removing its finalizer makes it vanish while the contents stay in etcd.
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces.delete(&vanished, &Default::default()).await.expect("deletion starts");
+    let mut terminating = namespaces.get(&vanished).await.expect("terminating");
+    terminating.spec = Some(Default::default());
+    namespaces
+        .replace_subresource("finalize", &vanished, &PostParams::default(), &terminating)
+        .await
+        .expect("finalized");
+
+    let (done, outcome) =
+        finish(&plane.control_plane, &client, &widgets, &name, &[&plane.controller]).await;
+    assert!(namespaces.get_opt(&vanished).await.expect("reads").is_none(), "the namespace is gone");
+    assert_migrated_and_pruned(&widgets, &done, &outcome, count);
+}
+
+/// Admission rejects a few objects: the migration fails listing every one of them, and
+/// storedVersions is kept. Once the rejection is lifted, a new migration succeeds and prunes.
+#[tokio::test]
+async fn rejected_objects_keep_stored_versions_until_a_new_migration_succeeds() {
+    let plane = plane().await;
+    let client = plane.control_plane.client().await;
+    let count = scale(300);
+    let widgets = stale_widgets(&client, "rejected", count, &[]).await;
+    let api = widgets.api(&client, "v1", None);
+    let frozen: Vec<String> = (0..5).map(|i| format!("w-{}", i * 50 + 7)).collect();
+    let label = json!({ "metadata": { "labels": { "frozen": "true" } } });
+    for name in &frozen {
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&label)).await.expect("labelled");
+    }
+    reject_updates_of_frozen(&client, &widgets.group).await;
+    let name = switch_and_wait_for_migration(&client, &widgets, &plane.controller).await;
+
+    let (done, outcome) =
+        finish(&plane.control_plane, &client, &widgets, &name, &[&plane.controller]).await;
+    assert_eq!(outcome.phase, Phase::Failed);
+    assert_eq!(
+        (outcome.pruned, outcome.pruned_reason.as_deref()),
+        (false, Some("MigrationFailed"))
+    );
+    assert_eq!(outcome.stored_versions, ["v1", "v2"]);
+    assert_eq!(outcome.census.count(&widgets.api_version("v1")), frozen.len());
+    assert_eq!(outcome.census.count(&widgets.api_version("v2")), count - frozen.len());
+    let status = done.status.clone().expect("status");
+    let mut listed: Vec<String> = status.failed_objects.iter().map(|f| f.name.clone()).collect();
+    listed.sort();
+    let mut expected = frozen.clone();
+    expected.sort();
+    assert_eq!(listed, expected, "every rejected object is listed");
+    assert!(status.failed_objects.iter().all(|f| f.code == 422 && f.reason == "Invalid"));
+
+    Api::<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding>::all(
+        client.clone(),
+    )
+    .delete(&format!("freeze-{}", widgets.group), &DeleteParams::default())
+    .await
+    .expect("the rejection is lifted");
+    // The policy stops applying once the apiserver's informers see the binding go.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let touch = json!({ "metadata": { "annotations": { "touched": "yes" } } });
+    while api.patch(&frozen[0], &PatchParams::default(), &Patch::Merge(&touch)).await.is_err() {
+        assert!(Instant::now() < deadline, "the rejection never lifted");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let retry = unique("retry");
+    migrations::create_migration(&client, &retry, &widgets.group, "widgets").await;
+    let (done, outcome) =
+        finish(&plane.control_plane, &client, &widgets, &retry, &[&plane.controller]).await;
+    assert_migrated_and_pruned(&widgets, &done, &outcome, count);
+}
+
+/// The version a migration writes through stops being served mid-run: every write is answered
+/// 404 for the resource, not for an object. That is not "all deleted": the migration fails,
+/// says why, and prunes nothing.
+#[tokio::test]
+async fn a_version_unserved_mid_run_fails_the_migration_and_prunes_nothing() {
+    let plane = plane().await;
+    let client = plane.control_plane.client().await;
+    let count = scale(1000);
+    let widgets = stale_widgets(&client, "unserved", count, &[]).await;
+    widgets.opt_out(&client).await;
+    widgets.set_storage_version(&client, "v2").await;
+    let name = unique("unserved");
+    migrations::create(&client, &name, &widgets.group, "v1", "widgets", None).await;
+    wait_for(&client, &name, FINISH, &[&plane.controller], processed_at_least(50)).await;
+    widgets.set_served(&client, "v1", false).await;
+
+    let (done, outcome) =
+        finish(&plane.control_plane, &client, &widgets, &name, &[&plane.controller]).await;
+    let (phase, reason, message) = state(&done);
+    assert_eq!((phase.as_str(), reason.as_str()), ("Failed", "ResourceNotServed"), "{message}");
+    assert!(message.contains("is no longer served at"), "{message}");
+    assert!(!outcome.pruned);
+    assert_eq!(outcome.pruned_reason.as_deref(), Some("MigrationFailed"));
+    assert_eq!(outcome.stored_versions, ["v1", "v2"]);
+    assert!(outcome.census.count(&widgets.api_version("v1")) > 0, "{:?}", outcome.census);
+    assert!(progress(&done).processed < count as u64, "no object counted as deleted en masse");
+}
+
+/// A migration taken over from kube-storage-version-migrator resumes at its continue token:
+/// it succeeds, but objects before the token were never written by kube-svm, so storedVersions
+/// is kept, and etcd shows why.
+#[tokio::test]
+async fn a_foreign_continue_token_is_resumed_but_never_pruned() {
+    let plane = plane().await;
+    let client = plane.control_plane.client().await;
+    let count = scale(500);
+    let widgets = stale_widgets(&client, "foreign", count, &[]).await;
+    widgets.opt_out(&client).await;
+    widgets.set_storage_version(&client, "v2").await;
+    let first_page = widgets
+        .api(&client, "v1", None)
+        .list_metadata(&ListParams::default().limit(100))
+        .await
+        .expect("listed");
+    let token = first_page.metadata.continue_.clone().expect("more pages");
+    let name = unique("foreign");
+    migrations::create(&client, &name, &widgets.group, "v1", "widgets", Some(token)).await;
+
+    let (done, outcome) =
+        finish(&plane.control_plane, &client, &widgets, &name, &[&plane.controller]).await;
+    assert_eq!(outcome.phase, Phase::Succeeded, "{:?}", done.status);
+    assert_eq!(done.status.as_ref().and_then(|s| s.listed_from_start), Some(false));
+    assert_eq!((outcome.pruned, outcome.pruned_reason.as_deref()), (false, Some("PartialListing")));
+    assert_eq!(outcome.stored_versions, ["v1", "v2"]);
+    assert_eq!(outcome.census.count(&widgets.api_version("v1")), 100, "the first page was skipped");
+    assert_eq!(outcome.census.count(&widgets.api_version("v2")), count - 100);
+}
+
+// ---- Scenarios with a control plane of their own ----------------------------------------
+
+/// An aggregated API whose backend is missing answers discovery with 503: its migrations are
+/// retried a few times without holding a slot, then fail with the reason, while two good
+/// migrations created after them run and succeed.
+#[tokio::test]
+async fn an_unavailable_aggregated_api_fails_its_migrations_without_blocking_others() {
+    use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let good: Vec<WidgetCrd> = vec![
+        WidgetCrd::stale(&client, "good", scale(200)).await,
+        WidgetCrd::stale(&client, "good", scale(200)).await,
+    ];
+    let service: APIService = serde_json::from_value(json!({
+        "metadata": { "name": "v1.missing.svm.example.com" },
+        "spec": {
+            "group": "missing.svm.example.com",
+            "version": "v1",
+            "service": { "namespace": "default", "name": "nothing-here" },
+            "insecureSkipTLSVerify": true,
+            "groupPriorityMinimum": 1000,
+            "versionPriority": 15,
+        },
+    }))
+    .expect("a valid APIService");
+    Api::<APIService>::all(client.clone())
+        .create(&PostParams::default(), &service)
+        .await
+        .expect("the APIService is created");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while client.list_api_group_resources("missing.svm.example.com/v1").await.is_ok() {
+        assert!(Instant::now() < deadline, "the missing backend's discovery keeps answering");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let controller = KubeSvm::start(
+        &control_plane,
+        "controller",
+        &["controller", "--leader-elect=false", "--concurrency=2", "--discovery-attempts=3"],
+    )
+    .await;
+    for bad in ["bad-1", "bad-2"] {
+        migrations::create(&client, bad, "missing.svm.example.com", "v1", "things", None).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    for (i, widgets) in good.iter().enumerate() {
+        migrations::create_migration(&client, &format!("good-{i}"), &widgets.group, "widgets")
+            .await;
+    }
+
+    let mut good_done = Vec::new();
+    for (i, widgets) in good.iter().enumerate() {
+        let name = format!("good-{i}");
+        let done = wait_for(&client, &name, FINISH, &[&controller], is_terminal).await;
+        assert_eq!(Phase::of(&done), Phase::Succeeded, "{:?}", done.status);
+        widgets.assert_all_stored_as(&control_plane.etcd(), "v2", scale(200)).await;
+        good_done.push(done);
+    }
+    for bad in ["bad-1", "bad-2"] {
+        let failed = wait_for(&client, bad, FINISH, &[&controller], is_terminal).await;
+        let (phase, reason, message) = state(&failed);
+        assert_eq!((phase.as_str(), reason.as_str()), ("Failed", "DiscoveryFailed"), "{message}");
+        assert!(message.contains("503") && message.contains("3 tries"), "{message}");
+        let failed_at =
+            failed.status.as_ref().and_then(|s| s.completion_time.clone()).expect("time");
+        for done in &good_done {
+            let finished =
+                done.status.as_ref().and_then(|s| s.completion_time.clone()).expect("time");
+            assert!(finished.0 <= failed_at.0, "the good migrations did not wait for the bad ones");
+        }
+        let reasons = migrations::event_reasons(&client, bad).await;
+        assert!(reasons.contains(&"DiscoveryRetry".to_owned()), "{reasons:?}");
+    }
+}
+
+/// kube-apiserver is killed and restarted three times during a migration: the controller waits
+/// for it each time instead of failing objects, and the migration succeeds and prunes.
+#[tokio::test]
+async fn apiserver_restarts_mid_run_fail_no_object() {
+    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let count = scale(1500);
+    let widgets = stale_widgets(&client, "restarts", count, &[]).await;
+    let controller = KubeSvm::start(
+        &control_plane,
+        "controller",
+        &[
+            "controller",
+            "--leader-elect=false",
+            "--crd-trigger=true",
+            "--page-size=50",
+            "--kube-api-qps=100",
+            "--kube-api-burst=10",
+            "--checkpoint-interval=0",
+        ],
+    )
+    .await;
+    let name = switch_and_wait_for_migration(&client, &widgets, &controller).await;
+    for processed in [100, 500, 900] {
+        wait_for(&client, &name, FINISH, &[&controller], processed_at_least(processed)).await;
+        control_plane.kill_and_restart_apiserver().await.expect("the apiserver restarts");
+    }
+    let (done, outcome) = finish(&control_plane, &client, &widgets, &name, &[&controller]).await;
+    assert_migrated_and_pruned(&widgets, &done, &outcome, count);
+    let pauses = controller.logs().matches("the apiserver is not ready; pausing requests").count();
+    assert!(pauses >= 3, "the controller waited out each restart ({pauses} pauses)");
+}
+
+/// Two controllers; the leader is killed mid-page: the standby takes over, resumes from the
+/// checkpoint and finishes, and storedVersions is pruned.
+#[tokio::test]
+async fn a_killed_leader_is_replaced_by_its_standby() {
+    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let count = scale(800);
+    let widgets = stale_widgets(&client, "failover", count, &[]).await;
+    let args = |identity: &'static str| {
+        vec![
+            "controller",
+            "--leader-elect=true",
+            "--lease-duration=4",
+            identity,
+            "--crd-trigger=true",
+            "--page-size=20",
+            "--kube-api-qps=100",
+            "--checkpoint-interval=0",
+        ]
+    };
+    let mut leader = KubeSvm::start(&control_plane, "leader", &args("--identity=leader")).await;
+    wait_for_holder(&client, "leader").await;
+    let standby = KubeSvm::start(&control_plane, "standby", &args("--identity=standby")).await;
+    let name = switch_and_wait_for_migration(&client, &widgets, &leader).await;
+    wait_for(&client, &name, FINISH, &[&leader], processed_at_least(100)).await;
+    assert!(!standby.logs().contains("became the leader"), "the standby waits");
+
+    leader.signal("KILL");
+    leader.wait(Duration::from_secs(5)).expect("killed");
+    let (done, outcome) = finish(&control_plane, &client, &widgets, &name, &[&standby]).await;
+    assert_eq!(lease_holder(&client).await.as_deref(), Some("standby"));
+    assert_migrated_and_pruned(&widgets, &done, &outcome, count);
+    assert_eq!(progress(&done).processed, count as u64);
+}
+
+/// The leader is frozen (SIGSTOP) for longer than its lease: the standby takes over and
+/// finishes. When the old leader wakes up, its term is long over: it sends no write at all
+/// (the audit log says who wrote what, and when), though its code had been mid-migration.
+#[tokio::test]
+async fn a_paused_leader_writes_nothing_after_its_standby_took_over() {
+    let control_plane = ControlPlane::start_audited(&[]).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let count = scale(800);
+    let widgets = stale_widgets(&client, "paused", count, &[]).await;
+    // Two releases of the chart: two ServiceAccounts, so the audit log tells them apart.
+    let first =
+        control_plane.impersonating_kubeconfig("svm-first", CONTROLLER_NAMESPACE, &[]).await;
+    let second =
+        control_plane.impersonating_kubeconfig("svm-second", CONTROLLER_NAMESPACE, &[]).await;
+    let args = |identity: &'static str| {
+        vec![
+            "controller",
+            "--leader-elect=true",
+            "--lease-duration=4",
+            identity,
+            "--crd-trigger=true",
+            "--page-size=20",
+            "--kube-api-qps=60",
+            "--checkpoint-interval=0",
+        ]
+    };
+    let leader = KubeSvm::start_as(&control_plane, "first", &args("--identity=first"), &first);
+    wait_for_holder(&client, "first").await;
+    let standby = KubeSvm::start_as(&control_plane, "second", &args("--identity=second"), &second);
+    let name = switch_and_wait_for_migration(&client, &widgets, &leader).await;
+    wait_for(&client, &name, FINISH, &[&leader], processed_at_least(100)).await;
+
+    leader.signal("STOP");
+    wait_for_holder(&client, "second").await;
+    let (done, outcome) = finish(&control_plane, &client, &widgets, &name, &[&standby]).await;
+    assert_migrated_and_pruned(&widgets, &done, &outcome, count);
+    let acquired = lease(&client).await.spec.and_then(|s| s.acquire_time).expect("acquired").0;
+
+    leader.signal("CONT");
+    // A positive signal that the old leader is running again: it notices it lost the lease.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !leader.logs().contains("no longer the leader") {
+        assert!(Instant::now() < deadline, "the old leader never woke up\n{}", leader.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after =
+        Api::<StorageVersionMigration>::all(client.clone()).get(&name).await.expect("exists");
+    assert_eq!(
+        after.resource_version(),
+        done.resource_version(),
+        "the finished migration is untouched"
+    );
+
+    let first_user = "system:serviceaccount:kube-svm:svm-first-kube-svm";
+    let events = control_plane.audit_events();
+    assert!(
+        events.iter().any(|e| e.sender() == first_user && e.received() < acquired),
+        "the old leader's writes are in the audit log"
+    );
+    let late: Vec<_> = events
+        .iter()
+        .filter(|e| e.sender() == first_user && e.writes() && e.received() > acquired)
+        .filter(|e| e.object_ref.as_ref().is_none_or(|o| o.resource != "leases"))
+        .collect();
+    assert!(late.is_empty(), "the old leader wrote after the takeover: {late:#?}");
+}
+
+/// kube-apiserver freezes (SIGSTOP) for longer than the lease: the leader's renewal hangs, and
+/// it gives up leading, closing its fence, within its renew deadline, while the apiserver is
+/// still frozen, so before anyone else could take the lease. Once the apiserver is back, one
+/// leader finishes the migration and storedVersions is pruned.
+#[tokio::test]
+async fn a_leader_whose_apiserver_hangs_stops_before_the_lease_can_pass() {
+    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let count = scale(800);
+    let widgets = stale_widgets(&client, "hung", count, &[]).await;
+    let args = |identity: &'static str| {
+        vec![
+            "controller",
+            "--leader-elect=true",
+            "--lease-duration=6",
+            identity,
+            "--crd-trigger=true",
+            "--page-size=20",
+            "--kube-api-qps=60",
+            "--checkpoint-interval=0",
+        ]
+    };
+    let leader = KubeSvm::start(&control_plane, "leader", &args("--identity=leader")).await;
+    wait_for_holder(&client, "leader").await;
+    let standby = KubeSvm::start(&control_plane, "standby", &args("--identity=standby")).await;
+    let name = switch_and_wait_for_migration(&client, &widgets, &leader).await;
+    wait_for(&client, &name, FINISH, &[&leader], processed_at_least(100)).await;
+
+    let frozen = Timestamp::now();
+    control_plane.signal_apiserver("STOP");
+    // Longer than the lease (6 s): by then the leader must have given up on its own.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let gave_up = leader.logs().contains("could not renew the lease in time: no longer the leader");
+    control_plane.signal_apiserver("CONT");
+    let thawed = Timestamp::now();
+    assert!(gave_up, "the leader kept leading with a frozen apiserver\n{}", leader.logs());
+    let line = leader
+        .logs()
+        .lines()
+        .find(|l| l.contains("could not renew the lease in time"))
+        .map(str::to_owned)
+        .expect("logged");
+    let at: Timestamp =
+        line.split_whitespace().next().expect("a timestamp").parse().expect("RFC 3339");
+    assert!(at > frozen && at < thawed, "gave up while the apiserver was frozen: {line}");
+
+    let (done, outcome) =
+        finish(&control_plane, &client, &widgets, &name, &[&leader, &standby]).await;
+    assert_migrated_and_pruned(&widgets, &done, &outcome, count);
+}
+
+/// Everything at once: two controllers with leader election and the CRD trigger, three CRDs
+/// (one namespaced, one with objects admission rejects), writers, deletions, compaction, an
+/// apiserver killed and restarted, and the leader killed.
+#[tokio::test]
+async fn the_combined_run_keeps_the_invariant() {
+    let control_plane = ControlPlane::start(&["--watch-cache=false"]).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let count = scale(1200);
+    let written = stale_widgets(&client, "combined-written", count, &[]).await;
+    let namespaces = [unique("combined"), unique("combined"), unique("combined")];
+    let namespace_refs: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+    let deleted = stale_widgets(&client, "combined-deleted", count, &namespace_refs).await;
+    let rejected = stale_widgets(&client, "combined-rejected", scale(300), &[]).await;
+    let label = json!({ "metadata": { "labels": { "frozen": "true" } } });
+    for i in [11, 111, 211] {
+        rejected
+            .api(&client, "v1", None)
+            .patch(&format!("w-{i}"), &PatchParams::default(), &Patch::Merge(&label))
+            .await
+            .expect("labelled");
+    }
+    reject_updates_of_frozen(&client, &rejected.group).await;
+    let args = |identity: &'static str| {
+        vec![
+            "controller",
+            "--leader-elect=true",
+            "--lease-duration=4",
+            identity,
+            "--crd-trigger=true",
+            "--concurrency=3",
+            "--page-size=50",
+            "--kube-api-qps=150",
+            "--checkpoint-interval=0",
+        ]
+    };
+    let mut first = KubeSvm::start(&control_plane, "first", &args("--identity=first")).await;
+    wait_for_holder(&client, "first").await;
+    let second = KubeSvm::start(&control_plane, "second", &args("--identity=second")).await;
+    let controllers = [&first, &second];
+    let mut names = Vec::new();
+    for widgets in [&written, &deleted, &rejected] {
+        names.push(switch_and_wait_for_migration(&client, widgets, &first).await);
+    }
+    let etcd = control_plane.etcd();
+    wait_for(&client, &names[0], FINISH, &controllers, processed_at_least(100)).await;
+
+    // Writers and deletions, while etcd is compacted, the apiserver restarted and the leader
+    // killed.
+    let api = written.api(&client, "v2", None);
+    let updated: Vec<String> = (0..count).step_by(10).map(|i| format!("w-{i}")).collect();
+    let writers = async {
+        for round in 1..=2 {
+            for name in &updated {
+                let patch = json!({ "spec": { "round": round } });
+                // The apiserver restarts meanwhile: a writer retries like any client.
+                while api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.is_err()
+                {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    };
+    let mut removed = 0;
+    let deletions = async {
+        let per_namespace = count / namespaces.len();
+        for namespace in &namespaces {
+            let api = deleted.api(&client, "v2", Some(namespace));
+            for i in (0..per_namespace).filter(|i| i % 9 == 4) {
+                loop {
+                    match api.delete(&format!("w-{i}"), &DeleteParams::default()).await {
+                        Ok(_) => break,
+                        Err(kube::Error::Api(status)) if status.code == 404 => break,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                    }
+                }
+                removed += 1;
+            }
+        }
+    };
+    let disruptions = async {
+        etcd.compact(etcd.revision().await.expect("revision")).await.expect("compacted");
+        control_plane.kill_and_restart_apiserver().await.expect("the apiserver restarts");
+        etcd.compact(etcd.revision().await.expect("revision")).await.expect("compacted");
+        first.signal("KILL");
+        first.wait(Duration::from_secs(5)).expect("killed");
+    };
+    tokio::join!(writers, deletions, disruptions);
+
+    let mut outcomes = Vec::new();
+    for (widgets, name) in [&written, &deleted, &rejected].into_iter().zip(&names) {
+        outcomes.push(finish(&control_plane, &client, widgets, name, &[&second]).await);
+    }
+    assert_migrated_and_pruned(&written, &outcomes[0].0, &outcomes[0].1, count);
+    assert_migrated_and_pruned(&deleted, &outcomes[1].0, &outcomes[1].1, count - removed);
+    let (rejected_done, rejected_outcome) = &outcomes[2];
+    assert_eq!(rejected_outcome.phase, Phase::Failed, "{:?}", rejected_done.status);
+    assert_eq!(rejected_outcome.stored_versions, ["v1", "v2"]);
+    assert_eq!(rejected_outcome.census.count(&rejected.api_version("v1")), 3);
+    assert_eq!(progress(rejected_done).failed, 3);
+    for name in &updated {
+        let object = api.get(name).await.expect("exists");
+        assert_eq!(object.data["spec"]["round"], json!(2), "{name} kept its last update");
+    }
+    assert_eq!(Census::of(&etcd, &written).await.total(), count);
+}
+
+async fn lease(client: &Client) -> Lease {
+    Api::<Lease>::namespaced(client.clone(), CONTROLLER_NAMESPACE)
+        .get("kube-svm")
+        .await
+        .expect("the lease exists")
+}
+
+async fn lease_holder(client: &Client) -> Option<String> {
+    Api::<Lease>::namespaced(client.clone(), CONTROLLER_NAMESPACE)
+        .get_opt("kube-svm")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+}
+
+/// Waits until `identity` holds the controllers' lease.
+async fn wait_for_holder(client: &Client, identity: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while lease_holder(client).await.as_deref() != Some(identity) {
+        assert!(Instant::now() < deadline, "{identity} never led");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
