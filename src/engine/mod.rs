@@ -10,6 +10,7 @@
 //! - `writer`: the minimal conditional write and its outcome;
 //! - [`retry`], [`rate_limit`]: backoff decisions and the client-side rate limit.
 
+mod denial;
 mod outage;
 mod pager;
 pub mod rate_limit;
@@ -32,6 +33,7 @@ use tracing::{info, instrument, warn};
 
 use crate::fence::Fence;
 use crate::metrics::{self, Metrics, results};
+use denial::Access;
 use outage::{Availability, Verdict};
 pub use request::NoReply;
 use request::Reply;
@@ -183,6 +185,7 @@ struct RunState {
     window: Window,
     fence: Fence,
     availability: Availability,
+    reviews: denial::Reviews,
 }
 
 impl RunState {
@@ -194,6 +197,7 @@ impl RunState {
             window: Window::new(writes_in_flight),
             fence,
             availability: Availability::default(),
+            reviews: denial::Reviews::default(),
         }
     }
 
@@ -372,6 +376,7 @@ impl Engine {
     async fn after_failure(
         &self,
         run: &RunState,
+        request: &Access<'_>,
         sent: Instant,
         failed: &Failed,
         attempts: &mut Attempts,
@@ -381,15 +386,10 @@ impl Engine {
             Failed::NoAnswer(_) => (true, Failure::Transport),
             Failed::Answer(reply) => (reply.code >= 500, reply.failure()),
         };
-        let denied = matches!(failed, Failed::Answer(reply) if matches!(reply.code, 401 | 403));
-        if denied && self.may_be_starting(run).await {
-            attempts.excused += 1;
-            if let Retry::After(wait) =
-                self.settings.backoff.decide(Failure::Transport, attempts.excused, fastrand::f64())
-            {
-                tokio::time::sleep(wait).await;
-            }
-            return Next::Retry;
+        if let Failed::Answer(reply) = failed
+            && reply.code == 403
+        {
+            return self.after_denial(run, request, attempts, other_limit).await;
         }
         if outage_like {
             match self.judge_failure(run, sent).await {

@@ -5,9 +5,7 @@
 //! object's attempts. If it does not, the apiserver is down or restarting: every request would
 //! fail the same way, so the run waits for it instead, probing with backoff, and no object is
 //! charged an attempt. One request probes at a time; the others wait for its verdict. The wait is
-//! bounded by the run's outage budget, after which the run fails with that reason. Right after
-//! an outage, a denial (401, 403) is not charged either, for a short grace period: the apiserver
-//! says it is ready before its authorizer is.
+//! bounded by the run's outage budget, after which the run fails with that reason.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -26,11 +24,6 @@ const FIRST_PROBE_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Longest wait between probes: a restarted apiserver is noticed within this.
 const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(5);
-
-/// How long after an outage a 401 or 403 is taken for the apiserver still starting: a restarted
-/// kube-apiserver answers `/readyz` before its authorizer has caught up, and denies requests it
-/// will allow a second later (seen on the test control plane at every restart).
-const AUTHORIZER_GRACE: Duration = Duration::from_secs(30);
 
 /// What a run knows of the apiserver's availability.
 #[derive(Default)]
@@ -93,13 +86,6 @@ impl Engine {
                 return Verdict::Excuse;
             }
         }
-    }
-
-    /// Whether a 401 or 403 answer may only mean the apiserver is still starting: it came back
-    /// from an outage moments ago.
-    pub(super) async fn may_be_starting(&self, run: &RunState) -> bool {
-        let state = run.availability.state.lock().await;
-        state.recovered_at.is_some_and(|recovered| recovered.elapsed() < AUTHORIZER_GRACE)
     }
 
     /// Whether the apiserver answers `/readyz` with 200 in time.

@@ -7,6 +7,7 @@ use serde::{Deserialize, Deserializer};
 use tokio::time::Instant;
 use tracing::warn;
 
+use super::denial::Access;
 use super::request::{NoReply, Reply};
 use super::{Attempts, Engine, Error, Failed, Next, Resource, RunState};
 
@@ -112,10 +113,9 @@ impl Engine {
                 Err(NoReply::Fenced) => return Err(Error::Fenced),
                 Err(error) => Failed::NoAnswer(error),
             };
-            match self
-                .after_failure(run, sent, &failed, &mut attempts, self.settings.list_attempts)
-                .await
-            {
+            let access = Access { resource, verb: "list", namespace: "", subresource: None };
+            let limit = self.settings.list_attempts;
+            match self.after_failure(run, &access, sent, &failed, &mut attempts, limit).await {
                 Next::Retry => {}
                 Next::Unavailable { waited } => {
                     return Err(Error::ApiserverUnavailable {

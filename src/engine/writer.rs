@@ -8,6 +8,7 @@ use serde_json::json;
 use tokio::time::Instant;
 use tracing::debug;
 
+use super::denial::Access;
 use super::pager::Listed;
 use super::request::{ApiStatus, NoReply, Reply};
 use super::window::Signal;
@@ -129,10 +130,14 @@ impl Engine {
                     Failed::NoAnswer(error)
                 }
             };
-            match self
-                .after_failure(run, sent, &failed, &mut attempts, self.settings.write_attempts)
-                .await
-            {
+            let access = Access {
+                resource,
+                verb: "patch",
+                namespace: &object.namespace,
+                subresource: to_status.then_some("status"),
+            };
+            let limit = self.settings.write_attempts;
+            match self.after_failure(run, &access, sent, &failed, &mut attempts, limit).await {
                 Next::Retry => {}
                 Next::Unavailable { waited } => return Err(Halt::Unavailable(waited)),
                 Next::GiveUp => {
