@@ -48,8 +48,9 @@ const MIN_SAMPLE_INTERVAL: Duration = Duration::from_millis(200);
 /// Most time between two discovery samples: a settle period sees a few samples at least.
 const MAX_SAMPLE_INTERVAL: Duration = Duration::from_secs(2);
 
-/// Least samples that must agree, whatever the settle period (at least two connections).
-const MIN_AGREEING_SAMPLES: u32 = 2;
+/// Least discovery samples that must agree, whatever the settle period (at least two
+/// connections).
+pub const MIN_AGREEING_SAMPLES: u32 = 2;
 
 impl Check {
     fn api_version(&self) -> String {
@@ -68,62 +69,134 @@ impl Check {
     }
 }
 
-/// Confirms that the apiservers encode `check.storage_version`. `config` makes a fresh client
-/// (and so a fresh connection) for every discovery sample.
+/// Confirms that the apiservers encode `check.storage_version`, asking until they do or
+/// `check.wait` has passed. `config` makes a fresh client (and so a fresh connection) for every
+/// discovery sample.
 pub async fn confirm(client: &Client, config: &kube::Config, check: &Check) -> Encoding {
-    let by = match from_storage_version_api(client, check).await {
-        StorageVersionApi::Answered(encoding) => return encoding,
-        StorageVersionApi::NotServed => "discovery",
-        // kube-apiserver 1.37 publishes StorageVersions for built-in resources only.
-        StorageVersionApi::NoEntry => {
-            "discovery (the StorageVersion API has no entry for this resource)"
-        }
-    };
-    from_discovery(config, check, by).await
-}
-
-/// Samples discovery until the expected hash has been published, by every connection asked,
-/// for the settle period; gives up after `check.wait`.
-async fn from_discovery(config: &kube::Config, check: &Check, by: &str) -> Encoding {
-    let expected = check.expected_hash();
-    let api_version = check.api_version();
-    let started = Instant::now();
-    let mut agreeing: Option<(Instant, u32)> = None;
-    let mut last_seen = String::from("nothing yet");
+    let mut settle = Settle::new(check, Instant::now());
     loop {
-        match published_hash(config, check).await {
-            Ok(Some(published)) if published == expected => {
-                let (since, samples) = agreeing.get_or_insert((Instant::now(), 0));
-                *samples += 1;
-                if since.elapsed() >= check.settle && *samples >= MIN_AGREEING_SAMPLES {
-                    return Encoding::Confirmed {
-                        by: format!(
-                            "{by}: {samples} samples over {:.1} s published {expected}",
-                            since.elapsed().as_secs_f64()
-                        ),
-                    };
-                }
+        let sample = match from_storage_version_api(client, check).await {
+            StorageVersionApi::Answered(sample) => sample,
+            StorageVersionApi::NotServed => Sample::Discovery(published_hash(config, check).await),
+            // kube-apiserver 1.37 publishes StorageVersions for built-in resources only.
+            StorageVersionApi::NoEntry => {
+                Sample::DiscoveryNoEntry(published_hash(config, check).await)
             }
-            Ok(published) => {
-                agreeing = None;
-                last_seen = format!("hash {}", published.as_deref().unwrap_or("none"));
-            }
-            Err(error) => {
-                agreeing = None;
-                last_seen = format!("an error: {error}");
-            }
-        }
-        if started.elapsed() >= check.wait {
-            return Encoding::Unconfirmed(format!(
-                "discovery did not publish storage version hash {expected} ({api_version}) for {} {:.0} s in a row within {:.0} s; last seen: {last_seen}. \
-                 If the apiserver's hash formula changed, or discovery never settles, check etcd and vouch for the encoding with the annotation {}: \"true\" on a new migration",
-                display(check),
-                check.settle.as_secs_f64(),
-                check.wait.as_secs_f64(),
-                crate::api::ENCODING_CONFIRMED_ANNOTATION,
-            ));
+        };
+        if let Some(verdict) = settle.observe(sample, Instant::now()) {
+            return verdict;
         }
         tokio::time::sleep(check.sample_interval()).await;
+    }
+}
+
+/// One answer to "which version do the apiservers encode in?".
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Sample {
+    /// The StorageVersion API's common encoding version (`None` unless all apiservers agree).
+    StorageVersionApi(Option<String>),
+    /// The StorageVersion API could not be read.
+    StorageVersionApiError(String),
+    /// The discovery hash (the StorageVersion API is not served), or why it could not be read.
+    Discovery(Result<Option<String>, String>),
+    /// The discovery hash, the StorageVersion API having no entry for the resource.
+    DiscoveryNoEntry(Result<Option<String>, String>),
+}
+
+/// Samples in, a verdict out once there is one: the StorageVersion API is trusted at its
+/// word; discovery must publish the expected hash for the settle period, with at least
+/// [`MIN_AGREEING_SAMPLES`] samples and no disagreement in between (one resets the period).
+/// Gives up once `wait` has passed since the first sample. Pure: the caller samples and sleeps.
+#[derive(Debug)]
+pub struct Settle {
+    expected_hash: String,
+    expected_version: String,
+    settle: Duration,
+    deadline: Instant,
+    /// Since when, and in how many samples, discovery has agreed.
+    agreeing: Option<(Instant, u32)>,
+    /// What was seen last, for the message when giving up.
+    last_seen: String,
+    check: Check,
+}
+
+impl Settle {
+    pub fn new(check: &Check, now: Instant) -> Settle {
+        Settle {
+            expected_hash: check.expected_hash(),
+            expected_version: check.api_version(),
+            settle: check.settle,
+            deadline: now + check.wait,
+            agreeing: None,
+            last_seen: "nothing yet".to_owned(),
+            check: check.clone(),
+        }
+    }
+
+    /// Takes one sample taken at `now`; returns the verdict once there is one.
+    pub fn observe(&mut self, sample: Sample, now: Instant) -> Option<Encoding> {
+        let (published, by) = match sample {
+            Sample::StorageVersionApi(Some(common)) if common == self.expected_version => {
+                return Some(Encoding::Confirmed { by: "the StorageVersion API".to_owned() });
+            }
+            Sample::StorageVersionApi(common) => {
+                self.last_seen = format!(
+                    "the StorageVersion API reports common encoding version {}",
+                    common.as_deref().unwrap_or("none (the apiservers disagree)")
+                );
+                return self.unless_too_late(now);
+            }
+            Sample::StorageVersionApiError(error) => {
+                self.last_seen = format!("the StorageVersion API could not be read: {error}");
+                return self.unless_too_late(now);
+            }
+            Sample::Discovery(published) => (published, "discovery"),
+            Sample::DiscoveryNoEntry(published) => {
+                (published, "discovery (the StorageVersion API has no entry for this resource)")
+            }
+        };
+        match published {
+            Ok(Some(hash)) if hash == self.expected_hash => {
+                let (since, samples) = self.agreeing.get_or_insert((now, 0));
+                *samples += 1;
+                let held = now.saturating_duration_since(*since);
+                if held >= self.settle && *samples >= MIN_AGREEING_SAMPLES {
+                    let by = format!(
+                        "{by}: {samples} samples over {:.1} s published {}",
+                        held.as_secs_f64(),
+                        self.expected_hash
+                    );
+                    return Some(Encoding::Confirmed { by });
+                }
+                None
+            }
+            Ok(other) => {
+                self.agreeing = None;
+                self.last_seen = format!("hash {}", other.as_deref().unwrap_or("none"));
+                self.unless_too_late(now)
+            }
+            Err(error) => {
+                self.agreeing = None;
+                self.last_seen = format!("an error: {error}");
+                self.unless_too_late(now)
+            }
+        }
+    }
+
+    fn unless_too_late(&self, now: Instant) -> Option<Encoding> {
+        (now >= self.deadline).then(|| {
+            Encoding::Unconfirmed(format!(
+                "the apiservers were not seen encoding {} of {} ({}) for {:.0} s in a row within {:.0} s; last seen: {}. \
+                 If the apiserver's hash formula changed, or discovery never settles, check etcd and vouch for the encoding with the annotation {}: \"true\" on a new migration",
+                self.expected_version,
+                display(&self.check),
+                self.expected_hash,
+                self.settle.as_secs_f64(),
+                self.check.wait.as_secs_f64(),
+                self.last_seen,
+                crate::api::ENCODING_CONFIRMED_ANNOTATION,
+            ))
+        })
     }
 }
 
@@ -154,7 +227,7 @@ fn display(check: &Check) -> String {
 enum StorageVersionApi {
     NotServed,
     NoEntry,
-    Answered(Encoding),
+    Answered(Sample),
 }
 
 async fn from_storage_version_api(client: &Client, check: &Check) -> StorageVersionApi {
@@ -168,28 +241,19 @@ async fn from_storage_version_api(client: &Client, check: &Check) -> StorageVers
         Ok(Some(found)) => found,
         Ok(None) => return StorageVersionApi::NoEntry,
         Err(error) => {
-            return StorageVersionApi::Answered(Encoding::Unconfirmed(format!(
-                "the StorageVersion API could not be read: {}",
-                crate::error_chain(&error)
-            )));
+            return StorageVersionApi::Answered(Sample::StorageVersionApiError(
+                crate::error_chain(&error),
+            ));
         }
     };
-    let expected = check.api_version();
     let status = found.status.unwrap_or_default();
-    let common = status.common_encoding_version.clone();
     let all_equal = status
         .conditions
         .unwrap_or_default()
         .iter()
         .any(|c| c.type_ == "AllEncodingVersionsEqual" && c.status == "True");
-    StorageVersionApi::Answered(if all_equal && common.as_deref() == Some(expected.as_str()) {
-        Encoding::Confirmed { by: "the StorageVersion API".to_owned() }
-    } else {
-        Encoding::Unconfirmed(format!(
-            "the StorageVersion API reports common encoding version {} (all equal: {all_equal}), not {expected}",
-            common.as_deref().unwrap_or("none")
-        ))
-    })
+    let common = status.common_encoding_version.filter(|_| all_equal);
+    StorageVersionApi::Answered(Sample::StorageVersionApi(common))
 }
 
 #[cfg(test)]
@@ -215,6 +279,76 @@ mod tests {
             check("example.com", Duration::ZERO).expected_hash(),
             storage_version_hash("example.com", "v2", "Widget")
         );
+    }
+
+    fn hash(version: &str) -> Result<Option<String>, String> {
+        Ok(Some(storage_version_hash("example.com", version, "Widget")))
+    }
+
+    fn at(start: Instant, seconds: u64) -> Instant {
+        start + Duration::from_secs(seconds)
+    }
+
+    #[test]
+    fn a_hash_that_has_not_appeared_yet_is_waited_for_then_must_hold() {
+        let start = Instant::now();
+        let mut settle = Settle::new(&check("example.com", Duration::from_secs(10)), start);
+        // Right after the switch, discovery lags: the old hash, then none. Not a verdict yet.
+        assert_eq!(settle.observe(Sample::Discovery(hash("v1")), at(start, 0)), None);
+        assert_eq!(settle.observe(Sample::Discovery(Ok(None)), at(start, 1)), None);
+        assert_eq!(settle.observe(Sample::Discovery(hash("v2")), at(start, 2)), None);
+        assert_eq!(settle.observe(Sample::Discovery(hash("v2")), at(start, 8)), None);
+        let Some(Encoding::Confirmed { by }) =
+            settle.observe(Sample::Discovery(hash("v2")), at(start, 12))
+        else {
+            panic!("held for the settle period")
+        };
+        assert!(by.starts_with("discovery: 3 samples over 10.0 s"), "{by}");
+    }
+
+    #[test]
+    fn one_disagreement_starts_the_settle_period_over() {
+        let start = Instant::now();
+        let mut settle = Settle::new(&check("example.com", Duration::from_secs(10)), start);
+        settle.observe(Sample::Discovery(hash("v2")), at(start, 0));
+        // Another apiserver behind the load balancer still encodes v1.
+        assert_eq!(settle.observe(Sample::Discovery(hash("v1")), at(start, 5)), None);
+        assert_eq!(settle.observe(Sample::Discovery(hash("v2")), at(start, 11)), None);
+        assert_eq!(settle.observe(Sample::Discovery(hash("v2")), at(start, 20)), None);
+        assert!(matches!(
+            settle.observe(Sample::Discovery(hash("v2")), at(start, 21)),
+            Some(Encoding::Confirmed { .. })
+        ));
+    }
+
+    #[test]
+    fn gives_up_after_the_wait_saying_what_was_seen_and_how_to_override() {
+        let start = Instant::now();
+        let mut settle = Settle::new(&check("example.com", Duration::from_secs(10)), start);
+        assert_eq!(settle.observe(Sample::Discovery(hash("v1")), at(start, 30)), None);
+        let Some(Encoding::Unconfirmed(why)) =
+            settle.observe(Sample::Discovery(hash("v1")), at(start, 60))
+        else {
+            panic!("too late")
+        };
+        assert!(why.contains(&storage_version_hash("example.com", "v1", "Widget")), "{why}");
+        assert!(why.contains("kube-svm.io/encoding-confirmed"), "{why}");
+        // An error is no confirmation either.
+        let impatient = Check { wait: Duration::ZERO, ..check("example.com", Duration::ZERO) };
+        let mut settle = Settle::new(&impatient, start);
+        let verdict = settle.observe(Sample::Discovery(Err("refused".into())), at(start, 0));
+        assert!(matches!(verdict, Some(Encoding::Unconfirmed(why)) if why.contains("refused")));
+    }
+
+    #[test]
+    fn the_storage_version_api_is_taken_at_its_word_but_waited_for() {
+        let start = Instant::now();
+        let mut settle = Settle::new(&check("example.com", Duration::from_secs(10)), start);
+        let common = |v: &str| Sample::StorageVersionApi(Some(format!("example.com/{v}")));
+        assert_eq!(settle.observe(common("v1"), at(start, 0)), None);
+        assert_eq!(settle.observe(Sample::StorageVersionApi(None), at(start, 1)), None);
+        let verdict = settle.observe(common("v2"), at(start, 2));
+        assert_eq!(verdict, Some(Encoding::Confirmed { by: "the StorageVersion API".into() }));
     }
 
     #[test]

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
-use tracing::{debug, instrument};
+use tracing::{debug, error, instrument};
 
 use super::Context;
 use super::migration::{self, Ended};
@@ -31,11 +32,22 @@ fn retry_delay(failures: u32) -> Duration {
 /// Wait before taking up again a migration whose status could not be written.
 const UNRECORDED_RETRY: Duration = Duration::from_secs(30);
 
-/// A migration whose discovery failed: how often, and when to try again.
-#[derive(Clone, Copy, Debug)]
+/// Times a migration whose status cannot be written is taken up again before kube-svm leaves
+/// it alone until it changes (an admission policy refusing its status, say): about 2.5 minutes.
+const UNRECORDED_ATTEMPTS: u32 = 5;
+
+/// A migration that did not finish for a reason worth waiting out: how often, and when to try
+/// again.
+#[derive(Clone, Debug)]
 pub(super) struct Retrying {
+    /// Discovery failures.
     pub failures: u32,
+    /// Runs whose status could not be written.
+    pub unrecorded: u32,
     pub next: Instant,
+    /// Set when kube-svm gave up on an unwritable status: the resourceVersion the migration
+    /// had then. It is taken up again once it changes.
+    pub given_up_at: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -55,14 +67,22 @@ pub(super) async fn reconcile(
     }
     let resource = group_resource(&migration);
     let uid = migration.uid().unwrap_or_default();
-    let retrying = context.retries().get(&uid).copied();
-    if let Some(wait) = retrying.map(|r| r.next.saturating_duration_since(Instant::now()))
+    let mut retrying = context.retries().get(&uid).cloned();
+    if let Some(given_up_at) = retrying.as_ref().and_then(|r| r.given_up_at.as_ref()) {
+        if Some(given_up_at) == migration.metadata.resource_version.as_ref() {
+            return Ok(Action::await_change());
+        }
+        // Changed since: someone may have fixed what stopped it.
+        context.retries().remove(&uid);
+        retrying = None;
+    }
+    if let Some(wait) = retrying.as_ref().map(|r| r.next.saturating_duration_since(Instant::now()))
         && !wait.is_zero()
     {
-        debug!(?wait, "discovery failed before; trying again later");
+        debug!(?wait, "did not finish before; trying again later");
         return Ok(Action::requeue(wait));
     }
-    let failures = retrying.map_or(0, |r| r.failures);
+    let (failures, unrecorded) = retrying.as_ref().map_or((0, 0), |r| (r.failures, r.unrecorded));
     {
         let mut running = context.running();
         if running.contains_key(&name) {
@@ -85,11 +105,22 @@ pub(super) async fn reconcile(
                 Ended::DiscoveryFailed => {
                     let failures = failures + 1;
                     let next = Instant::now() + retry_delay(failures);
-                    context.retries().insert(uid, Retrying { failures, next });
+                    let retrying = Retrying { failures, unrecorded, next, given_up_at: None };
+                    context.retries().insert(uid, retrying);
                 }
                 Ended::Unrecorded => {
+                    let unrecorded = unrecorded + 1;
                     let next = Instant::now() + UNRECORDED_RETRY;
-                    context.retries().insert(uid, Retrying { failures, next });
+                    let given_up_at = (unrecorded >= UNRECORDED_ATTEMPTS).then(|| {
+                        error!(
+                            unrecorded,
+                            "the migration's status cannot be written; leaving it alone until it changes"
+                        );
+                        let now = context.store.get(&ObjectRef::new(&name));
+                        now.and_then(|m| m.metadata.resource_version.clone()).unwrap_or_default()
+                    });
+                    let retrying = Retrying { failures, unrecorded, next, given_up_at };
+                    context.retries().insert(uid, retrying);
                 }
                 Ended::Done => {
                     context.retries().remove(&uid);

@@ -133,6 +133,26 @@ fn assert_migrated_and_pruned(
     assert_eq!(progress(done).failed, 0);
 }
 
+/// The status of the CRD's `StorageMigrating` condition, if it has one.
+async fn storage_migrating(client: &Client, widgets: &WidgetCrd) -> Option<String> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crd = Api::<CustomResourceDefinition>::all(client.clone())
+        .get(&widgets.name())
+        .await
+        .expect("the CRD exists");
+    let conditions = crd.status.and_then(|s| s.conditions).unwrap_or_default();
+    conditions.into_iter().find(|c| c.type_ == "StorageMigrating").map(|c| c.status)
+}
+
+/// Waits until the CRD's `StorageMigrating` condition is `status`.
+async fn wait_storage_migrating(client: &Client, widgets: &WidgetCrd, status: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while storage_migrating(client, widgets).await.as_deref() != Some(status) {
+        assert!(Instant::now() < deadline, "StorageMigrating never became {status}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 // ---- Scenarios on the shared control plane -------------------------------------------------
 
 /// Empty is normal: a CRD switched while it holds no object is migrated and pruned, and a
@@ -299,6 +319,7 @@ async fn rejected_objects_keep_stored_versions_until_a_new_migration_succeeds() 
     expected.sort();
     assert_eq!(listed, expected, "every rejected object is listed");
     assert!(status.failed_objects.iter().all(|f| f.code == 422 && f.reason == "Invalid"));
+    assert_eq!(storage_migrating(&client, &widgets).await.as_deref(), Some("False"), "unmarked");
 
     Api::<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding>::all(
         client.clone(),
@@ -378,7 +399,173 @@ async fn a_foreign_continue_token_is_resumed_but_never_pruned() {
     assert_eq!(outcome.census.count(&widgets.api_version("v2")), count - 100);
 }
 
+/// A migration deleted while it runs stops, and unmarks its CRD.
+#[tokio::test]
+async fn a_deleted_migration_unmarks_its_crd() {
+    let plane = plane().await;
+    let client = plane.control_plane.client().await;
+    let widgets = stale_widgets(&client, "deleted-migration", scale(1000), &[]).await;
+    widgets.opt_out(&client).await;
+    widgets.set_storage_version(&client, "v2").await;
+    let name = unique("deleted");
+    migrations::create_migration(&client, &name, &widgets.group, "widgets").await;
+    wait_for(&client, &name, FINISH, &[&plane.controller], processed_at_least(50)).await;
+    assert_eq!(storage_migrating(&client, &widgets).await.as_deref(), Some("True"));
+    Api::<StorageVersionMigration>::all(client.clone())
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("deleted");
+    wait_storage_migrating(&client, &widgets, "False").await;
+}
+
+/// The status write that starts a migration is refused (an admission policy on the status
+/// subresource): the migration is taken up again later, and once the refusal is lifted, it
+/// runs and succeeds.
+#[tokio::test]
+async fn a_refused_status_write_is_retried() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let plane = plane().await;
+    let client = plane.control_plane.client().await;
+    let widgets = stale_widgets(&client, "refused", scale(100), &[]).await;
+    widgets.opt_out(&client).await;
+    widgets.set_storage_version(&client, "v2").await;
+    let name = unique("refused");
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": { "resourceRules": [{
+                "apiGroups": ["migration.k8s.io"], "apiVersions": ["*"],
+                "operations": ["UPDATE"], "resources": ["storageversionmigrations/status"],
+            }]},
+            "validations": [{
+                "expression": format!("object.metadata.name != '{name}'"),
+                "message": "status writes refused by a test",
+            }],
+        },
+    }))
+    .expect("a valid policy");
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": { "policyName": name, "validationActions": ["Deny"] },
+    }))
+    .expect("a valid binding");
+    Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .expect("the policy is created");
+    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone());
+    bindings.create(&PostParams::default(), &binding).await.expect("bound");
+    // Give the apiserver's informers time to see the policy: the controller's own log says when
+    // a status write was refused.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    migrations::create_migration(&client, &name, &widgets.group, "widgets").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !plane.controller.logs().contains("status writes refused by a test") {
+        assert!(Instant::now() < deadline, "the status write was never refused");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let api: Api<StorageVersionMigration> = Api::all(client.clone());
+    assert_eq!(api.get(&name).await.expect("exists").status, None, "nothing was recorded");
+    bindings.delete(&name, &DeleteParams::default()).await.expect("the refusal is lifted");
+
+    let (done, outcome) =
+        finish(&plane.control_plane, &client, &widgets, &name, &[&plane.controller]).await;
+    assert_migrated_and_pruned(&widgets, &done, &outcome, scale(100));
+}
+
 // ---- Scenarios with a control plane of their own ----------------------------------------
+
+/// The apiservers cannot be shown to encode the new storage version (here the StorageVersion
+/// API says they still encode v1): the migration runs but keeps storedVersions, and says why.
+/// An operator who has checked can vouch for the encoding with an annotation on a new
+/// migration: that one prunes, and says on whose word.
+#[tokio::test]
+async fn an_unconfirmed_encoding_keeps_stored_versions_unless_an_operator_vouches() {
+    use k8s_openapi::api::apiserverinternal::v1alpha1::StorageVersion;
+    let control_plane = ControlPlane::start(&[
+        "--feature-gates=StorageVersionAPI=true,APIServerIdentity=true",
+        "--runtime-config=internal.apiserver.k8s.io/v1alpha1=true",
+    ])
+    .await
+    .expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let count = scale(100);
+    let widgets = stale_widgets(&client, "unconfirmed", count, &[]).await;
+    widgets.opt_out(&client).await;
+    widgets.set_storage_version(&client, "v2").await;
+    // kube-apiserver publishes StorageVersions for built-in resources only: this one, written
+    // here, says the apiservers all still encode v1.
+    let api: Api<StorageVersion> = Api::all(client.clone());
+    let entry = format!("{}.widgets", widgets.group);
+    let created = api
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({ "metadata": { "name": entry } })).expect("valid"),
+        )
+        .await
+        .expect("created");
+    let mut stale = created.clone();
+    stale.status = Some(serde_json::from_value(json!({
+        "storageVersions": [{ "apiServerID": "kube-apiserver-test", "encodingVersion": widgets.api_version("v1"),
+                              "decodableVersions": [widgets.api_version("v1"), widgets.api_version("v2")] }],
+        "commonEncodingVersion": widgets.api_version("v1"),
+        "conditions": [{ "type": "AllEncodingVersionsEqual", "status": "True", "reason": "Test",
+                         "lastTransitionTime": "2026-01-01T00:00:00Z", "message": "test" }],
+    })).expect("a valid status"));
+    api.replace_status(&entry, &PostParams::default(), &stale)
+        .await
+        .expect("the status is written");
+    let controller = KubeSvm::start(
+        &control_plane,
+        "controller",
+        &["controller", "--leader-elect=false", "--storage-version-wait=3"],
+    )
+    .await;
+
+    let name = unique("unconfirmed");
+    migrations::create_migration(&client, &name, &widgets.group, "widgets").await;
+    let (done, outcome) = finish(&control_plane, &client, &widgets, &name, &[&controller]).await;
+    assert_eq!(outcome.phase, Phase::Succeeded, "{:?}", done.status);
+    assert_eq!(
+        (outcome.pruned, outcome.pruned_reason.as_deref()),
+        (false, Some("EncodingUnconfirmed"))
+    );
+    assert_eq!(outcome.stored_versions, ["v1", "v2"]);
+    let evidence =
+        done.status.as_ref().and_then(|s| s.target.clone()).and_then(|t| t.encoding_evidence);
+    let evidence = evidence.expect("evidence recorded");
+    assert!(
+        evidence.contains("common encoding version")
+            && evidence.contains("kube-svm.io/encoding-confirmed"),
+        "{evidence}"
+    );
+    assert!(
+        migrations::event_reasons(&client, &name).await.contains(&"EncodingUnconfirmed".to_owned())
+    );
+
+    let vouched = unique("vouched");
+    let mut migration = StorageVersionMigration::new(&vouched, done.spec.clone());
+    migration.metadata.annotations =
+        Some([(kube_svm::api::ENCODING_CONFIRMED_ANNOTATION.to_owned(), "true".to_owned())].into());
+    Api::<StorageVersionMigration>::all(client.clone())
+        .create(&PostParams::default(), &migration)
+        .await
+        .expect("created");
+    let (done, outcome) = finish(&control_plane, &client, &widgets, &vouched, &[&controller]).await;
+    assert_migrated_and_pruned(&widgets, &done, &outcome, count);
+    let evidence =
+        done.status.as_ref().and_then(|s| s.target.clone()).and_then(|t| t.encoding_evidence);
+    assert!(evidence.is_some_and(|e| e.contains("the operator")), "{:?}", done.status);
+    assert!(
+        migrations::event_reasons(&client, &vouched)
+            .await
+            .contains(&"EncodingOverridden".to_owned())
+    );
+}
 
 /// An aggregated API whose backend is missing answers discovery with 503: its migrations are
 /// retried a few times without holding a slot, then fail with the reason, while two good

@@ -160,4 +160,23 @@ async fn probes_and_metrics_follow_a_real_migration() {
     assert!(admin.value("process_resident_memory_bytes").await > 0.0);
     let (_, text) = admin.get("/metrics").await;
     assert!(!text.contains("w-1"), "no object names in labels");
+
+    // A migration of a resource that does not exist fails; what the user typed never becomes a
+    // label value.
+    let typo: StorageVersionMigration = serde_json::from_value(serde_json::json!({
+        "apiVersion": "migration.k8s.io/v1alpha1",
+        "kind": "StorageVersionMigration",
+        "metadata": { "name": "typo" },
+        "spec": { "resource": { "group": "", "version": "v1", "resource": "sekrets-typed-by-hand" } },
+    }))
+    .expect("valid");
+    api.create(&Default::default(), &typo).await.expect("created");
+    let failed = "storage_migrator_core_migrator_migrations{resource=\"unresolved\",status=\"Failed\"}";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while admin.find(failed).await != Some(1.0) {
+        assert!(Instant::now() < deadline, "the failure was never counted\n{}", controller.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, text) = admin.get("/metrics").await;
+    assert!(!text.contains("sekrets-typed-by-hand"), "no user input in labels");
 }
