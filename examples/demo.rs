@@ -196,13 +196,17 @@ async fn drop_version(
     dry_run: bool,
 ) -> Result<(), String> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let mut crd = crds.get(&widgets.name()).await.map_err(|error| error.to_string())?;
-    crd.spec.versions.retain(|v| v.name != version);
     let params = PostParams { dry_run, ..PostParams::default() };
-    match crds.replace(&widgets.name(), &params, &crd).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) => Err(status.message),
-        Err(error) => Err(error.to_string()),
+    loop {
+        let mut crd = crds.get(&widgets.name()).await.map_err(|error| error.to_string())?;
+        crd.spec.versions.retain(|v| v.name != version);
+        match crds.replace(&widgets.name(), &params, &crd).await {
+            Ok(_) => return Ok(()),
+            // Changed since it was read (kube-svm writes its status): read it again.
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            Err(kube::Error::Api(status)) => return Err(status.message),
+            Err(error) => return Err(error.to_string()),
+        }
     }
 }
 

@@ -422,8 +422,9 @@ impl Task<'_> {
     ) -> Ended {
         let label = resource_label(&resource.group, &resource.version, &resource.plural);
         let message = done.conditions[0].message.clone().unwrap_or_default();
-        let ended = self.record_terminal(writer, &label, done, message).await;
+        // The CRD first: whoever sees the migration finished finds its CRD settled too.
         self.unmark_crd().await;
+        let ended = self.record_terminal(writer, &label, done, message).await;
         info!(rewritten = progress.rewritten, failed = progress.failed, "migration finished");
         ended
     }

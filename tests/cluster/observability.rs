@@ -171,7 +171,8 @@ async fn probes_and_metrics_follow_a_real_migration() {
     }))
     .expect("valid");
     api.create(&Default::default(), &typo).await.expect("created");
-    let failed = "storage_migrator_core_migrator_migrations{resource=\"unresolved\",status=\"Failed\"}";
+    let failed =
+        "storage_migrator_core_migrator_migrations{resource=\"unresolved\",status=\"Failed\"}";
     let deadline = Instant::now() + Duration::from_secs(30);
     while admin.find(failed).await != Some(1.0) {
         assert!(Instant::now() < deadline, "the failure was never counted\n{}", controller.logs());

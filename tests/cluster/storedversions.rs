@@ -4,7 +4,6 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::PostParams;
 use kube::{Api, Client, ResourceExt};
 use kube_svm::api::Phase;
 use kube_svm::api::StorageVersionMigration;
@@ -13,7 +12,7 @@ use kube_svm::trigger::crd::OPT_OUT_ANNOTATION;
 
 use crate::engine::reject_updates_of_frozen;
 use crate::support::ControlPlane;
-use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds};
+use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds, update_crd};
 use crate::support::migrations::{triggered, wait_for_triggered};
 use crate::support::process::KubeSvm;
 
@@ -122,9 +121,7 @@ async fn storage_switch_ends_with_v1_removable(
 
     // With storedVersions pruned, the apiserver lets v1 go.
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let mut crd = crds.get(&widgets.name()).await.expect("the CRD");
-    crd.spec.versions.retain(|v| v.name != "v1");
-    crds.replace(&widgets.name(), &PostParams::default(), &crd).await.expect("v1 can be removed");
+    update_crd(&client, &widgets.name(), |crd| crd.spec.versions.retain(|v| v.name != "v1")).await;
     let status = crds.get(&widgets.name()).await.expect("the CRD").status.expect("status");
     let migrating =
         status.conditions.unwrap_or_default().into_iter().find(|c| c.type_ == "StorageMigrating");
@@ -222,15 +219,18 @@ async fn a_crd_change_during_a_migration_is_not_pruned_over() {
     let first = wait_for_triggered(&client, &widgets, 1, &controller).await;
     wait_running(&client, &first.name_any()).await;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let mut crd = crds.get(&widgets.name()).await.expect("the CRD");
-    let generation = crd.metadata.generation;
-    for version in &mut crd.spec.versions {
-        if let Some(schema) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()) {
-            schema.description = Some("a widget".into());
+    let generation = crds.get(&widgets.name()).await.expect("the CRD").metadata.generation;
+    let changed = update_crd(&client, &widgets.name(), |crd| {
+        for version in &mut crd.spec.versions {
+            if let Some(schema) =
+                version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut())
+            {
+                schema.description = Some("a widget".into());
+            }
         }
-    }
-    let crd = crds.replace(&widgets.name(), &PostParams::default(), &crd).await.expect("changed");
-    assert_ne!(crd.metadata.generation, generation);
+    })
+    .await;
+    assert_ne!(changed.metadata.generation, generation);
 
     let first = wait_terminal(&client, &first.name_any(), &controller).await;
     assert_eq!(Phase::of(&first), Phase::Succeeded);

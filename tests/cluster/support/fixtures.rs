@@ -97,14 +97,12 @@ impl WidgetCrd {
 
     /// Switches the storage version and waits until discovery shows the apiserver writing it.
     pub async fn set_storage_version(&self, client: &Client, storage: &str) {
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        let mut crd = crds.get(&self.name()).await.expect("the CRD exists");
-        for version in &mut crd.spec.versions {
-            version.storage = version.name == storage;
-        }
-        crds.replace(&self.name(), &PostParams::default(), &crd)
-            .await
-            .expect("the storage version is switched");
+        update_crd(client, &self.name(), |crd| {
+            for version in &mut crd.spec.versions {
+                version.storage = version.name == storage;
+            }
+        })
+        .await;
         self.wait_storage_version(client, storage).await;
     }
 
@@ -121,14 +119,14 @@ impl WidgetCrd {
 
     /// Stops (or starts again) serving `version`, and waits until discovery says so.
     pub async fn set_served(&self, client: &Client, version: &str, served: bool) {
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        let mut crd = crds.get(&self.name()).await.expect("the CRD exists");
-        for each in &mut crd.spec.versions {
-            if each.name == version {
-                each.served = served;
+        update_crd(client, &self.name(), |crd| {
+            for each in &mut crd.spec.versions {
+                if each.name == version {
+                    each.served = served;
+                }
             }
-        }
-        crds.replace(&self.name(), &PostParams::default(), &crd).await.expect("replaced");
+        })
+        .await;
         let deadline = Instant::now() + CRD_TIMEOUT;
         while client.list_api_group_resources(&self.api_version(version)).await.is_ok() != served {
             assert!(Instant::now() < deadline, "discovery never showed {version} served={served}");
@@ -213,6 +211,25 @@ impl WidgetCrd {
         match namespace.filter(|_| self.namespaced) {
             Some(namespace) => format!("{}{namespace}/{name}", self.etcd_prefix()),
             None => format!("{}{name}", self.etcd_prefix()),
+        }
+    }
+}
+
+/// Changes CRD `name` with `change`, reading it again when kube-svm wrote its status meanwhile
+/// (409), as any client must.
+pub async fn update_crd(
+    client: &Client,
+    name: &str,
+    change: impl Fn(&mut CustomResourceDefinition),
+) -> CustomResourceDefinition {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    loop {
+        let mut crd = crds.get(name).await.expect("the CRD exists");
+        change(&mut crd);
+        match crds.replace(name, &PostParams::default(), &crd).await {
+            Ok(changed) => return changed,
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            Err(error) => panic!("CRD {name} is not changed: {error}"),
         }
     }
 }
