@@ -139,6 +139,9 @@ pub async fn acquire(
         "waiting for leadership"
     );
     loop {
+        if shutdown.is_cancelled() {
+            return None;
+        }
         let sent = Instant::now();
         // An attempt that hangs is abandoned, like any other request that takes too long.
         let attempt = tokio::time::timeout(

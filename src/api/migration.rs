@@ -195,7 +195,9 @@ pub struct MigrationTarget {
     /// The storage version the apiserver encodes in, for example `v2`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_version: Option<String>,
-    /// The resource's `storageVersionHash` from discovery.
+    /// The storage version hash the migration targets: the resource's `storageVersionHash` from
+    /// discovery, or for a CRD the hash of its storage version. A checkpoint is resumed only
+    /// while discovery still publishes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_version_hash: Option<String>,
     /// `metadata.generation` of the CustomResourceDefinition, for CRD-backed resources.

@@ -20,6 +20,7 @@ use crate::api::{MigrationCondition, MigrationTarget};
 use crate::encoding::{self, Encoding};
 use crate::engine::Resource;
 use crate::fence::Fence;
+use crate::storage_hash::storage_version_hash;
 use crate::storedversions::{self, CrdState, Decision, PruneError, Run};
 
 /// Times the prune is decided again after the CRD changed under it.
@@ -77,6 +78,9 @@ pub async fn target_of(
         Encoding::Confirmed { by } => (true, format!("confirmed by {by}")),
         Encoding::Unconfirmed(seen) => (false, seen),
     };
+    // What the apiservers encode once the check passes: discovery may still lag behind now.
+    target.storage_version_hash =
+        Some(storage_version_hash(&resource.group, &state.storage_version, &resource.kind));
     target.storage_version = Some(state.storage_version);
     target.crd_generation = Some(state.generation);
     target.encoding_confirmed = Some(confirmed);

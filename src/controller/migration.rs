@@ -97,14 +97,22 @@ impl Task<'_> {
             Err(ended) => return ended,
         };
         let start = status::start_point(self.migration, resource.storage_version_hash.as_deref());
-        let target = self.target(&resource, crd.as_ref(), &start).await;
+        // The encoding check may wait minutes: a stopping controller does not wait for it.
+        let target = tokio::select! {
+            target = self.target(&resource, crd.as_ref(), &start) => target,
+            () = self.cancel.cancelled() => return Ended::Done,
+        };
         let current = match self.record_start(&mut writer, &resource, &target, &start).await {
             Ok(current) => current,
             Err(ended) => return ended,
         };
         let finished = self.run_engine(&mut writer, &resource, &target, start, current).await;
         let Some((progress, mut done)) = finished else { return Ended::Done };
-        self.verify(&resource, &target, &progress, &mut done).await;
+        tokio::select! {
+            () = self.verify(&resource, &target, &progress, &mut done) => {}
+            // Stopping: the next leader runs the migration again from its last checkpoint.
+            () = self.cancel.cancelled() => return Ended::Done,
+        }
         if crd.is_some() {
             self.settle_stored_versions(&resource, &target, &mut done).await;
         }
@@ -259,6 +267,11 @@ impl Task<'_> {
                 info!(reason = %stop, "stopping the migration");
                 self.cancel.cancel();
                 let _ = (&mut run).await;
+                // Deleted or finished by someone else: the CRD is no longer being migrated by
+                // this task. A deposed leader leaves it to the next one.
+                if !matches!(stop, status_writer::Error::Fenced) {
+                    self.unmark_crd().await;
+                }
                 return None;
             }
         };
@@ -350,7 +363,9 @@ impl Task<'_> {
                 }
             }
         };
-        if now.storage_version_hash != resource.storage_version_hash {
+        // For a CRD the CRD itself says (below); discovery may lag behind it.
+        let crd_backed = target.crd_generation.is_some();
+        if !crd_backed && now.storage_version_hash != resource.storage_version_hash {
             let why = format!(
                 "the storage version hash of {resource} changed from {} to {} while the migration ran",
                 resource.storage_version_hash.as_deref().unwrap_or("none"),

@@ -62,7 +62,9 @@ pub(super) async fn reconcile(
     context: Arc<Context>,
 ) -> Result<Action, Error> {
     let name = migration.metadata.name.clone().ok_or(Error::Unnamed)?;
-    if Phase::of(&migration).is_terminal() || context.stopping.is_cancelled() {
+    // A term that ran out stops work before the lease task has noticed.
+    let stopping = context.stopping.is_cancelled() || !context.fence.holds();
+    if Phase::of(&migration).is_terminal() || stopping {
         return Ok(Action::await_change());
     }
     let resource = group_resource(&migration);
@@ -153,10 +155,16 @@ fn group_resource(migration: &StorageVersionMigration) -> GroupResource {
 fn older_waiting(context: &Context, migration: &StorageVersionMigration) -> bool {
     let resource = group_resource(migration);
     let key = order_key(migration);
+    let retries = context.retries();
+    let parked = |other: &StorageVersionMigration| {
+        let uid = other.metadata.uid.as_deref().unwrap_or_default();
+        retries.get(uid).is_some_and(|r| r.given_up_at.is_some())
+    };
     context.store.state().iter().any(|other| {
         group_resource(other) == resource
             && !Phase::of(other).is_terminal()
             && other.metadata.deletion_timestamp.is_none()
+            && !parked(other)
             && order_key(other) < key
     })
 }

@@ -9,13 +9,14 @@
 
 use std::time::Duration;
 
-use kube::api::{Patch, PatchParams};
+use kube::api::PostParams;
 use kube::{Api, ResourceExt};
-use serde_json::{Value, json};
 use tokio::time::Instant;
 use tracing::warn;
 
-use crate::api::{Phase, StorageVersionMigration, StorageVersionMigrationStatus};
+use crate::api::{
+    Phase, StorageVersionMigration, StorageVersionMigrationSpec, StorageVersionMigrationStatus,
+};
 use crate::fence::Fence;
 
 /// Conflicts resolved in a row before a write gives up.
@@ -41,8 +42,6 @@ pub enum Error {
     TimedOut(String, Duration),
     #[error("failed to write the status of migration {0}")]
     Write(String, #[source] kube::Error),
-    #[error("failed to serialize the status of migration {0}")]
-    Serialize(String, #[source] serde_json::Error),
 }
 
 impl Error {
@@ -52,7 +51,7 @@ impl Error {
             Error::TimedOut(..) | Error::Conflicts(_) => true,
             Error::Write(_, kube::Error::Api(status)) => status.code >= 500 || status.code == 429,
             Error::Write(..) => true,
-            Error::Fenced | Error::Gone(_) | Error::Superseded(_) | Error::Serialize(..) => false,
+            Error::Fenced | Error::Gone(_) | Error::Superseded(_) => false,
         }
     }
 
@@ -66,6 +65,7 @@ impl Error {
 pub struct StatusWriter {
     api: Api<StorageVersionMigration>,
     name: String,
+    spec: StorageVersionMigrationSpec,
     uid: Option<String>,
     resource_version: Option<String>,
     fence: Fence,
@@ -82,6 +82,7 @@ impl StatusWriter {
         StatusWriter {
             api,
             name: migration.name_any(),
+            spec: migration.spec.clone(),
             uid: migration.uid(),
             resource_version: migration.resource_version(),
             fence,
@@ -113,18 +114,17 @@ impl StatusWriter {
         }
     }
 
-    /// Writes `status` once, resolving conflicts as the module says.
+    /// Writes `status` once, resolving conflicts as the module says. The whole status is
+    /// replaced (a merge patch would keep fields the new status leaves out, such as a continue
+    /// token from an earlier run), on the resourceVersion last seen.
     pub async fn write(&mut self, status: &StorageVersionMigrationStatus) -> Result<(), Error> {
-        let value = status_value(status).map_err(|e| Error::Serialize(self.name.clone(), e))?;
         for _ in 0..CONFLICT_RETRIES {
             let limit = self.fence.deadline(self.request_timeout).ok_or(Error::Fenced)?;
-            let patch = json!({
-                "metadata": { "resourceVersion": self.resource_version },
-                "status": value,
-            });
-            let params = PatchParams::default();
-            let patch = Patch::Merge(&patch);
-            let sent = self.api.patch_status(&self.name, &params, &patch);
+            let mut object = StorageVersionMigration::new(&self.name, self.spec.clone());
+            object.metadata.resource_version = self.resource_version.clone();
+            object.status = Some(status.clone());
+            let params = PostParams::default();
+            let sent = self.api.replace_status(&self.name, &params, &object);
             match tokio::time::timeout(limit, sent).await {
                 Ok(Ok(written)) => {
                     self.resource_version = written.resource_version();
@@ -160,7 +160,7 @@ impl StatusWriter {
         if current.metadata.deletion_timestamp.is_some() {
             return Err(Error::Gone(self.name.clone()));
         }
-        if current.status.as_ref() == Some(status) {
+        if same(current.status.as_ref(), status) {
             self.resource_version = current.resource_version();
             return Ok(true);
         }
@@ -172,24 +172,19 @@ impl StatusWriter {
     }
 }
 
-/// The status as a merge patch value: fields the status leaves out are cleared.
-fn status_value(status: &StorageVersionMigrationStatus) -> Result<Value, serde_json::Error> {
-    let mut value = serde_json::to_value(status)?;
-    if let Value::Object(fields) = &mut value {
-        for field in [
-            "conditions",
-            "progress",
-            "checkpoint",
-            "failedObjects",
-            "target",
-            "listedFromStart",
-            "startTime",
-            "completionTime",
-        ] {
-            fields.entry(field).or_insert(Value::Null);
-        }
+/// Whether the status the apiserver holds is `written`, as the apiserver stores it (times to
+/// the second).
+fn same(
+    stored: Option<&StorageVersionMigrationStatus>,
+    written: &StorageVersionMigrationStatus,
+) -> bool {
+    let as_stored = serde_json::to_value(written)
+        .and_then(serde_json::from_value::<StorageVersionMigrationStatus>)
+        .and_then(serde_json::to_value);
+    match (stored.map(serde_json::to_value), as_stored) {
+        (Some(Ok(stored)), Ok(written)) => stored == written,
+        _ => false,
     }
-    Ok(value)
 }
 
 #[cfg(test)]
@@ -197,11 +192,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fields_left_out_are_cleared() {
-        let value = status_value(&StorageVersionMigrationStatus::default()).expect("serializes");
-        assert_eq!(value["checkpoint"], Value::Null);
-        assert_eq!(value["listedFromStart"], Value::Null);
-        assert!(value.as_object().is_some_and(|fields| fields.contains_key("checkpoint")));
+    fn a_status_read_back_is_recognised_though_stored_to_the_second() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        use k8s_openapi::jiff::Timestamp;
+        let written = StorageVersionMigrationStatus {
+            start_time: Some(Time(Timestamp::new(1_800_000_000, 123_456_789).expect("valid"))),
+            ..StorageVersionMigrationStatus::default()
+        };
+        let stored = StorageVersionMigrationStatus {
+            start_time: Some(Time(Timestamp::from_second(1_800_000_000).expect("valid"))),
+            ..StorageVersionMigrationStatus::default()
+        };
+        assert!(same(Some(&stored), &written));
+        let later = StorageVersionMigrationStatus {
+            start_time: Some(Time(Timestamp::from_second(1_800_000_001).expect("valid"))),
+            ..StorageVersionMigrationStatus::default()
+        };
+        assert!(!same(Some(&later), &written));
+        assert!(!same(None, &written));
     }
 
     #[test]

@@ -88,10 +88,15 @@ impl Engine {
         }
     }
 
-    /// Whether the apiserver answers `/readyz` with 200 in time.
+    /// Whether the apiserver answers `/readyz` in time with 200, or with a refusal to show it
+    /// (401, 403, 404 on a hardened cluster: it answers, so it is up).
     async fn apiserver_ready(&self) -> bool {
         let Ok(request) = http::Request::get("/readyz").body(Vec::new()) else { return false };
         let probe = self.client.request_text(request);
-        matches!(tokio::time::timeout(PROBE_TIMEOUT, probe).await, Ok(Ok(_)))
+        match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+            Ok(Ok(_)) => true,
+            Ok(Err(kube::Error::Api(status))) => matches!(status.code, 401 | 403 | 404),
+            Ok(Err(_)) | Err(_) => false,
+        }
     }
 }
