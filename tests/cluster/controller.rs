@@ -438,3 +438,72 @@ async fn writes_can_go_through_the_status_subresource() {
     let message = failed.status.and_then(|s| s.conditions[0].message.clone());
     assert_eq!(message.as_deref(), Some("configmaps has no status subresource to write through"));
 }
+
+/// A migration left Running with a checkpoint taken under another storage version starts over
+/// from the first object, and its old continue token is gone from status at once: a controller
+/// stopped right after must not resume past objects this run has not written.
+#[tokio::test]
+async fn a_checkpoint_of_another_storage_version_is_forgotten() {
+    let (control_plane, client, widgets) = setup(400).await;
+    let page = widgets
+        .api(&client, "v1", None)
+        .list_metadata(&kube::api::ListParams::default().limit(100))
+        .await
+        .expect("listed");
+    let old_token = page.metadata.continue_.clone().expect("more pages");
+    create_migration(&client, "stale-checkpoint", &widgets.group, "widgets").await;
+    let api: Api<StorageVersionMigration> = Api::all(client.clone());
+    let mut migration = api.get("stale-checkpoint").await.expect("exists");
+    migration.status = Some(
+        serde_json::from_value(serde_json::json!({
+            "conditions": [{ "type": "Running", "status": "True", "reason": "Migrating" }],
+            "checkpoint": { "continueToken": old_token },
+            "progress": { "listed": 100, "processed": 100, "rewritten": 100 },
+            "target": { "storageVersionHash": "an-older-hash" },
+            "listedFromStart": true,
+        }))
+        .expect("a valid status"),
+    );
+    api.replace_status("stale-checkpoint", &PostParams::default(), &migration)
+        .await
+        .expect("the status is written");
+
+    let controller = KubeSvm::start(
+        &control_plane,
+        "controller",
+        &[
+            "controller",
+            "--leader-elect=false",
+            "--page-size=20",
+            "--kube-api-qps=40",
+            "--kube-api-burst=1",
+            "--checkpoint-interval=600",
+        ],
+    )
+    .await;
+    let restarted =
+        wait_for(&client, "stale-checkpoint", Duration::from_secs(60), &[&controller], |m| {
+            m.status
+                .as_ref()
+                .and_then(|s| s.target.as_ref())
+                .and_then(|t| t.crd_generation)
+                .is_some()
+        })
+        .await;
+    let status = restarted.status.clone().expect("status");
+    let token = status.checkpoint.map(|c| c.continue_token).unwrap_or_default();
+    assert_ne!(token, old_token, "the old run's continue token survived");
+    assert_eq!(status.progress.map(|p| p.processed), Some(0), "counts start over");
+    assert!(event_reasons(&client, "stale-checkpoint").await.contains(&"Restarted".into()));
+
+    let done = wait_for(
+        &client,
+        "stale-checkpoint",
+        Duration::from_secs(90),
+        &[&controller],
+        phase_is(Phase::Succeeded),
+    )
+    .await;
+    assert_eq!((progress(&done).processed, progress(&done).rewritten), (400, 400));
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 400).await;
+}
