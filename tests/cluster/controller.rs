@@ -214,58 +214,6 @@ async fn deleting_a_migration_stops_its_writes() {
     assert!((100..600).contains(&migrated), "stopped before the end: {stopped:?}");
 }
 
-/// Two controllers: only the leader migrates; when it dies the other takes over and finishes.
-#[tokio::test]
-async fn a_standby_takes_over_when_the_leader_dies() {
-    let (control_plane, client, widgets) = setup(800).await;
-    let args = |identity: &'static str| {
-        vec![
-            "controller",
-            "--leader-elect=true",
-            "--lease-duration=4",
-            identity,
-            "--page-size=20",
-            "--kube-api-qps=100",
-            "--checkpoint-interval=0",
-        ]
-    };
-    let mut leader = KubeSvm::start(&control_plane, "leader", &args("--identity=leader")).await;
-    let leases: Api<Lease> = Api::namespaced(client.clone(), CONTROLLER_NAMESPACE);
-    let holder = || async {
-        leases
-            .get_opt("kube-svm")
-            .await
-            .expect("reads")
-            .and_then(|l| l.spec)
-            .and_then(|s| s.holder_identity)
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while holder().await.as_deref() != Some("leader") {
-        assert!(Instant::now() < deadline, "the first controller never led");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let standby = KubeSvm::start(&control_plane, "standby", &args("--identity=standby")).await;
-    create_migration(&client, "failover", &widgets.group, "widgets").await;
-    wait_for(&client, "failover", Duration::from_secs(60), &[&leader], processed_at_least(100))
-        .await;
-    assert_eq!(holder().await.as_deref(), Some("leader"));
-    assert!(!standby.logs().contains("became the leader"), "the standby waits");
-
-    leader.signal("KILL");
-    leader.wait(Duration::from_secs(5)).expect("killed");
-    let done = wait_for(
-        &client,
-        "failover",
-        Duration::from_secs(90),
-        &[&standby],
-        phase_is(Phase::Succeeded),
-    )
-    .await;
-    assert_eq!(holder().await.as_deref(), Some("standby"));
-    assert_eq!(progress(&done).processed, 800);
-    widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 800).await;
-}
-
 /// Different resources run in parallel, the same resource one after another, and a migration
 /// that fails (admission rejections) does not hold up the others.
 #[tokio::test]

@@ -16,7 +16,8 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::fixtures::{WidgetCrd, create_namespace, unique};
+use crate::support::admission::deny_updates;
+use crate::support::fixtures::{WidgetCrd, create_namespace, unique, vanish_namespace};
 use crate::support::{ControlPlane, shared};
 
 /// Settings for tests: no client-side rate limit, so the apiserver sets the pace.
@@ -356,38 +357,16 @@ async fn admission_rejections_fail_only_the_rejected_objects() {
 
 /// Installs a policy denying updates of widgets labelled `frozen`, and waits until it applies.
 pub(crate) async fn reject_updates_of_frozen(client: &Client, group: &str) {
-    use k8s_openapi::api::admissionregistration::v1::{
-        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-    };
-    let name = format!("freeze-{group}");
-    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
-        "metadata": { "name": name },
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": { "resourceRules": [{
-                "apiGroups": [group], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": ["widgets"],
-            }]},
-            "validations": [{
-                "expression": "!has(object.metadata.labels) || !('frozen' in object.metadata.labels)",
-                "message": "frozen objects cannot be updated",
-                "reason": "Invalid",
-            }],
-        },
-    }))
-    .expect("valid policy");
-    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
-        "metadata": { "name": name },
-        "spec": { "policyName": name, "validationActions": ["Deny"] },
-    }))
-    .expect("valid binding");
-    Api::<ValidatingAdmissionPolicy>::all(client.clone())
-        .create(&PostParams::default(), &policy)
-        .await
-        .expect("policy");
-    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .expect("binding");
+    deny_updates(
+        client,
+        &format!("freeze-{group}"),
+        group,
+        &["widgets"],
+        "!has(object.metadata.labels) || !('frozen' in object.metadata.labels)",
+        "frozen objects cannot be updated",
+        Some("Invalid"),
+    )
+    .await;
 
     // Policies apply once the apiserver's informers see them: probe with a throwaway object.
     let widgets = WidgetCrd { group: group.to_owned(), namespaced: false };
@@ -576,7 +555,6 @@ async fn wait_for_flow_schema(client: &Client, uid: &str) {
 /// reason NamespaceGone, never counted.)
 #[tokio::test]
 async fn objects_in_a_vanished_namespace_are_really_rewritten() {
-    use k8s_openapi::api::core::v1::Namespace;
     let control_plane = shared().await;
     let client = control_plane.client().await;
     let widgets = WidgetCrd::new("vanished", true);
@@ -586,21 +564,7 @@ async fn objects_in_a_vanished_namespace_are_really_rewritten() {
     create_namespace(&client, &vanished).await;
     widgets.seed(&client, "v1", &[Some(&kept), Some(&vanished)], 5).await;
 
-    // No namespace controller runs here: deleting leaves the namespace terminating with its
-    // contents, and removing its finalizer makes it vanish while the contents stay in etcd.
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces.delete(&vanished, &Default::default()).await.expect("deletion starts");
-    let mut terminating = namespaces.get(&vanished).await.expect("terminating");
-    terminating.spec = Some(Default::default());
-    namespaces
-        .replace_subresource("finalize", &vanished, &PostParams::default(), &terminating)
-        .await
-        .expect("finalized");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while namespaces.get_opt(&vanished).await.expect("reads").is_some() {
-        assert!(Instant::now() < deadline, "the namespace never vanished");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    vanish_namespace(&client, &vanished).await;
     widgets.set_storage_version(&client, "v2").await;
 
     let progress = migrate_widgets(control_plane, &client, &widgets, Settings::default()).await;

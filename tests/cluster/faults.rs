@@ -16,7 +16,10 @@ use serde_json::json;
 use tokio::sync::OnceCell;
 
 use crate::engine::reject_updates_of_frozen;
-use crate::support::fixtures::{WidgetCrd, create_namespace, install_kube_svm_crds, unique};
+use crate::support::admission;
+use crate::support::fixtures::{
+    WidgetCrd, create_namespace, install_kube_svm_crds, unique, vanish_namespace,
+};
 use crate::support::invariant::{self, Census, Outcome};
 use crate::support::migrations::{
     self, is_terminal, processed_at_least, progress, state, wait_for, wait_for_triggered,
@@ -260,7 +263,6 @@ async fn compaction_mid_run_is_survived() {
 /// writes to them, so they are rewritten, and the whole resource ends in v2.
 #[tokio::test]
 async fn a_namespace_deleted_mid_run_strands_nothing() {
-    use k8s_openapi::api::core::v1::Namespace;
     let plane = plane().await;
     let client = plane.control_plane.client().await;
     let (kept, vanished) = (unique("kept"), unique("vanished"));
@@ -268,20 +270,10 @@ async fn a_namespace_deleted_mid_run_strands_nothing() {
     let widgets = stale_widgets(&client, "namespace", count, &[&kept, &vanished]).await;
     let name = switch_and_wait_for_migration(&client, &widgets, &plane.controller).await;
     wait_for(&client, &name, FINISH, &[&plane.controller], processed_at_least(50)).await;
-    // No namespace controller runs here: deleting leaves the namespace terminating with its
-    // contents, and removing its finalizer makes it vanish while the contents stay in etcd.
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces.delete(&vanished, &Default::default()).await.expect("deletion starts");
-    let mut terminating = namespaces.get(&vanished).await.expect("terminating");
-    terminating.spec = Some(Default::default());
-    namespaces
-        .replace_subresource("finalize", &vanished, &PostParams::default(), &terminating)
-        .await
-        .expect("finalized");
+    vanish_namespace(&client, &vanished).await;
 
     let (done, outcome) =
         finish(&plane.control_plane, &client, &widgets, &name, &[&plane.controller]).await;
-    assert!(namespaces.get_opt(&vanished).await.expect("reads").is_none(), "the namespace is gone");
     assert_migrated_and_pruned(&widgets, &done, &outcome, count);
 }
 
@@ -321,12 +313,7 @@ async fn rejected_objects_keep_stored_versions_until_a_new_migration_succeeds() 
     assert!(status.failed_objects.iter().all(|f| f.code == 422 && f.reason == "Invalid"));
     assert_eq!(storage_migrating(&client, &widgets).await.as_deref(), Some("False"), "unmarked");
 
-    Api::<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding>::all(
-        client.clone(),
-    )
-    .delete(&format!("freeze-{}", widgets.group), &DeleteParams::default())
-    .await
-    .expect("the rejection is lifted");
+    admission::lift(&client, &format!("freeze-{}", widgets.group)).await;
     // The policy stops applying once the apiserver's informers see the binding go.
     let deadline = Instant::now() + Duration::from_secs(30);
     let touch = json!({ "metadata": { "annotations": { "touched": "yes" } } });
@@ -423,41 +410,22 @@ async fn a_deleted_migration_unmarks_its_crd() {
 /// runs and succeeds.
 #[tokio::test]
 async fn a_refused_status_write_is_retried() {
-    use k8s_openapi::api::admissionregistration::v1::{
-        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-    };
     let plane = plane().await;
     let client = plane.control_plane.client().await;
     let widgets = stale_widgets(&client, "refused", scale(100), &[]).await;
     widgets.opt_out(&client).await;
     widgets.set_storage_version(&client, "v2").await;
     let name = unique("refused");
-    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
-        "metadata": { "name": name },
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": { "resourceRules": [{
-                "apiGroups": ["migration.k8s.io"], "apiVersions": ["*"],
-                "operations": ["UPDATE"], "resources": ["storageversionmigrations/status"],
-            }]},
-            "validations": [{
-                "expression": format!("object.metadata.name != '{name}'"),
-                "message": "status writes refused by a test",
-            }],
-        },
-    }))
-    .expect("a valid policy");
-    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
-        "metadata": { "name": name },
-        "spec": { "policyName": name, "validationActions": ["Deny"] },
-    }))
-    .expect("a valid binding");
-    Api::<ValidatingAdmissionPolicy>::all(client.clone())
-        .create(&PostParams::default(), &policy)
-        .await
-        .expect("the policy is created");
-    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone());
-    bindings.create(&PostParams::default(), &binding).await.expect("bound");
+    admission::deny_updates(
+        &client,
+        &name,
+        "migration.k8s.io",
+        &["storageversionmigrations/status"],
+        &format!("object.metadata.name != '{name}'"),
+        "status writes refused by a test",
+        None,
+    )
+    .await;
     // Give the apiserver's informers time to see the policy: the controller's own log says when
     // a status write was refused.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -469,7 +437,7 @@ async fn a_refused_status_write_is_retried() {
     }
     let api: Api<StorageVersionMigration> = Api::all(client.clone());
     assert_eq!(api.get(&name).await.expect("exists").status, None, "nothing was recorded");
-    bindings.delete(&name, &DeleteParams::default()).await.expect("the refusal is lifted");
+    admission::lift(&client, &name).await;
 
     let (done, outcome) =
         finish(&plane.control_plane, &client, &widgets, &name, &[&plane.controller]).await;
@@ -684,21 +652,9 @@ async fn a_killed_leader_is_replaced_by_its_standby() {
     install_kube_svm_crds(&client).await;
     let count = scale(800);
     let widgets = stale_widgets(&client, "failover", count, &[]).await;
-    let args = |identity: &'static str| {
-        vec![
-            "controller",
-            "--leader-elect=true",
-            "--lease-duration=4",
-            identity,
-            "--crd-trigger=true",
-            "--page-size=20",
-            "--kube-api-qps=100",
-            "--checkpoint-interval=0",
-        ]
-    };
-    let mut leader = KubeSvm::start(&control_plane, "leader", &args("--identity=leader")).await;
-    wait_for_holder(&client, "leader").await;
-    let standby = KubeSvm::start(&control_plane, "standby", &args("--identity=standby")).await;
+    let extra = ["--page-size=20", "--kube-api-qps=100"];
+    let (mut leader, standby) =
+        leader_and_standby(&control_plane, &client, ["leader", "standby"], 4, &extra).await;
     let name = switch_and_wait_for_migration(&client, &widgets, &leader).await;
     wait_for(&client, &name, FINISH, &[&leader], processed_at_least(100)).await;
     assert!(!standby.logs().contains("became the leader"), "the standby waits");
@@ -726,21 +682,10 @@ async fn a_paused_leader_writes_nothing_after_its_standby_took_over() {
         control_plane.impersonating_kubeconfig("svm-first", CONTROLLER_NAMESPACE, &[]).await;
     let second =
         control_plane.impersonating_kubeconfig("svm-second", CONTROLLER_NAMESPACE, &[]).await;
-    let args = |identity: &'static str| {
-        vec![
-            "controller",
-            "--leader-elect=true",
-            "--lease-duration=4",
-            identity,
-            "--crd-trigger=true",
-            "--page-size=20",
-            "--kube-api-qps=60",
-            "--checkpoint-interval=0",
-        ]
-    };
-    let leader = KubeSvm::start_as(&control_plane, "first", &args("--identity=first"), &first);
+    let args = |identity: &str| elected(identity, 4, &["--page-size=20", "--kube-api-qps=60"]);
+    let leader = KubeSvm::start_as(&control_plane, "first", &strs(&args("first")), &first);
     wait_for_holder(&client, "first").await;
-    let standby = KubeSvm::start_as(&control_plane, "second", &args("--identity=second"), &second);
+    let standby = KubeSvm::start_as(&control_plane, "second", &strs(&args("second")), &second);
     let name = switch_and_wait_for_migration(&client, &widgets, &leader).await;
     wait_for(&client, &name, FINISH, &[&leader], processed_at_least(100)).await;
 
@@ -791,21 +736,9 @@ async fn a_leader_whose_apiserver_hangs_stops_before_the_lease_can_pass() {
     install_kube_svm_crds(&client).await;
     let count = scale(800);
     let widgets = stale_widgets(&client, "hung", count, &[]).await;
-    let args = |identity: &'static str| {
-        vec![
-            "controller",
-            "--leader-elect=true",
-            "--lease-duration=6",
-            identity,
-            "--crd-trigger=true",
-            "--page-size=20",
-            "--kube-api-qps=60",
-            "--checkpoint-interval=0",
-        ]
-    };
-    let leader = KubeSvm::start(&control_plane, "leader", &args("--identity=leader")).await;
-    wait_for_holder(&client, "leader").await;
-    let standby = KubeSvm::start(&control_plane, "standby", &args("--identity=standby")).await;
+    let extra = ["--page-size=20", "--kube-api-qps=60"];
+    let (leader, standby) =
+        leader_and_standby(&control_plane, &client, ["leader", "standby"], 6, &extra).await;
     let name = switch_and_wait_for_migration(&client, &widgets, &leader).await;
     wait_for(&client, &name, FINISH, &[&leader], processed_at_least(100)).await;
 
@@ -855,22 +788,9 @@ async fn the_combined_run_keeps_the_invariant() {
             .expect("labelled");
     }
     reject_updates_of_frozen(&client, &rejected.group).await;
-    let args = |identity: &'static str| {
-        vec![
-            "controller",
-            "--leader-elect=true",
-            "--lease-duration=4",
-            identity,
-            "--crd-trigger=true",
-            "--concurrency=3",
-            "--page-size=50",
-            "--kube-api-qps=150",
-            "--checkpoint-interval=0",
-        ]
-    };
-    let mut first = KubeSvm::start(&control_plane, "first", &args("--identity=first")).await;
-    wait_for_holder(&client, "first").await;
-    let second = KubeSvm::start(&control_plane, "second", &args("--identity=second")).await;
+    let extra = ["--concurrency=3", "--page-size=50", "--kube-api-qps=150"];
+    let (mut first, second) =
+        leader_and_standby(&control_plane, &client, ["first", "second"], 4, &extra).await;
     let controllers = [&first, &second];
     let mut names = Vec::new();
     for widgets in [&written, &deleted, &rejected] {
@@ -937,6 +857,40 @@ async fn the_combined_run_keeps_the_invariant() {
         assert_eq!(object.data["spec"]["round"], json!(2), "{name} kept its last update");
     }
     assert_eq!(Census::of(&etcd, &written).await.total(), count);
+}
+
+/// Arguments of an elected `kube-svm controller` replica named `identity`: a lease of `lease`
+/// seconds, the CRD trigger on, progress checkpointed after every page; then `extra`.
+fn elected(identity: &str, lease: u32, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> =
+        ["controller", "--leader-elect=true", "--crd-trigger=true", "--checkpoint-interval=0"]
+            .map(str::to_owned)
+            .to_vec();
+    args.push(format!("--lease-duration={lease}"));
+    args.push(format!("--identity={identity}"));
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
+}
+
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+/// Starts the elected replica `names[0]`, waits until it leads, then starts `names[1]`.
+async fn leader_and_standby(
+    control_plane: &ControlPlane,
+    client: &Client,
+    names: [&str; 2],
+    lease: u32,
+    extra: &[&str],
+) -> (KubeSvm, KubeSvm) {
+    let [leader, standby] = names;
+    let leading =
+        KubeSvm::start(control_plane, leader, &strs(&elected(leader, lease, extra))).await;
+    wait_for_holder(client, leader).await;
+    let waiting =
+        KubeSvm::start(control_plane, standby, &strs(&elected(standby, lease, extra))).await;
+    (leading, waiting)
 }
 
 async fn lease(client: &Client) -> Lease {

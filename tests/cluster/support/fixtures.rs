@@ -273,6 +273,26 @@ pub async fn create_namespace(client: &Client, name: &str) {
     namespaces.create(&PostParams::default(), &namespace).await.expect("the namespace is created");
 }
 
+/// Deletes namespace `name` so that it vanishes while its contents stay in etcd: no namespace
+/// controller runs here, so deleting leaves it terminating with its contents, and removing its
+/// finalizer makes it go. Returns once it is gone.
+pub async fn vanish_namespace(client: &Client, name: &str) {
+    use k8s_openapi::api::core::v1::Namespace;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces.delete(name, &Default::default()).await.expect("deletion starts");
+    let mut terminating = namespaces.get(name).await.expect("terminating");
+    terminating.spec = Some(Default::default());
+    namespaces
+        .replace_subresource("finalize", name, &PostParams::default(), &terminating)
+        .await
+        .expect("finalized");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while namespaces.get_opt(name).await.expect("reads").is_some() {
+        assert!(Instant::now() < deadline, "namespace {name} never vanished");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Objects created at once when seeding many.
 const CREATE_CONCURRENCY: usize = 32;
 

@@ -1,5 +1,6 @@
 //! Test support: a real control plane, raw etcd reads, and small helpers for test objects.
 
+pub mod admission;
 pub mod chart;
 mod control_plane;
 mod etcd;
