@@ -5,14 +5,19 @@
 //! and where to start, publishes [`Progress`] after each page on a `watch` channel, and stops
 //! promptly when its cancellation token fires.
 //!
+//! - `pipeline`: one run: pages read ahead, writes as one stream across pages, progress folded in
+//!   list order;
 //! - [`resource`]: discovery lookup and request paths;
 //! - `pager`: metadata-only paginated lists, 410 handling;
 //! - `writer`: the minimal conditional write and its outcome;
+//! - `outage`, `denial`: an apiserver that is down or still starting is waited out, not charged
+//!   to objects;
 //! - [`retry`], [`rate_limit`]: backoff decisions and the client-side rate limit.
 
 mod denial;
 mod outage;
 mod pager;
+mod pipeline;
 pub mod rate_limit;
 mod request;
 mod resource;
@@ -24,12 +29,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
 use kube::Client;
-use tokio::sync::watch;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
-use tracing::{info, instrument, warn};
+use tracing::warn;
 
 use crate::fence::Fence;
 use crate::metrics::{self, Metrics, results};
@@ -37,7 +39,6 @@ use denial::Access;
 use outage::{Availability, Verdict};
 pub use request::NoReply;
 use request::Reply;
-use writer::Halt;
 
 pub use pager::Listed;
 pub use rate_limit::RateLimiter;
@@ -125,20 +126,6 @@ impl Progress {
     /// Objects handled, whatever the outcome.
     pub fn processed(&self) -> u64 {
         self.rewritten + self.already_current + self.skipped + self.failed
-    }
-
-    fn record(&mut self, outcome: Outcome, failures_kept: usize) {
-        match outcome {
-            Outcome::Rewritten => self.rewritten += 1,
-            Outcome::AlreadyCurrent => self.already_current += 1,
-            Outcome::Conflict | Outcome::Deleted => self.skipped += 1,
-            Outcome::Failed(failure) => {
-                self.failed += 1;
-                if self.failures.len() < failures_kept {
-                    self.failures.push(failure);
-                }
-            }
-        }
     }
 }
 
@@ -269,105 +256,6 @@ impl Engine {
     /// The metrics this engine records into, shared with whoever serves them.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
-    }
-
-    /// Migrates every object of `job.resource`, publishing progress after each page on `report`.
-    #[instrument(skip_all, fields(resource = %job.resource))]
-    pub async fn run(
-        &self,
-        job: Job,
-        report: &watch::Sender<Progress>,
-        cancel: &CancellationToken,
-    ) -> Result<Finished, Error> {
-        let Job { resource, write_to_status, resume, fence } = job;
-        let mut progress = resume;
-        let run = RunState::new(self.settings.writes_in_flight, fence);
-        let first = progress.continue_token.clone();
-        let mut page = tokio::select! {
-            _ = cancel.cancelled() => return Ok(Finished::Cancelled(progress)),
-            page = self.list_page(&resource, first.as_deref(), &run) => match page {
-                Err(Error::Fenced) => return Ok(Finished::Cancelled(progress)),
-                page => page?,
-            },
-        };
-        loop {
-            let next_token = page.continue_token.clone();
-            let items = std::mem::take(&mut page.items);
-            let listed = items.len() as u64;
-            let writes = futures::stream::iter(items)
-                .map(|object| {
-                    let (resource, run) = (&resource, &run);
-                    async move { self.write(resource, &object, write_to_status, run).await }
-                })
-                .buffer_unordered(self.settings.writes_in_flight.max(1))
-                .collect::<Vec<_>>();
-            // The next page is read while this one is written: at most two pages in memory.
-            let prefetch = async {
-                match &next_token {
-                    Some(token) => Some(self.list_page(&resource, Some(token), &run).await),
-                    None => None,
-                }
-            };
-            let (outcomes, next) = tokio::select! {
-                _ = cancel.cancelled() => {
-                    run.drain_into(&mut progress);
-                    return Ok(Finished::Cancelled(progress));
-                }
-                done = futures::future::join(writes, prefetch) => done,
-            };
-            // A halted write stops the run; the page does not count, so a checkpoint never
-            // skips an object that was not written.
-            let mut halted = None;
-            let outcomes: Vec<Outcome> = outcomes
-                .into_iter()
-                .filter_map(|outcome| outcome.map_err(|halt| halted = Some(halt)).ok())
-                .collect();
-            match halted {
-                None => {}
-                Some(Halt::Fenced) => {
-                    run.drain_into(&mut progress);
-                    return Ok(Finished::Cancelled(progress));
-                }
-                Some(Halt::NotServed(message)) => {
-                    return Err(Error::NotServed {
-                        resource: resource.to_string(),
-                        api_version: resource.api_version(),
-                        message,
-                    });
-                }
-                Some(Halt::Unavailable(waited)) => {
-                    return Err(Error::ApiserverUnavailable {
-                        resource: resource.to_string(),
-                        waited_seconds: waited.as_secs(),
-                    });
-                }
-            }
-            let before = progress.clone();
-            for outcome in outcomes {
-                progress.record(outcome, self.settings.failures_kept);
-            }
-            progress.listed += listed;
-            run.drain_into(&mut progress);
-            progress.pages += 1;
-            progress.remaining = page.remaining;
-            progress.continue_token = next_token;
-            self.observe_page(&resource, &before, &progress);
-            report.send_replace(progress.clone());
-            info!(
-                listed = progress.listed,
-                rewritten = progress.rewritten,
-                already_current = progress.already_current,
-                skipped = progress.skipped,
-                failed = progress.failed,
-                remaining = progress.remaining,
-                "page done"
-            );
-            match next {
-                None => return Ok(Finished::Completed(progress)),
-                Some(Err(Error::Fenced)) => return Ok(Finished::Cancelled(progress)),
-                Some(next) => page = next?,
-            }
-        }
     }
 
     /// What to do after a request sent at `sent` failed: an apiserver outage is waited out and

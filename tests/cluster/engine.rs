@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::support::admission::deny_updates;
 use crate::support::fixtures::{WidgetCrd, create_namespace, unique, vanish_namespace};
+use crate::support::invariant::Census;
 use crate::support::{ControlPlane, shared};
 
 /// Settings for tests: no client-side rate limit, so the apiserver sets the pace.
@@ -576,4 +577,73 @@ async fn objects_in_a_vanished_namespace_are_really_rewritten() {
         .expect("etcd");
     assert_eq!(stranded.len(), 5, "the objects outlived their namespace");
     widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 10).await;
+}
+
+/// No page barrier: one object denied again and again (a policy answering 403, retried with a
+/// growing backoff) holds back only the checkpoint; objects of later pages are written while it
+/// waits, and the run still ends with that one object failed and the rest migrated.
+#[tokio::test]
+async fn an_object_in_backoff_does_not_hold_back_later_pages() {
+    let control_plane = shared().await;
+    let client = control_plane.client().await;
+    let widgets = WidgetCrd::new("barrier", false);
+    widgets.create(&client, "v1").await;
+    widgets.seed(&client, "v1", &[None], 600).await;
+    let label = json!({ "metadata": { "labels": { "frozen": "true" } } });
+    let api = widgets.api(&client, "v1", None);
+    // Listed first: names sort as w-0, w-1, w-10, w-100, ...
+    api.patch("w-0", &PatchParams::default(), &Patch::Merge(&label)).await.expect("labelled");
+    deny_updates(
+        &client,
+        &format!("freeze-{}", widgets.group),
+        &widgets.group,
+        &["widgets"],
+        "!has(object.metadata.labels) || !('frozen' in object.metadata.labels)",
+        "frozen objects cannot be updated",
+        Some("Forbidden"),
+    )
+    .await;
+    // The policy applies once the apiserver sees it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let touch = json!({ "metadata": { "annotations": { "touched": "yes" } } });
+    while api.patch("w-0", &PatchParams::default(), &Patch::Merge(&touch)).await.is_ok() {
+        assert!(Instant::now() < deadline, "the policy never applied");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    widgets.set_storage_version(&client, "v2").await;
+
+    // Eight attempts: about 20 s of backoff for the denied object.
+    let settings = Settings { page_size: 50, write_attempts: 8, ..Settings::default() };
+    let engine = engine(control_plane.config().await, settings);
+    let etcd = control_plane.etcd();
+    let last_page_key = widgets.etcd_key(None, "w-99");
+    let progress =
+        migrate_during(&engine, &client, &target(&widgets.group, WidgetCrd::PLURAL), |updates| {
+            let (etcd, widgets, last_page_key) = (&etcd, &widgets, &last_page_key);
+            async move {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                loop {
+                    let stored = etcd.get(last_page_key).await.expect("etcd").expect("exists");
+                    if stored.api_version() == widgets.api_version("v2") {
+                        break;
+                    }
+                    assert!(Instant::now() < deadline, "the last page was never written");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                assert_eq!(
+                    updates.borrow().pages,
+                    0,
+                    "the last page was written while the first was still waiting on one object"
+                );
+            }
+        })
+        .await;
+    assert_eq!((progress.failed, progress.rewritten, progress.listed), (1, 599, 600));
+    assert_eq!(progress.failures[0].name, "w-0");
+    assert_eq!(progress.failures[0].code, 403);
+    let census = Census::of(&etcd, &widgets).await;
+    assert_eq!(
+        (census.count(&widgets.api_version("v1")), census.count(&widgets.api_version("v2"))),
+        (1, 599)
+    );
 }

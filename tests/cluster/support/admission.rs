@@ -9,8 +9,8 @@ use kube::{Api, Client};
 use serde_json::json;
 
 /// Installs policy `name` denying UPDATEs of `resources` in API group `group` whose new object
-/// fails the CEL `expression`, with `message` and, when given, `reason` (the answer is 422 for
-/// `Invalid`, 403 when none is given).
+/// fails the CEL `expression`, with `message` and `reason` (`Forbidden` answers 403; `Invalid`,
+/// also when none is given, 422).
 pub async fn deny_updates(
     client: &Client,
     name: &str,
