@@ -29,8 +29,13 @@ control-plane: ## Build etcd and kube-apiserver for the tests into ~/.cache/kube
 helm: ## Build helm for the chart's checks into ~/.cache/kube-svm (skipped when present)
 	hack/helm.sh
 
-bench-engine: ## Measure engine throughput and requests per object on a local control plane
-	$(ASSETS) $(CARGO) bench --bench engine
+# The bench also runs kube-controller-manager (the in-tree migrator); the plot needs matplotlib,
+# installed into a virtualenv in the cache.
+BENCH_ASSETS = KUBEBUILDER_ASSETS="$$(hack/control-plane.sh bench-assets)" HELM="$$(hack/helm.sh)"
+
+bench: ## Compare kube-svm with the apiserver's limit and its peers; writes docs/bench.{md,json,png}
+	$(BENCH_ASSETS) $(CARGO) bench --bench compare
+	hack/plot.sh docs/bench.json docs/bench.png
 
 lint: ## Check formatting, clippy lints and the Helm chart
 	$(CARGO) fmt --check
@@ -44,4 +49,4 @@ crds: ## Regenerate the committed CRDs (config/ and the chart's template) from t
 manifests: crds ## Regenerate config/deploy/ from the Helm chart
 	hack/manifests.sh > config/deploy/kube-svm.yaml
 
-.PHONY: help demo test build control-plane helm bench-engine lint crds manifests
+.PHONY: help demo test build control-plane helm bench lint crds manifests

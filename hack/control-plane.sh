@@ -2,9 +2,11 @@
 # Builds the real kube-apiserver and etcd that kube-svm's tests run against, from Go modules, into a
 # cache directory outside git. Nothing is rebuilt when the binaries are already there.
 #
-#   hack/control-plane.sh assets   build what is missing, print the directory holding
-#                                  kube-apiserver, etcd and etcdctl (usable as KUBEBUILDER_ASSETS)
-#   hack/control-plane.sh mod      regenerate the consumer go.mod/go.sum files after a version bump
+#   hack/control-plane.sh assets        build what is missing, print the directory holding
+#                                       kube-apiserver, etcd and etcdctl (usable as KUBEBUILDER_ASSETS)
+#   hack/control-plane.sh bench-assets  the same, with kube-controller-manager too (the in-tree
+#                                       migrator `make bench` compares against)
+#   hack/control-plane.sh mod           regenerate the consumer go.mod/go.sum files after a version bump
 #
 # envtest conventions are honoured: TEST_ASSET_KUBE_APISERVER, TEST_ASSET_ETCD, TEST_ASSET_ETCDCTL
 # name a binary directly; KUBEBUILDER_ASSETS names a directory holding them. Only what neither
@@ -45,7 +47,10 @@ write_kubernetes_mod() {
     echo
     echo "godebug default=go1.26"
     echo
-    echo "tool k8s.io/kubernetes/cmd/kube-apiserver"
+    echo "tool ("
+    echo "	k8s.io/kubernetes/cmd/kube-apiserver"
+    echo "	k8s.io/kubernetes/cmd/kube-controller-manager"
+    echo ")"
     echo
     echo "require k8s.io/kubernetes $KUBERNETES_VERSION"
     echo
@@ -81,25 +86,27 @@ MOD
 
 # Regenerates the modules when the pinned versions above changed.
 ensure_mods() {
-  grep -q "k8s.io/kubernetes $KUBERNETES_VERSION\b" "$MODULES/kube-apiserver/go.mod" 2>/dev/null || write_kubernetes_mod
+  grep -q "k8s.io/kubernetes $KUBERNETES_VERSION\b" "$MODULES/kube-apiserver/go.mod" 2>/dev/null &&
+    grep -q "cmd/kube-controller-manager" "$MODULES/kube-apiserver/go.mod" || write_kubernetes_mod
   grep -q "go.etcd.io/etcd/server/v3 $ETCD_VERSION\b" "$MODULES/etcd/go.mod" 2>/dev/null || write_etcd_mod
 }
 
-build_kube_apiserver() {
-  local out="$BIN_DIR/kubernetes-$KUBERNETES_VERSION/kube-apiserver" minor="${KUBERNETES_VERSION#v1.}"
+# Builds one command of k8s.io/kubernetes (kube-apiserver, kube-controller-manager).
+build_kubernetes() {
+  local name=$1 out="$BIN_DIR/kubernetes-$KUBERNETES_VERSION/$1" minor="${KUBERNETES_VERSION#v1.}"
   minor="${minor%%.*}"
   [[ -x "$out" ]] && { echo "$out"; return; }
   local flags="" pkg
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     flags+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
   done
-  log "building kube-apiserver $KUBERNETES_VERSION (cold builds take a while)"
+  log "building $name $KUBERNETES_VERSION (cold builds take a while)"
   local started=$SECONDS
   (cd "$MODULES/kube-apiserver" &&
     go build -trimpath -tags=selinux,notest,grpcnotrace -ldflags "-s -w$flags" \
-      -o "$out.tmp" k8s.io/kubernetes/cmd/kube-apiserver)
+      -o "$out.tmp" "k8s.io/kubernetes/cmd/$name")
   mv "$out.tmp" "$out"
-  log "built kube-apiserver in $((SECONDS - started))s"
+  log "built $name in $((SECONDS - started))s"
   echo "$out"
 }
 
@@ -126,7 +133,7 @@ resolve() {
   else
     ensure_mods
     case $name in
-      kube-apiserver) build_kube_apiserver ;;
+      kube-apiserver | kube-controller-manager) build_kubernetes "$name" ;;
       etcd) build_etcd_tool etcd go.etcd.io/etcd/server/v3 ;;
       etcdctl) build_etcd_tool etcdctl go.etcd.io/etcd/etcdctl/v3 ;;
     esac
@@ -136,7 +143,7 @@ resolve() {
 assets() {
   mkdir -p "$ASSETS_DIR" "$BIN_DIR/kubernetes-$KUBERNETES_VERSION" "$BIN_DIR/etcd-$ETCD_VERSION"
   local name
-  for name in etcd etcdctl kube-apiserver; do
+  for name in etcd etcdctl kube-apiserver "$@"; do
     ln -sfn "$(resolve "$name")" "$ASSETS_DIR/$name"
   done
   echo "$ASSETS_DIR"
@@ -144,7 +151,8 @@ assets() {
 
 case "${1:-assets}" in
   assets) assets ;;
+  bench-assets) assets kube-controller-manager ;;
   mod) write_kubernetes_mod; write_etcd_mod ;;
   kubernetes-version) echo "$KUBERNETES_VERSION" ;;
-  *) log "usage: $0 [assets|mod|kubernetes-version]"; exit 2 ;;
+  *) log "usage: $0 [assets|bench-assets|mod|kubernetes-version]"; exit 2 ;;
 esac

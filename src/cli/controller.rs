@@ -12,7 +12,7 @@ use tracing::{info, warn};
 
 use super::kube::{KubeArgs, in_cluster};
 use crate::controller::{self, Stopped};
-use crate::engine::{self, Engine, RateLimiter};
+use crate::engine::{self, Engine, RateLimiter, rate_limit};
 use crate::fence::Fence;
 use crate::leader;
 use crate::metrics::Metrics;
@@ -24,11 +24,11 @@ pub struct ControllerArgs {
     pub kube: KubeArgs,
 
     /// Requests per second to the apiserver, averaged (upstream's flag).
-    #[arg(long, env = "KUBE_SVM_KUBE_API_QPS", default_value_t = 100.0)]
+    #[arg(long, env = "KUBE_SVM_KUBE_API_QPS", default_value_t = rate_limit::DEFAULT_QPS)]
     pub kube_api_qps: f64,
 
     /// Requests sent at once above the average rate (upstream's flag).
-    #[arg(long, env = "KUBE_SVM_KUBE_API_BURST", default_value_t = 200)]
+    #[arg(long, env = "KUBE_SVM_KUBE_API_BURST", default_value_t = rate_limit::DEFAULT_BURST)]
     pub kube_api_burst: u32,
 
     /// Migrations of different resources run at once.

@@ -6,6 +6,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+/// The default of `--kube-api-qps`.
+pub const DEFAULT_QPS: f64 = 100.0;
+
+/// The default of `--kube-api-burst`.
+pub const DEFAULT_BURST: u32 = 200;
+
 pub struct RateLimiter {
     qps: f64,
     burst: f64,

@@ -635,7 +635,9 @@ async fn apiserver_restarts_mid_run_fail_no_object() {
     let name = switch_and_wait_for_migration(&client, &widgets, &controller).await;
     for processed in [100, 500, 900] {
         wait_for(&client, &name, FINISH, &[&controller], processed_at_least(processed)).await;
+        let (before, _) = control_plane.pids();
         control_plane.kill_and_restart_apiserver().await.expect("the apiserver restarts");
+        assert_ne!(control_plane.pids().0, before, "a new kube-apiserver process serves");
     }
     let (done, outcome) = finish(&control_plane, &client, &widgets, &name, &[&controller]).await;
     assert_migrated_and_pruned(&widgets, &done, &outcome, count);

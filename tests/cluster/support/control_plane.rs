@@ -267,6 +267,13 @@ impl ControlPlane {
         self.start_apiserver().await
     }
 
+    /// Process IDs of kube-apiserver and etcd, for reading their CPU time and memory.
+    pub fn pids(&self) -> (u32, u32) {
+        let apiserver = self.apiserver.lock().expect("apiserver lock");
+        let etcd = self.etcd_process.lock().expect("etcd lock");
+        (apiserver.as_ref().expect("kube-apiserver runs").id(), etcd.id())
+    }
+
     /// What the audit log holds so far (an audited control plane only).
     pub fn audit_events(&self) -> Vec<AuditEvent> {
         let log = fs::read_to_string(self.dir.join("audit.log")).expect("an audited control plane");
