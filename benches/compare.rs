@@ -648,14 +648,19 @@ async fn main() {
                 bench.config.clone(),
                 Arc::new(RateLimiter::new(0.0, 1)),
                 settings,
-                metrics,
+                metrics.clone(),
             )
             .expect("an engine");
             let started = Instant::now();
             run_engine(&engine, resource).await;
+            let patches = metrics.request_duration.with_label_values(&["patch"]);
+            let latency = patches.get_sample_sum() / patches.get_sample_count().max(1) as f64;
             let rate = bench.objects as f64 / started.elapsed().as_secs_f64();
             bench.stored = if bench.stored == "v1" { "v2" } else { "v1" };
-            println!("sweep: at most {in_flight:>2} writes in flight: {rate:>7.1} objects/s");
+            println!(
+                "sweep: at most {in_flight:>2} writes in flight: {rate:>7.1} objects/s, mean write latency {:.1} ms",
+                latency * 1000.0
+            );
             sweep.insert(in_flight, rate);
         }
     }

@@ -112,10 +112,11 @@ impl Engine {
             let slot = run.window.enter().await;
             let sent = Instant::now();
             let result = self.send(request, run).await;
+            let latency = sent.elapsed();
             slot.leave(match &result {
                 Ok(reply) if reply.code == 429 => Signal::Throttled,
                 Ok(reply) if reply.code < 300 || reply.code == 404 || reply.code == 409 => {
-                    Signal::Success
+                    Signal::Success(latency)
                 }
                 _ => Signal::Neutral,
             });
