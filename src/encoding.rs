@@ -9,10 +9,13 @@
 //! disagreement. A hash that has not appeared yet is waited for, up to a limit; kube-svm never
 //! confirms on a guess.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::apiserverinternal::v1alpha1::StorageVersion;
 use kube::{Api, Client};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::storage_hash::storage_version_hash;
@@ -33,10 +36,116 @@ pub struct Check {
     pub plural: String,
     pub kind: String,
     pub storage_version: String,
+    /// The CRD's generation the check is for: a storage switch bumps it, and with it the check
+    /// starts anew, even back to a version confirmed before.
+    pub generation: i64,
     /// How long discovery must publish the expected hash without a disagreement.
     pub settle: Duration,
     /// How long to wait, in all, for the expected hash to appear and settle.
     pub wait: Duration,
+}
+
+/// How old a confirmation may be and still be taken without a fresh look: a settle period's
+/// worth at least.
+const FRESH_FOR: Duration = Duration::from_secs(5);
+
+/// The encoding checks of one process, one per resource and storage version, started as soon as
+/// a storage switch is seen (the CRD trigger sees them within a second) rather than when a
+/// migration starts: a migration created after the settle period has passed starts at once.
+/// Cheap to clone; clones share the checks.
+#[derive(Clone, Default)]
+pub struct Observer {
+    checks: Arc<Mutex<HashMap<CheckKey, Observation>>>,
+}
+
+/// Group, plural, storage version, CRD generation.
+type CheckKey = (String, String, String, i64);
+
+#[derive(Clone)]
+struct Observation {
+    /// The verdict once there is one, and when it came.
+    verdict: watch::Receiver<Option<(Encoding, Instant)>>,
+}
+
+impl Observer {
+    /// Starts checking `check` in the background unless that is under way or confirmed.
+    pub fn observe(&self, client: &Client, config: &kube::Config, check: &Check) {
+        let _ = self.observation(client, config, check, false);
+    }
+
+    /// The verdict on `check`: the background check's, taken again quickly if it is more than a
+    /// few seconds old (it must still hold), or a new check's.
+    pub async fn confirm(&self, client: &Client, config: &kube::Config, check: &Check) -> Encoding {
+        let verdict = self.observation(client, config, check, false).verdict;
+        let Some((encoding, at)) = settled(verdict).await else {
+            return Encoding::Unconfirmed("the encoding check stopped".to_owned());
+        };
+        let Encoding::Confirmed { by } = encoding else {
+            // Given up before: look again, things may have settled since.
+            return self.fresh(client, config, check).await;
+        };
+        if at.elapsed() < FRESH_FOR {
+            return Encoding::Confirmed { by };
+        }
+        // Still so? A short look (two agreeing samples) before trusting it.
+        let quick = Check { settle: Duration::ZERO, wait: Duration::ZERO, ..check.clone() };
+        match confirm(client, config, &quick).await {
+            Encoding::Confirmed { .. } => Encoding::Confirmed {
+                by: format!("{by}, {:.0} s ago, and again now", at.elapsed().as_secs_f64()),
+            },
+            Encoding::Unconfirmed(_) => self.fresh(client, config, check).await,
+        }
+    }
+
+    /// A new check, replacing the one kept, awaited.
+    async fn fresh(&self, client: &Client, config: &kube::Config, check: &Check) -> Encoding {
+        let verdict = self.observation(client, config, check, true).verdict;
+        match settled(verdict).await {
+            Some((encoding, _)) => encoding,
+            None => Encoding::Unconfirmed("the encoding check stopped".to_owned()),
+        }
+    }
+
+    fn observation(
+        &self,
+        client: &Client,
+        config: &kube::Config,
+        check: &Check,
+        anew: bool,
+    ) -> Observation {
+        let key = (
+            check.group.clone(),
+            check.plural.clone(),
+            check.storage_version.clone(),
+            check.generation,
+        );
+        let mut checks = self.checks.lock().unwrap_or_else(|p| p.into_inner());
+        if !anew && let Some(existing) = checks.get(&key) {
+            return existing.clone();
+        }
+        let (report, verdict) = watch::channel(None);
+        let (client, config, check) = (client.clone(), config.clone(), check.clone());
+        tokio::spawn(async move {
+            let started = k8s_openapi::jiff::Timestamp::now();
+            let encoding = match confirm(&client, &config, &check).await {
+                Encoding::Confirmed { by } => {
+                    Encoding::Confirmed { by: format!("{by} (checked from {started:.0})") }
+                }
+                unconfirmed => unconfirmed,
+            };
+            report.send_replace(Some((encoding, Instant::now())));
+        });
+        let observation = Observation { verdict };
+        checks.insert(key, observation.clone());
+        observation
+    }
+}
+
+/// The verdict of an observation, once it has one.
+async fn settled(
+    mut verdict: watch::Receiver<Option<(Encoding, Instant)>>,
+) -> Option<(Encoding, Instant)> {
+    verdict.wait_for(Option::is_some).await.ok().and_then(|seen| seen.clone())
 }
 
 /// The StorageVersion API's group version (`internal.apiserver.k8s.io`).
@@ -266,6 +375,7 @@ mod tests {
             plural: "widgets".into(),
             kind: "Widget".into(),
             storage_version: "v2".into(),
+            generation: 2,
             settle,
             wait: Duration::from_secs(60),
         }

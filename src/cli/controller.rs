@@ -23,7 +23,8 @@ pub struct ControllerArgs {
     #[command(flatten)]
     pub kube: KubeArgs,
 
-    /// Requests per second to the apiserver, averaged (upstream's flag).
+    /// Requests per second to the apiserver, averaged (upstream's flag); 0, the default, sets no
+    /// client-side limit: the write window yields to the apiserver's throttling and latency.
     #[arg(long, env = "KUBE_SVM_KUBE_API_QPS", default_value_t = rate_limit::DEFAULT_QPS)]
     pub kube_api_qps: f64,
 
@@ -35,8 +36,8 @@ pub struct ControllerArgs {
     #[arg(long, env = "KUBE_SVM_CONCURRENCY", default_value_t = 2)]
     pub concurrency: usize,
 
-    /// Writes in flight per migration, at most (throttling narrows it).
-    #[arg(long, env = "KUBE_SVM_WRITES_IN_FLIGHT", default_value_t = 16)]
+    /// Writes in flight per migration, at most (throttling and rising latency narrow it).
+    #[arg(long, env = "KUBE_SVM_WRITES_IN_FLIGHT", default_value_t = 64)]
     pub writes_in_flight: usize,
 
     /// Objects per list request.

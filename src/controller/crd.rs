@@ -68,10 +68,11 @@ pub async fn target_of(
                 plural: resource.plural.clone(),
                 kind: resource.kind.clone(),
                 storage_version: state.storage_version.clone(),
+                generation: state.generation,
                 settle: context.settings.storage_version_settle,
                 wait: context.settings.storage_version_wait,
             };
-            encoding::confirm(&context.client, &context.config, &check).await
+            context.observer.confirm(&context.client, &context.config, &check).await
         }
     };
     let (confirmed, evidence) = match encoding {

@@ -33,6 +33,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::api::{GroupResource, StorageVersionMigration};
+use crate::encoding::Observer;
 use crate::engine::Engine;
 use crate::fence::Fence;
 use crate::server::Health;
@@ -103,6 +104,8 @@ pub(crate) struct Context {
     fence: Fence,
     /// Migrations whose discovery failed, by UID: when to try again, and how often it failed.
     retries: Mutex<HashMap<String, reconcile::Retrying>>,
+    /// Encoding checks, started at storage switches and shared by the migrations that need them.
+    observer: Observer,
     /// Asks for every migration to be looked at again, when a task ends: the migration it
     /// leaves unfinished, or the one waiting for its resource or slot, goes next.
     requeue: mpsc::UnboundedSender<()>,
@@ -169,6 +172,7 @@ pub async fn run(
         tasks: TaskTracker::new(),
         stopping: stopping.clone(),
         retries: Mutex::new(HashMap::new()),
+        observer: Observer::default(),
         requeue,
         fence,
         client,
@@ -207,17 +211,21 @@ pub async fn run(
             tokio::time::sleep(HEARTBEAT).await;
         }
     };
+    // The CRD watch runs either way: it starts encoding checks at storage switches; it creates
+    // migrations only with the CRD trigger on.
     let trigger = async {
-        match context.settings.crd_trigger {
-            true => {
-                let clients = crate::trigger::Clients {
-                    requests: context.client.clone(),
-                    watches: watches.clone(),
-                };
-                crate::trigger::crd::run(clients, context.fence.clone(), stopping.clone()).await
-            }
-            false => stopping.cancelled().await,
-        }
+        let clients = crate::trigger::Clients {
+            requests: context.client.clone(),
+            watches: watches.clone(),
+            config: context.config.clone(),
+        };
+        let settings = crate::trigger::crd::Settings {
+            create: context.settings.crd_trigger,
+            observer: context.observer.clone(),
+            settle: context.settings.storage_version_settle,
+            wait: context.settings.storage_version_wait,
+        };
+        crate::trigger::crd::run(clients, settings, context.fence.clone(), stopping.clone()).await
     };
     let controlling = async {
         tokio::select! {

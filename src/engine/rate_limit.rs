@@ -6,8 +6,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// The default of `--kube-api-qps`.
-pub const DEFAULT_QPS: f64 = 100.0;
+/// The default of `--kube-api-qps`: no client-side limit. A fixed rate either binds below what
+/// the apiserver can spare (100 QPS held kube-svm to a third of a small apiserver's limit) or
+/// protects nothing; the write window reads the apiserver's own signals instead (429 from API
+/// Priority and Fairness, rising latency). Operators who want a fixed cap still set it.
+pub const DEFAULT_QPS: f64 = 0.0;
 
 /// The default of `--kube-api-burst`.
 pub const DEFAULT_BURST: u32 = 200;

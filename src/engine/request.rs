@@ -76,12 +76,58 @@ pub struct StatusDetails {
     pub kind: String,
 }
 
-/// The request verb, for metrics.
-fn verb(request: &http::Request<Vec<u8>>) -> &'static str {
-    match *request.method() {
-        http::Method::GET => "list",
-        http::Method::PATCH => "patch",
-        _ => "other",
+/// The verbs the engine sends, as metric labels.
+const VERBS: [&str; 3] = ["list", "patch", "other"];
+
+/// The code classes, as metric labels (`metrics::code_class`).
+const CODE_CLASSES: [Option<u16>; 5] = [Some(200), Some(300), Some(400), Some(500), None];
+
+/// The metric series one request touches, resolved once per engine rather than per request.
+pub(super) struct RequestMetrics {
+    /// By verb: latency, requests by code class, throttled requests.
+    verbs: [VerbMetrics; 3],
+    writes_in_flight: prometheus::IntGauge,
+}
+
+struct VerbMetrics {
+    duration: prometheus::Histogram,
+    by_class: [prometheus::IntCounter; 5],
+    throttled: prometheus::IntCounter,
+}
+
+impl RequestMetrics {
+    pub(super) fn new(metrics: &crate::metrics::Metrics) -> RequestMetrics {
+        RequestMetrics {
+            verbs: VERBS.map(|verb| VerbMetrics {
+                duration: metrics.request_duration.with_label_values(&[verb]),
+                by_class: CODE_CLASSES.map(|code| {
+                    metrics.requests.with_label_values(&[verb, crate::metrics::code_class(code)])
+                }),
+                throttled: metrics.throttled.with_label_values(&[verb]),
+            }),
+            writes_in_flight: metrics.writes_in_flight.clone(),
+        }
+    }
+
+    fn verb(&self, request: &http::Request<Vec<u8>>) -> (&VerbMetrics, bool) {
+        match *request.method() {
+            http::Method::GET => (&self.verbs[0], false),
+            http::Method::PATCH => (&self.verbs[1], true),
+            _ => (&self.verbs[2], false),
+        }
+    }
+}
+
+impl VerbMetrics {
+    fn count(&self, code: Option<u16>) {
+        let class = match code {
+            Some(200..300) => 0,
+            Some(300..400) => 1,
+            Some(400..500) => 2,
+            Some(500..600) => 3,
+            _ => 4,
+        };
+        self.by_class[class].inc();
     }
 }
 
@@ -96,9 +142,8 @@ impl Engine {
         self.limiter.acquire().await;
         let limit = run.fence.deadline(self.settings.request_timeout).ok_or(NoReply::Fenced)?;
         run.requests.fetch_add(1, Ordering::Relaxed);
-        let verb = verb(&request);
-        let metrics = &self.metrics;
-        let writing = (verb == "patch").then(|| InFlight::enter(&metrics.writes_in_flight));
+        let (metrics, write) = self.request_metrics.verb(&request);
+        let writing = write.then(|| InFlight::enter(&self.request_metrics.writes_in_flight));
         let started = Instant::now();
         let exchange = async {
             let response = self.client.send(request.map(Body::from)).await?;
@@ -118,15 +163,12 @@ impl Engine {
             Err(_) => Err(NoReply::TimedOut(limit)),
         };
         drop(writing);
-        metrics
-            .request_duration
-            .with_label_values(&[verb])
-            .observe(started.elapsed().as_secs_f64());
+        metrics.duration.observe(started.elapsed().as_secs_f64());
         let code = result.as_ref().ok().map(|reply| reply.code);
-        metrics.requests.with_label_values(&[verb, crate::metrics::code_class(code)]).inc();
+        metrics.count(code);
         if code == Some(429) {
             run.throttled.fetch_add(1, Ordering::Relaxed);
-            metrics.throttled.with_label_values(&[verb]).inc();
+            metrics.throttled.inc();
         }
         result
     }

@@ -2,9 +2,7 @@
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
-use kube::api::{Patch, PatchParams};
 use serde::Deserialize;
-use serde_json::json;
 use tokio::time::Instant;
 use tracing::debug;
 
@@ -49,6 +47,39 @@ pub const NAMESPACE_UNKNOWN: &str = "NamespaceUnknown";
 /// Reason recorded when no attempt got an HTTP response.
 pub const TRANSPORT_ERROR: &str = "TransportError";
 
+/// Asks the apiserver to answer with the object's metadata only.
+const METADATA_ONLY: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
+
+/// The minimal write for `object`: only type, identity and the resourceVersion precondition.
+/// Nothing to merge, so the stored content is untouched, and a concurrent write turns it into a
+/// 409.
+fn patch_body(resource: &Resource, object: &Listed) -> Result<Vec<u8>, serde_json::Error> {
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Body<'a> {
+        api_version: &'a str,
+        kind: &'a str,
+        metadata: Metadata<'a>,
+    }
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Metadata<'a> {
+        name: &'a str,
+        #[serde(skip_serializing_if = "str::is_empty")]
+        namespace: &'a str,
+        resource_version: &'a str,
+    }
+    serde_json::to_vec(&Body {
+        api_version: &resource.api_version(),
+        kind: &resource.kind,
+        metadata: Metadata {
+            name: &object.name,
+            namespace: &object.namespace,
+            resource_version: &object.resource_version,
+        },
+    })
+}
+
 /// Reason recorded when the write request could not be built.
 const INVALID_REQUEST: &str = "InvalidRequest";
 
@@ -88,14 +119,12 @@ impl Engine {
         to_status: bool,
         run: &RunState,
     ) -> Result<Outcome, Halt> {
-        // Only type, identity and the resourceVersion precondition: nothing to merge, so the
-        // stored content is untouched, and a concurrent write turns this into a 409.
-        let mut metadata =
-            json!({ "name": object.name, "resourceVersion": object.resource_version });
-        if !object.namespace.is_empty() {
-            metadata["namespace"] = json!(object.namespace);
-        }
-        let body = json!({ "apiVersion": resource.api_version(), "kind": resource.kind, "metadata": metadata });
+        let body = match patch_body(resource, object) {
+            Ok(body) => body,
+            Err(error) => {
+                return Ok(Outcome::Failed(failure(object, 0, INVALID_REQUEST, error.to_string())));
+            }
+        };
         let mut attempts = Attempts::default();
         loop {
             let request = match self.write_request(resource, object, to_status, &body) {
@@ -161,23 +190,15 @@ impl Engine {
         resource: &Resource,
         object: &Listed,
         to_status: bool,
-        body: &serde_json::Value,
-    ) -> Result<http::Request<Vec<u8>>, kube::core::request::Error> {
-        let request = kube::core::Request::new(resource.namespaced_path(&object.namespace));
-        let patch = Patch::Merge(body);
-        let params = PatchParams::default();
-        if !to_status {
-            return request.patch_metadata(&object.name, &params, &patch);
-        }
-        let mut status = request.patch_subresource("status", &object.name, &params, &patch)?;
-        // Ask for metadata only, as for the main resource: the object itself is of no use here.
-        status.headers_mut().insert(
-            http::header::ACCEPT,
-            http::HeaderValue::from_static(
-                "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1",
-            ),
-        );
-        Ok(status)
+        body: &[u8],
+    ) -> Result<http::Request<Vec<u8>>, http::Error> {
+        let path = resource.namespaced_path(&object.namespace);
+        let status = if to_status { "/status" } else { "" };
+        http::Request::patch(format!("{path}/{}{status}", object.name))
+            .header(http::header::CONTENT_TYPE, "application/merge-patch+json")
+            // Metadata only in the answer: the object itself is of no use here.
+            .header(http::header::ACCEPT, METADATA_ONLY)
+            .body(body.to_vec())
     }
 
     /// The outcome a reply settles, `None` when the request failed and may be retried, or why
@@ -362,5 +383,41 @@ mod not_found_tests {
         let elsewhere =
             status(r#"{"details":{"name":"w-1","group":"other.com","kind":"widgets"}}"#);
         assert!(!names_the_object(&elsewhere, &widgets(), &object), "another group");
+    }
+}
+
+#[cfg(test)]
+mod body_tests {
+    use super::*;
+
+    #[test]
+    fn the_write_carries_type_identity_and_precondition_only() {
+        let resource = Resource {
+            group: "example.com".into(),
+            version: "v2".into(),
+            plural: "widgets".into(),
+            kind: "Widget".into(),
+            namespaced: true,
+            storage_version_hash: None,
+            patchable_status: false,
+        };
+        let object = |namespace: &str| Listed {
+            namespace: namespace.into(),
+            name: "w-1".into(),
+            resource_version: "42".into(),
+        };
+        let body: serde_json::Value =
+            serde_json::from_slice(&patch_body(&resource, &object("ns")).expect("serializes"))
+                .expect("JSON");
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "apiVersion": "example.com/v2",
+                "kind": "Widget",
+                "metadata": { "name": "w-1", "namespace": "ns", "resourceVersion": "42" },
+            })
+        );
+        let cluster = patch_body(&resource, &object("")).expect("serializes");
+        assert!(!String::from_utf8_lossy(&cluster).contains("namespace"));
     }
 }

@@ -27,6 +27,7 @@ use super::Clients;
 use crate::api::{
     GroupVersionResource, Phase, StorageVersionMigration, StorageVersionMigrationSpec,
 };
+use crate::encoding::{Check, Observer};
 use crate::fence::Fence;
 
 /// Annotation on a CRD: `"false"` keeps kube-svm from migrating it on its own.
@@ -97,14 +98,46 @@ pub fn needed_migration(crd: &CustomResourceDefinition) -> Option<(String, Group
     Some((name, target))
 }
 
+/// What the CRD watch does besides creating migrations.
+#[derive(Clone)]
+pub struct Settings {
+    /// Create migrations (`--crd-trigger`); when false the watch only starts encoding checks.
+    pub create: bool,
+    /// Where encoding checks start as soon as a storage switch is seen.
+    pub observer: Observer,
+    /// The settle period and the overall wait of those checks.
+    pub settle: Duration,
+    pub wait: Duration,
+}
+
+/// The encoding check a CRD with stale `storedVersions` needs before it can be pruned.
+fn encoding_check(crd: &CustomResourceDefinition, settings: &Settings) -> Option<Check> {
+    let storage = &crd.spec.versions.iter().find(|v| v.storage)?.name;
+    let stored = crd.status.as_ref()?.stored_versions.as_ref()?;
+    if stored.iter().all(|v| v == storage) {
+        return None;
+    }
+    Some(Check {
+        group: crd.spec.group.clone(),
+        plural: crd.spec.names.plural.clone(),
+        kind: crd.spec.names.kind.clone(),
+        storage_version: storage.clone(),
+        generation: crd.metadata.generation.unwrap_or_default(),
+        settle: settings.settle,
+        wait: settings.wait,
+    })
+}
+
 struct Context {
     client: Client,
+    config: kube::Config,
     fence: Fence,
+    settings: Settings,
 }
 
 /// Runs until `stop` fires; creates nothing once `fence` closes.
-pub async fn run(clients: Clients, fence: Fence, stop: CancellationToken) {
-    let Clients { requests: client, watches } = clients;
+pub async fn run(clients: Clients, settings: Settings, fence: Fence, stop: CancellationToken) {
+    let Clients { requests: client, watches, config } = clients;
     let crds: Api<CustomResourceDefinition> = Api::all(watches.clone());
     let migrations: Api<StorageVersionMigration> = Api::all(watches);
     // A finished migration may leave its CRD needing another: look at the CRD again.
@@ -116,7 +149,7 @@ pub async fn run(clients: Clients, fence: Fence, stop: CancellationToken) {
     Controller::new(crds, watcher::Config::default())
         .watches(migrations, watcher::Config::default(), crd_of)
         .graceful_shutdown_on(async move { stop.cancelled().await })
-        .run(reconcile, error_policy, Arc::new(Context { client, fence }))
+        .run(reconcile, error_policy, Arc::new(Context { client, config, fence, settings }))
         .for_each(|result| async move {
             if let Err(error) = result {
                 warn!(error = %crate::error_chain(&error), "CRD trigger failed");
@@ -129,7 +162,14 @@ async fn reconcile(
     crd: Arc<CustomResourceDefinition>,
     context: Arc<Context>,
 ) -> Result<Action, Error> {
+    // Whoever creates the migration, the encoding check starts now, at the storage switch.
+    if let Some(check) = encoding_check(&crd, &context.settings) {
+        context.settings.observer.observe(&context.client, &context.config, &check);
+    }
     let Some((name, target)) = needed_migration(&crd) else { return Ok(Action::await_change()) };
+    if !context.settings.create {
+        return Ok(Action::await_change());
+    }
     let api: Api<StorageVersionMigration> = Api::all(context.client.clone());
     let existing =
         bounded(&context.fence, api.list(&Default::default())).await?.map_err(Error::List)?;

@@ -14,4 +14,6 @@ pub struct Clients {
     pub requests: Client,
     /// For watches.
     pub watches: Client,
+    /// What the request client was made from, for fresh connections (the encoding check).
+    pub config: kube::Config,
 }

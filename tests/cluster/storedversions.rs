@@ -159,6 +159,7 @@ async fn storage_switch_is_migrated_and_pruned_by_the_storage_version_api() {
                 plural: "deployments".into(),
                 kind: "Deployment".into(),
                 storage_version: version.into(),
+                generation: 1,
                 settle: Duration::ZERO,
                 wait: Duration::ZERO,
             };
@@ -294,4 +295,46 @@ async fn the_opt_out_annotation_is_respected() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(triggered(&client, &opted_out).await.is_empty(), "no migration for the opted-out CRD");
     assert_eq!(stored_versions(&client, &opted_out).await, ["v1", "v2"]);
+}
+
+/// The encoding check starts when the storage switch is seen, not when a migration starts: a
+/// migration created after the settle period has passed finds it done (its evidence says the
+/// check began before the migration existed), and succeeds and prunes.
+#[tokio::test]
+async fn the_encoding_check_starts_at_the_storage_switch() {
+    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let widgets = WidgetCrd::new("early", false);
+    widgets.create(&client, "v1").await;
+    widgets.seed(&client, "v1", &[None], 50).await;
+    let controller = KubeSvm::start(
+        &control_plane,
+        "controller",
+        &[
+            "controller",
+            "--leader-elect=false",
+            "--crd-trigger=false",
+            "--storage-version-settle=4",
+        ],
+    )
+    .await;
+    widgets.set_storage_version(&client, "v2").await;
+    // Longer than the settle period, before any migration exists.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    crate::support::migrations::create_migration(&client, "late", &widgets.group, "widgets").await;
+    let done = wait_terminal(&client, "late", &controller).await;
+    assert_eq!(Phase::of(&done), Phase::Succeeded, "{:?}", done.status);
+    assert_eq!(pruned(&done).0, "True", "{:?}", pruned(&done));
+    let evidence =
+        done.status.as_ref().and_then(|s| s.target.clone()).and_then(|t| t.encoding_evidence);
+    let evidence = evidence.expect("evidence recorded");
+    let began: k8s_openapi::jiff::Timestamp = evidence
+        .split("checked from ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no start in {evidence}"));
+    let created = done.metadata.creation_timestamp.clone().expect("created").0;
+    assert!(began < created, "the check began at {began}, the migration was created at {created}");
 }
