@@ -17,7 +17,8 @@
 //! RSS of the migrating process. Then a sweep of kube-svm's engine over its write window. The
 //! table goes to `docs/bench.md`, the numbers to `docs/bench.json` (`hack/plot.py` draws
 //! `docs/bench.png` from them). `BENCH_CONTENDERS` (comma-separated names) runs a subset;
-//! `BENCH_SWEEP=0` skips the sweep. Throughput drifts as etcd's history grows: the limit is
+//! `BENCH_SWEEP=0` skips the sweep; `BENCH_REPORT=/tmp/x` writes `/tmp/x.md` and `/tmp/x.json`
+//! instead. Throughput drifts as etcd's history grows: the limit is
 //! measured at the start and again at the end, and ratios are quoted against their mean.
 
 // The integration tests' harness; the bench needs only part of it.
@@ -738,13 +739,18 @@ fn write_report(bench: &Bench, sweep: &BTreeMap<usize, f64>, bytes: usize) {
         }
     }
     println!("\n{table}");
-    let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
-    std::fs::create_dir_all(&docs).expect("docs/ is created");
-    std::fs::write(docs.join("bench.md"), &table).expect("docs/bench.md is written");
+    // `BENCH_REPORT` moves the report elsewhere, for runs of a subset (the 100,000-object one).
+    let stem = std::env::var("BENCH_REPORT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/bench"));
+    if let Some(dir) = stem.parent() {
+        std::fs::create_dir_all(dir).expect("the report's directory is created");
+    }
+    std::fs::write(stem.with_extension("md"), &table).expect("the table is written");
     let json = json!({ "objects": bench.objects, "bytes": bytes, "limit": limit, "rows": bench.rows, "sweep": sweep });
     std::fs::write(
-        docs.join("bench.json"),
+        stem.with_extension("json"),
         serde_json::to_string_pretty(&json).expect("serializes"),
     )
-    .expect("docs/bench.json is written");
+    .expect("the numbers are written");
 }
