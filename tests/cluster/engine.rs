@@ -443,7 +443,8 @@ async fn completes_under_priority_and_fairness_throttling() {
     let widgets = WidgetCrd::stale(&admin, "throttled", 200).await;
 
     let user = unique("throttled-migrator");
-    let flow_schema_uid = throttle_user(&admin, &user).await;
+    // 1 share of 246: one of the apiserver's 15 seats.
+    let flow_schema_uid = throttle_user(&admin, &user, 1).await;
     let mut config = control_plane.config().await;
     config.auth_info.impersonate = Some(user.clone());
     let client = Client::try_from(config.clone()).expect("client");
@@ -479,9 +480,9 @@ async fn completes_under_priority_and_fairness_throttling() {
     widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 200).await;
 }
 
-/// Gives `user` cluster-admin and a priority level of its own that rejects what exceeds its few
-/// seat; returns the FlowSchema's UID.
-async fn throttle_user(admin: &Client, user: &str) -> String {
+/// Gives `user` cluster-admin and a priority level of its own, of `shares` nominal concurrency
+/// shares, that rejects what exceeds its seats; returns the FlowSchema's UID.
+async fn throttle_user(admin: &Client, user: &str, shares: i32) -> String {
     use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
     use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
     let binding: ClusterRoleBinding = serde_json::from_value(json!({
@@ -497,8 +498,9 @@ async fn throttle_user(admin: &Client, user: &str) -> String {
     let level: PriorityLevelConfiguration = serde_json::from_value(json!({
         "metadata": { "name": user },
         "spec": { "type": "Limited", "limited": {
-            // 1 share of ~246: one of the apiserver's 15 seats; what comes on top is rejected.
-            "nominalConcurrencyShares": 1,
+            // Of the default levels' 245 shares and this one's, a share of the apiserver's seats;
+            // what comes on top is rejected.
+            "nominalConcurrencyShares": shares,
             "lendablePercent": 0,
             "borrowingLimitPercent": 0,
             "limitResponse": { "type": "Reject" },
@@ -646,4 +648,38 @@ async fn an_object_in_backoff_does_not_hold_back_later_pages() {
         (census.count(&widgets.api_version("v1")), census.count(&widgets.api_version("v2"))),
         (1, 599)
     );
+}
+
+/// A priority level that admits only 4 requests at once and rejects the rest: at its defaults
+/// kube-svm finishes with no object failed and no more than one request in 20 rejected, because
+/// its window remembers where it was throttled.
+#[tokio::test]
+async fn four_seats_of_priority_and_fairness_are_enough() {
+    // 60 seats in all; 15 shares of 260 make 4 of them this level's.
+    let control_plane =
+        ControlPlane::start(&["--max-requests-inflight=40", "--max-mutating-requests-inflight=20"])
+            .await
+            .expect("starts");
+    let admin = control_plane.client().await;
+    let widgets = WidgetCrd::stale(&admin, "four-seats", 1000).await;
+    let user = unique("four-seat-migrator");
+    let flow_schema_uid = throttle_user(&admin, &user, 15).await;
+    let mut config = control_plane.config().await;
+    config.auth_info.impersonate = Some(user.clone());
+    let client = Client::try_from(config.clone()).expect("client");
+    wait_for_flow_schema(&client, &flow_schema_uid).await;
+
+    let progress =
+        migrate(&engine(config, Settings::default()), &client, &widgets.group, WidgetCrd::PLURAL)
+            .await;
+    assert_eq!((progress.rewritten, progress.failed), (1000, 0), "{:?}", progress.failures.first());
+    assert!(progress.throttled > 0, "the level did hold the migration back: {progress:?}");
+    eprintln!("four seats: {} of {} requests rejected", progress.throttled, progress.requests);
+    assert!(
+        progress.throttled * 20 <= progress.requests,
+        "{} of {} requests rejected",
+        progress.throttled,
+        progress.requests
+    );
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 1000).await;
 }
