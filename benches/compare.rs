@@ -721,10 +721,13 @@ fn write_report(bench: &Bench, sweep: &BTreeMap<usize, f64>, bytes: usize) {
     for row in &bench.rows {
         let _ = writeln!(
             table,
-            "| {} | {:.0} | {:.2} | {:.3} | {:.2} | {:.2} | {} | {} |",
+            "| {} | {:.0} | {} | {:.3} | {:.2} | {:.2} | {} | {} |",
             row.contender,
             row.objects_per_second,
-            row.objects_per_second / limit,
+            match limit > 0.0 {
+                true => format!("{:.2}", row.objects_per_second / limit),
+                false => "-".to_owned(),
+            },
             row.requests_per_object,
             row.apiserver_cpu_per_1000,
             row.etcd_cpu_per_1000,
