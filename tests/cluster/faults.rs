@@ -511,9 +511,7 @@ async fn an_unconfirmed_encoding_keeps_stored_versions_unless_an_operator_vouche
             && evidence.contains("kube-svm.io/encoding-confirmed"),
         "{evidence}"
     );
-    assert!(
-        migrations::event_reasons(&client, &name).await.contains(&"EncodingUnconfirmed".to_owned())
-    );
+    assert!(migrations::has_event(&client, &name, "EncodingUnconfirmed").await);
 
     let vouched = unique("vouched");
     let mut migration = StorageVersionMigration::new(&vouched, done.spec.clone());
@@ -528,11 +526,7 @@ async fn an_unconfirmed_encoding_keeps_stored_versions_unless_an_operator_vouche
     let evidence =
         done.status.as_ref().and_then(|s| s.target.clone()).and_then(|t| t.encoding_evidence);
     assert!(evidence.is_some_and(|e| e.contains("the operator")), "{:?}", done.status);
-    assert!(
-        migrations::event_reasons(&client, &vouched)
-            .await
-            .contains(&"EncodingOverridden".to_owned())
-    );
+    assert!(migrations::has_event(&client, &vouched, "EncodingOverridden").await);
 }
 
 /// An aggregated API whose backend is missing answers discovery with 503: its migrations are

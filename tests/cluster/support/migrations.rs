@@ -107,6 +107,21 @@ pub async fn event_reasons(client: &Client, name: &str) -> Vec<String> {
     list.items.into_iter().filter_map(|e| e.reason).collect()
 }
 
+/// Waits up to ten seconds for an Event with `reason` on migration `name`: kube-svm records an
+/// Event after the status write it explains, so a test that saw the status may be early.
+pub async fn has_event(client: &Client, name: &str, reason: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if event_reasons(client, name).await.iter().any(|r| r == reason) {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// The migrations the CRD trigger created for `widgets`, oldest first.
 pub async fn triggered(client: &Client, widgets: &WidgetCrd) -> Vec<StorageVersionMigration> {
     let api: Api<StorageVersionMigration> = Api::all(client.clone());
