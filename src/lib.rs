@@ -2,11 +2,12 @@
 //!
 //! The file tree is the map: [`api`] holds the `migration.k8s.io` types, [`cli`] the subcommands
 //! of the `kube-svm` binary, [`telemetry`] logging setup, [`storage_hash`] the apiserver's
-//! storage version hash, and [`stored`] how a value in etcd is encoded.
+//! storage version hash, and [`census`] how objects are really stored in etcd.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 pub mod api;
+pub mod census;
 pub mod cli;
 pub mod controller;
 pub mod encoding;
@@ -16,7 +17,6 @@ pub mod leader;
 pub mod metrics;
 pub mod server;
 pub mod storage_hash;
-pub mod stored;
 pub mod storedversions;
 pub mod telemetry;
 pub mod trigger;

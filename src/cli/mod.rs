@@ -2,6 +2,7 @@
 
 mod controller;
 mod crds;
+mod inspect;
 pub mod kube;
 
 use clap::{Parser, Subcommand};
@@ -25,6 +26,9 @@ pub enum Command {
     Controller(Box<controller::ControllerArgs>),
     /// Print kube-svm's CustomResourceDefinitions as YAML.
     Crds(crds::CrdsArgs),
+    /// Count how each resource's objects are stored in etcd (read-only): by stored apiVersion
+    /// and by encryption key, never decrypting or printing a value.
+    Inspect(inspect::InspectArgs),
 }
 
 impl Cli {
@@ -33,6 +37,7 @@ impl Cli {
         match self.command {
             Command::Controller(args) => controller::run(*args).await,
             Command::Crds(args) => crds::run(args),
+            Command::Inspect(args) => inspect::run(args).await,
         }
     }
 }

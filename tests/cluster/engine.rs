@@ -8,10 +8,10 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use kube_svm::api::GroupVersionResource;
+use kube_svm::census::stored::Stored;
 use kube_svm::engine::{
     Engine, Finished, Job, Progress, RateLimiter, ResolveError, Resource, Settings,
 };
-use kube_svm::stored::Stored;
 use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;

@@ -7,7 +7,7 @@ use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Api, ResourceExt};
 use kube_svm::api::{StorageState, StorageVersionMigration};
-use kube_svm::stored::Stored;
+use kube_svm::census::stored::Stored;
 use serde_json::json;
 
 use crate::support::fixtures::{WidgetCrd, create_namespace, install_kube_svm_crds, unique};

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use kube_svm::stored::{self, Stored};
+use kube_svm::census::stored::{self, Stored};
 use serde::Deserialize;
 use serde_json::json;
 

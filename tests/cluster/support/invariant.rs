@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{Api, Client};
 use kube_svm::api::{Phase, StorageVersionMigration};
-use kube_svm::stored::Stored;
+use kube_svm::census::stored::Stored;
 
 use super::Etcd;
 use super::fixtures::WidgetCrd;
