@@ -12,7 +12,6 @@
 #[path = "../tests/cluster/support/mod.rs"]
 mod support;
 
-use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
@@ -120,6 +119,8 @@ async fn main() -> anyhow::Result<()> {
         Ok(()) => detail("removing v1 from spec.versions: accepted, v1 is gone"),
         Err(message) => anyhow::bail!("v1 could not be removed: {message}"),
     }
+    // reqwest's TLS (unused for plain http) needs a crypto provider installed.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let metrics = reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await?.text().await?;
     for line in metrics.lines().filter(|line| {
         line.starts_with("storage_migrator_core_migrator_")
@@ -159,12 +160,14 @@ fn detail(text: &str) {
 
 /// How the widgets are stored in etcd, by stored apiVersion.
 async fn census(etcd: &Etcd, widgets: &WidgetCrd) -> String {
-    let mut counts = BTreeMap::new();
-    for kv in etcd.list(&widgets.etcd_prefix()).await.unwrap_or_default() {
-        *counts.entry(kv.api_version()).or_insert(0) += 1;
-    }
-    let parts: Vec<String> =
-        counts.iter().map(|(version, count)| format!("{count} widgets as {version}")).collect();
+    let Ok(census) = etcd.census(&widgets.etcd_prefix()).await else {
+        return "unreadable".into();
+    };
+    let parts: Vec<String> = census
+        .api_versions
+        .iter()
+        .map(|(version, count)| format!("{count} widgets as {version}"))
+        .collect();
     parts.join(", ")
 }
 

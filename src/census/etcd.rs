@@ -120,13 +120,12 @@ impl EtcdReader {
                 return Err(Error::MissingCa { endpoint: endpoint.clone() });
             }
         }
-        let builder = reqwest::Client::builder().timeout(REQUEST_TIMEOUT).http1_only();
-        let builder = match ca {
-            Some(ca) => builder.tls_backend_preconfigured(tls_config(ca, cert, key)?),
-            None if cert.is_some() || key.is_some() => return Err(Error::HalfIdentity),
-            None => builder,
-        };
-        let http = builder.build().map_err(Error::Client)?;
+        let http = reqwest::Client::builder()
+            .timeout(REQUEST_TIMEOUT)
+            .http1_only()
+            .tls_backend_preconfigured(tls_config(ca.as_deref(), cert, key)?)
+            .build()
+            .map_err(Error::Client)?;
         Ok(EtcdReader { endpoints, preferred: AtomicUsize::new(0), http })
     }
 
@@ -221,16 +220,18 @@ fn decode(body: &[u8]) -> anyhow::Result<Page> {
     Ok(Page { kvs, more, revision: header.revision.parse()?, count: count.parse()? })
 }
 
-/// A TLS configuration that trusts `ca` alone and presents `cert`/`key` when given. rustls on
-/// ring, the provider the Kubernetes client uses too.
+/// A TLS configuration that trusts `ca` alone (nothing without it: plain http) and presents
+/// `cert`/`key` when given. rustls on ring, the provider the Kubernetes client uses too.
 fn tls_config(
-    ca: &Path,
+    ca: Option<&Path>,
     cert: &Option<PathBuf>,
     key: &Option<PathBuf>,
 ) -> Result<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
-    for certificate in certificates(ca, "CA certificate")? {
-        roots.add(certificate).map_err(Error::Tls)?;
+    if let Some(ca) = ca {
+        for certificate in certificates(ca, "CA certificate")? {
+            roots.add(certificate).map_err(Error::Tls)?;
+        }
     }
     let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),

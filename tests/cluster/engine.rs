@@ -17,7 +17,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::admission::deny_updates;
-use crate::support::fixtures::{WidgetCrd, create_namespace, unique, vanish_namespace};
+use crate::support::fixtures::{
+    KEY1, KEY2, WidgetCrd, create_namespace, encrypt_secrets, unique, vanish_namespace,
+};
 use crate::support::invariant::Census;
 use crate::support::{ControlPlane, shared};
 
@@ -144,24 +146,10 @@ async fn migrates_through_the_status_subresource() {
 #[tokio::test]
 async fn rotates_the_encryption_key_of_secrets() {
     let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
-    let write_config = |keys: &[(&str, &str)]| {
-        let keys: String = keys
-            .iter()
-            .map(|(name, secret)| format!("      - name: {name}\n        secret: {secret}\n"))
-            .collect();
-        let path = control_plane.path("encryption.yaml");
-        std::fs::write(
-            &path,
-            format!(
-                "apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: [secrets]\n  providers:\n  - aescbc:\n      keys:\n{keys}  - identity: {{}}\n"
-            ),
-        )
-        .expect("written");
-        format!("--encryption-provider-config={}", path.display())
-    };
-    const KEY1: (&str, &str) = ("key1", "MTIzNDU2Nzg5MDEyMzQ1Njc4OTAxMjM0NTY3ODkwMTI=");
-    const KEY2: (&str, &str) = ("key2", "YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXoxMjM0NTY=");
-    control_plane.restart_apiserver(&[&write_config(&[KEY1])]).await.expect("restarts with key1");
+    control_plane
+        .restart_apiserver(&[&encrypt_secrets(&control_plane, &[KEY1])])
+        .await
+        .expect("restarts with key1");
 
     let client = control_plane.client().await;
     let namespace = unique("secrets");
@@ -185,7 +173,7 @@ async fn rotates_the_encryption_key_of_secrets() {
     );
 
     control_plane
-        .restart_apiserver(&[&write_config(&[KEY2, KEY1])])
+        .restart_apiserver(&[&encrypt_secrets(&control_plane, &[KEY2, KEY1])])
         .await
         .expect("restarts with key2 first");
     let client = control_plane.client().await;

@@ -7,6 +7,7 @@ mod controller;
 mod engine;
 mod faults;
 mod foundation;
+mod inspect;
 mod observability;
 mod storedversions;
 mod support;

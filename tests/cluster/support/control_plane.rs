@@ -381,7 +381,7 @@ impl Drop for ControlPlane {
 }
 
 /// Finds a server binary the envtest way.
-fn asset(name: &str) -> anyhow::Result<PathBuf> {
+pub(super) fn asset(name: &str) -> anyhow::Result<PathBuf> {
     let variable = format!("TEST_ASSET_{}", name.to_uppercase().replace('-', "_"));
     if let Ok(path) = std::env::var(&variable) {
         return Ok(PathBuf::from(path));
@@ -397,7 +397,7 @@ fn asset(name: &str) -> anyhow::Result<PathBuf> {
     )
 }
 
-fn spawn(binary: &Path, args: &[String], log: &Path) -> anyhow::Result<Child> {
+pub(super) fn spawn(binary: &Path, args: &[String], log: &Path) -> anyhow::Result<Child> {
     let out = fs::File::create(log)?;
     let child = Command::new(binary)
         .args(args)
@@ -409,7 +409,7 @@ fn spawn(binary: &Path, args: &[String], log: &Path) -> anyhow::Result<Child> {
 }
 
 /// Stops a server with SIGTERM, then SIGKILL if it has not exited within a few seconds.
-fn terminate(child: &mut Child) -> anyhow::Result<()> {
+pub(super) fn terminate(child: &mut Child) -> anyhow::Result<()> {
     if child.try_wait()?.is_some() {
         return Ok(());
     }
@@ -427,7 +427,7 @@ fn terminate(child: &mut Child) -> anyhow::Result<()> {
 }
 
 /// A port the kernel just handed out, released for a server to bind.
-fn free_port() -> std::io::Result<u16> {
+pub(super) fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
@@ -477,7 +477,7 @@ current-context: test
     )
 }
 
-fn record_pid(dir: &Path, child: &Child) -> std::io::Result<()> {
+pub(super) fn record_pid(dir: &Path, child: &Child) -> std::io::Result<()> {
     use std::io::Write;
     let mut pids = fs::OpenOptions::new().create(true).append(true).open(dir.join("pids"))?;
     writeln!(pids, "{}", child.id())
@@ -485,7 +485,7 @@ fn record_pid(dir: &Path, child: &Child) -> std::io::Result<()> {
 
 /// Starts a detached shell that waits for this test binary to exit, then kills every server
 /// recorded in `<dir>/pids` and removes `dir` unless a test marked it to be kept.
-fn spawn_watchdog(dir: &Path) -> std::io::Result<()> {
+pub(super) fn spawn_watchdog(dir: &Path) -> std::io::Result<()> {
     let script = r#"
         while kill -0 "$1" 2>/dev/null; do sleep 1; done
         [ -f "$2/pids" ] && xargs -r kill -TERM <"$2/pids" 2>/dev/null
@@ -508,7 +508,7 @@ fn spawn_watchdog(dir: &Path) -> std::io::Result<()> {
 static DIRECTORIES: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
 /// Registers `dir` to be kept, and its path printed, when a test panics.
-fn keep_on_panic(dir: &Path) {
+pub(super) fn keep_on_panic(dir: &Path) {
     static HOOK: Once = Once::new();
     HOOK.call_once(|| {
         let default_hook = std::panic::take_hook();

@@ -1,11 +1,11 @@
-//! Raw reads of etcd through its v3 JSON gateway, to check what the apiserver really stored.
+//! Raw reads of etcd with kube-svm's own read-only census client, to check what the apiserver
+//! really stored; and compaction, the one write a test needs.
 
 use std::time::{Duration, Instant};
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
+use kube_svm::census::etcd::{self, Connection, EtcdReader};
 use kube_svm::census::stored::{self, Stored};
-use serde::Deserialize;
+use kube_svm::census::{self, Scope};
 use serde_json::json;
 
 /// One key as etcd holds it.
@@ -34,33 +34,22 @@ impl KeyValue {
 
 pub struct Etcd {
     url: String,
+    reader: EtcdReader,
     http: reqwest::Client,
-}
-
-// The gateway encodes bytes as base64 and 64-bit integers as strings.
-#[derive(Deserialize)]
-struct RangeResponse {
-    header: Header,
-    #[serde(default)]
-    kvs: Vec<RawKeyValue>,
-}
-
-#[derive(Deserialize)]
-struct Header {
-    revision: String,
-}
-
-#[derive(Deserialize)]
-struct RawKeyValue {
-    key: String,
-    #[serde(default)]
-    value: String,
-    mod_revision: String,
 }
 
 impl Etcd {
     pub fn new(url: &str) -> Etcd {
-        Etcd { url: url.to_owned(), http: reqwest::Client::new() }
+        let connection = Connection { endpoints: vec![url.to_owned()], ..Default::default() };
+        let reader = EtcdReader::connect(&connection).expect("a plain http endpoint");
+        // The test's own writes and health checks go through plain reqwest, whose TLS (unused
+        // here) still needs a crypto provider.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        Etcd { url: url.to_owned(), reader, http: reqwest::Client::new() }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
     }
 
     pub async fn wait_healthy(&self, timeout: Duration) -> anyhow::Result<()> {
@@ -77,24 +66,57 @@ impl Etcd {
 
     /// One key, or `None` when it does not exist.
     pub async fn get(&self, key: &str) -> anyhow::Result<Option<KeyValue>> {
-        let (_, mut kvs) = self.range(json!({ "key": STANDARD.encode(key) })).await?;
-        Ok(kvs.pop())
+        let mut end = key.as_bytes().to_vec();
+        end.push(0);
+        let page = self.reader.range(key.as_bytes(), &end, 1, 0).await?;
+        page.kvs.into_iter().next().map(key_value).transpose()
     }
 
-    /// Every key under `prefix`, in key order.
+    /// Every key under `prefix`, in key order, read at one revision.
     pub async fn list(&self, prefix: &str) -> anyhow::Result<Vec<KeyValue>> {
-        let end = prefix_end(prefix.as_bytes());
-        let (_, kvs) = self
-            .range(json!({ "key": STANDARD.encode(prefix), "range_end": STANDARD.encode(end) }))
-            .await?;
-        Ok(kvs)
+        let end = etcd::prefix_end(prefix.as_bytes());
+        let (mut start, mut revision, mut kvs) = (prefix.as_bytes().to_vec(), 0, Vec::new());
+        loop {
+            let page = self.reader.range(&start, &end, census::PAGE_KEYS, revision).await?;
+            revision = page.revision;
+            if let Some(last) = page.kvs.last() {
+                start = [last.key.as_slice(), b"\0"].concat();
+            }
+            for kv in page.kvs {
+                kvs.push(key_value(kv)?);
+            }
+            if !page.more {
+                return Ok(kvs);
+            }
+        }
+    }
+
+    /// kube-svm's census of the keys under `key_prefix`.
+    pub async fn census(&self, key_prefix: &str) -> anyhow::Result<census::ResourceCensus> {
+        let located = census::keys::locate("/registry", key_prefix);
+        let mut report =
+            census::take(&self.reader, "/registry", &Scope::Resources(vec![located]), |_, _| {})
+                .await?;
+        Ok(report.resources.remove(0))
     }
 
     /// etcd's current revision.
     pub async fn revision(&self) -> anyhow::Result<i64> {
-        let (revision, _) =
-            self.range(json!({ "key": STANDARD.encode("/"), "count_only": true })).await?;
-        Ok(revision)
+        Ok(self.reader.count(b"/", b"\0").await?.revision)
+    }
+
+    /// Writes `value` at `key` directly, as no apiserver would.
+    pub async fn put(&self, key: &str, value: &[u8]) -> anyhow::Result<()> {
+        use base64::Engine;
+        let encode = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+        let response = self
+            .http
+            .post(format!("{}/v3/kv/put", self.url))
+            .json(&json!({ "key": encode(key.as_bytes()), "value": encode(value) }))
+            .send()
+            .await?;
+        anyhow::ensure!(response.status().is_success(), "put failed: {}", response.text().await?);
+        Ok(())
     }
 
     /// Compacts history up to `revision`: continue tokens older than it expire (HTTP 410).
@@ -112,34 +134,8 @@ impl Etcd {
         );
         Ok(())
     }
-
-    async fn range(&self, request: serde_json::Value) -> anyhow::Result<(i64, Vec<KeyValue>)> {
-        let response =
-            self.http.post(format!("{}/v3/kv/range", self.url)).json(&request).send().await?;
-        anyhow::ensure!(response.status().is_success(), "range failed: {}", response.text().await?);
-        let RangeResponse { header, kvs } = response.json().await?;
-        let kvs = kvs
-            .into_iter()
-            .map(|raw| {
-                Ok(KeyValue {
-                    key: String::from_utf8(STANDARD.decode(raw.key)?)?,
-                    value: STANDARD.decode(raw.value)?,
-                    mod_revision: raw.mod_revision.parse()?,
-                })
-            })
-            .collect::<anyhow::Result<_>>()?;
-        Ok((header.revision.parse()?, kvs))
-    }
 }
 
-/// The smallest key greater than every key starting with `prefix` (etcd's `range_end`).
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
+fn key_value(kv: etcd::KeyValue) -> anyhow::Result<KeyValue> {
+    Ok(KeyValue { key: String::from_utf8(kv.key)?, value: kv.value, mod_revision: kv.mod_revision })
 }

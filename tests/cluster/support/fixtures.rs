@@ -11,8 +11,8 @@ use kube::{Api, Client};
 use kube_svm::storage_hash::storage_version_hash;
 use serde_json::json;
 
-use super::Etcd;
 use super::invariant::Census;
+use super::{ControlPlane, Etcd};
 
 /// How long the apiserver may take to act on a CRD change.
 const CRD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -328,4 +328,26 @@ impl WidgetCrd {
             census.0
         );
     }
+}
+
+/// Two aescbc keys for encryption at rest: (name, base64 of 32 bytes).
+pub const KEY1: (&str, &str) = ("key1", "MTIzNDU2Nzg5MDEyMzQ1Njc4OTAxMjM0NTY3ODkwMTI=");
+pub const KEY2: (&str, &str) = ("key2", "YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXoxMjM0NTY=");
+
+/// Writes an EncryptionConfiguration that encrypts Secrets with `keys` (the first writes, all
+/// read) and returns the kube-apiserver flag that loads it.
+pub fn encrypt_secrets(control_plane: &ControlPlane, keys: &[(&str, &str)]) -> String {
+    let keys: String = keys
+        .iter()
+        .map(|(name, secret)| format!("      - name: {name}\n        secret: {secret}\n"))
+        .collect();
+    let path = control_plane.path("encryption.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: [secrets]\n  providers:\n  - aescbc:\n      keys:\n{keys}  - identity: {{}}\n"
+        ),
+    )
+    .expect("written");
+    format!("--encryption-provider-config={}", path.display())
 }

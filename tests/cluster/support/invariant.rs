@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{Api, Client};
 use kube_svm::api::{Phase, StorageVersionMigration};
-use kube_svm::census::stored::Stored;
 
 use super::Etcd;
 use super::fixtures::WidgetCrd;
@@ -19,19 +18,16 @@ use super::fixtures::WidgetCrd;
 pub struct Census(pub BTreeMap<String, usize>);
 
 impl Census {
-    /// Reads every key of `widgets` from etcd.
+    /// Counts every key of `widgets` with kube-svm's census.
     pub async fn of(etcd: &Etcd, widgets: &WidgetCrd) -> Census {
-        let stored = etcd.list(&widgets.etcd_prefix()).await.expect("etcd answers");
-        let mut counts = BTreeMap::new();
-        for kv in stored {
-            let version = match kv.stored() {
-                Stored::Json { api_version, .. } | Stored::Protobuf { api_version, .. } => {
-                    api_version
-                }
-                Stored::Encrypted { .. } => "encrypted".to_owned(),
-                Stored::Unrecognized => "unrecognized".to_owned(),
-            };
-            *counts.entry(version).or_insert(0) += 1;
+        let census = etcd.census(&widgets.etcd_prefix()).await.expect("etcd answers");
+        let mut counts: BTreeMap<String, usize> =
+            census.api_versions.into_iter().map(|(v, n)| (v, to_usize(n))).collect();
+        let encrypted: u64 = census.encryption.iter().map(|k| k.objects).sum();
+        for (label, n) in [("encrypted", encrypted), ("unrecognized", census.unrecognized)] {
+            if n > 0 {
+                counts.insert(label.to_owned(), to_usize(n));
+            }
         }
         Census(counts)
     }
@@ -113,4 +109,8 @@ pub async fn check(client: &Client, etcd: &Etcd, widgets: &WidgetCrd, migration:
         pruned_reason: condition.and_then(|c| c.reason.clone()),
         census,
     }
+}
+
+fn to_usize(n: u64) -> usize {
+    usize::try_from(n).expect("a count fits in usize")
 }

@@ -8,6 +8,8 @@ pub mod fixtures;
 pub mod invariant;
 pub mod migrations;
 pub mod process;
+mod secure_etcd;
 
 pub use control_plane::{CONTROLLER_NAMESPACE, ControlPlane, shared};
 pub use etcd::{Etcd, KeyValue};
+pub use secure_etcd::SecureEtcd;
