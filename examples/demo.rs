@@ -60,7 +60,7 @@ async fn main() -> anyhow::Result<()> {
     step("Switching the CRD's storage version to v2");
     widgets.set_storage_version(&client, "v2").await;
     let switched = Instant::now();
-    detail(&format!("etcd holds: {}", census(&etcd, &widgets).await));
+    inspect(&etcd, &widgets)?;
     detail(&format!("status.storedVersions: {:?}", stored_versions(&client, &widgets).await));
     match drop_version(&client, &widgets, "v1", true).await {
         Err(message) => detail(&format!("removing v1 from spec.versions is refused: {message}")),
@@ -112,7 +112,7 @@ async fn main() -> anyhow::Result<()> {
     anyhow::ensure!(Phase::of(&migration) == Phase::Succeeded, "the migration did not succeed");
 
     step("The proof");
-    detail(&format!("etcd holds: {}", census(&etcd, &widgets).await));
+    inspect(&etcd, &widgets)?;
     let pruned = wait_stored_versions(&client, &widgets, &["v2"]).await;
     detail(&format!("status.storedVersions: {pruned:?}"));
     match drop_version(&client, &widgets, "v1", false).await {
@@ -158,17 +158,19 @@ fn detail(text: &str) {
     println!("    {text}");
 }
 
-/// How the widgets are stored in etcd, by stored apiVersion.
-async fn census(etcd: &Etcd, widgets: &WidgetCrd) -> String {
-    let Ok(census) = etcd.census(&widgets.etcd_prefix()).await else {
-        return "unreadable".into();
-    };
-    let parts: Vec<String> = census
-        .api_versions
-        .iter()
-        .map(|(version, count)| format!("{count} widgets as {version}"))
-        .collect();
-    parts.join(", ")
+/// Runs `kube-svm inspect` on the widgets and shows its census of etcd.
+fn inspect(etcd: &Etcd, widgets: &WidgetCrd) -> anyhow::Result<()> {
+    let args = ["inspect", &widgets.name(), "--etcd-endpoints", etcd.url()];
+    detail(&format!("$ kube-svm {}", args.join(" ")));
+    let output = std::process::Command::new(support::process::binary()).args(args).output()?;
+    anyhow::ensure!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        match line.is_empty() {
+            true => println!(),
+            false => detail(line),
+        }
+    }
+    Ok(())
 }
 
 async fn stored_versions(client: &Client, widgets: &WidgetCrd) -> Vec<String> {
