@@ -15,6 +15,7 @@ pub mod engine;
 pub mod fence;
 pub mod leader;
 pub mod metrics;
+pub mod plan;
 pub mod server;
 pub mod storage_hash;
 pub mod storedversions;

@@ -2,7 +2,7 @@ use clap::Parser;
 use kube_svm::{cli::Cli, telemetry};
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> anyhow::Result<std::process::ExitCode> {
     let cli = Cli::parse();
     telemetry::init(&cli.log)?;
     cli.run().await

@@ -1,13 +1,13 @@
 //! `kube-svm inspect`: how each resource's objects are really stored, read from etcd (read-only).
 
-use std::fmt::Write as _;
 use std::io::Write;
-use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Args, ValueEnum};
+use clap::Args;
 
-use crate::census::{self, Connection, EtcdReader, ResourceCensus, Scope};
+use super::etcd::EtcdArgs;
+use super::table::{self, Output};
+use crate::census::{self, EtcdReader, ResourceCensus, Scope};
 
 #[derive(Args, Debug)]
 pub struct InspectArgs {
@@ -15,26 +15,8 @@ pub struct InspectArgs {
     /// or key prefixes starting with `/`. None: every key under --etcd-prefix, by resource.
     pub resources: Vec<String>,
 
-    /// etcd's client URLs, comma-separated (kube-apiserver's --etcd-servers).
-    #[arg(long, env = "KUBE_SVM_ETCD_ENDPOINTS", value_delimiter = ',', required = true)]
-    pub etcd_endpoints: Vec<String>,
-
-    /// CA certificate that signed etcd's serving certificate (kube-apiserver's --etcd-cafile);
-    /// required for https endpoints.
-    #[arg(long, env = "KUBE_SVM_ETCD_CA")]
-    pub etcd_ca: Option<PathBuf>,
-
-    /// Client certificate for etcd (kube-apiserver's --etcd-certfile).
-    #[arg(long, env = "KUBE_SVM_ETCD_CERT")]
-    pub etcd_cert: Option<PathBuf>,
-
-    /// Client key for etcd (kube-apiserver's --etcd-keyfile).
-    #[arg(long, env = "KUBE_SVM_ETCD_KEY")]
-    pub etcd_key: Option<PathBuf>,
-
-    /// The prefix kube-apiserver keeps its keys under (its --etcd-prefix).
-    #[arg(long, default_value = "/registry")]
-    pub etcd_prefix: String,
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
 
     /// Print the keys stored in this apiVersion (`example.com/v1`) or encryption key
     /// (`aescbc:key1`, or `key1`), or `unencrypted` or `unrecognized`, one per line, instead of
@@ -47,26 +29,11 @@ pub struct InspectArgs {
     pub output: Output,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum Output {
-    Table,
-    Json,
-    Yaml,
-}
-
 pub async fn run(args: InspectArgs) -> anyhow::Result<()> {
-    let InspectArgs {
-        resources,
-        etcd_endpoints,
-        etcd_ca,
-        etcd_cert,
-        etcd_key,
-        etcd_prefix,
-        list,
-        output,
-    } = args;
+    let InspectArgs { resources, etcd, list, output } = args;
+    let (connection, etcd_prefix) = etcd.connection();
     let connection =
-        Connection { endpoints: etcd_endpoints, ca: etcd_ca, cert: etcd_cert, key: etcd_key };
+        connection.context("inspect reads etcd: give its URLs with --etcd-endpoints")?;
     let reader = EtcdReader::connect(&connection).context("failed to set up the etcd client")?;
     let scope = match resources.is_empty() {
         true => Scope::Everything,
@@ -94,11 +61,7 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<()> {
     if list.is_some() {
         return Ok(());
     }
-    let text = match output {
-        Output::Table => table(&report),
-        Output::Json => serde_json::to_string_pretty(&report)? + "\n",
-        Output::Yaml => serde_yaml_ng::to_string(&report)?,
-    };
+    let text = output.format(&report, table)?;
     stdout.write_all(text.as_bytes()).context("failed to write the census")
 }
 
@@ -128,31 +91,12 @@ fn table(report: &census::Report) -> String {
             ]);
         }
     }
-    let mut widths = [0; 5];
-    for row in &rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let mut out = format!(
+    let header = format!(
         "etcd revision {} under {}/\n\n",
         report.etcd_revision,
         report.etcd_prefix.trim_end_matches('/')
     );
-    for row in &rows {
-        let mut line = String::new();
-        for (i, (cell, width)) in row.iter().zip(widths).enumerate() {
-            match i {
-                // Counts are right-aligned.
-                1 => write!(line, "{cell:>width$}  "),
-                _ => write!(line, "{cell:<width$}  "),
-            }
-            .unwrap_or_default();
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
+    header + &table::render(&rows, &[1])
 }
 
 fn stored_as(resource: &ResourceCensus) -> Vec<String> {

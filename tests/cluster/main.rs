@@ -9,5 +9,6 @@ mod faults;
 mod foundation;
 mod inspect;
 mod observability;
+mod plan;
 mod storedversions;
 mod support;

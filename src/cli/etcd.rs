@@ -1,0 +1,46 @@
+//! Reaching etcd, for the commands that read it directly (`inspect`, `plan`): the flags name
+//! the files kube-apiserver's own `--etcd-*` flags name.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::census::Connection;
+
+#[derive(Args, Clone, Debug)]
+pub struct EtcdArgs {
+    /// etcd's client URLs, comma-separated (kube-apiserver's --etcd-servers).
+    #[arg(long, env = "KUBE_SVM_ETCD_ENDPOINTS", value_delimiter = ',')]
+    pub etcd_endpoints: Vec<String>,
+
+    /// CA certificate that signed etcd's serving certificate (kube-apiserver's --etcd-cafile);
+    /// required for https endpoints.
+    #[arg(long, env = "KUBE_SVM_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+
+    /// Client certificate for etcd (kube-apiserver's --etcd-certfile).
+    #[arg(long, env = "KUBE_SVM_ETCD_CERT")]
+    pub etcd_cert: Option<PathBuf>,
+
+    /// Client key for etcd (kube-apiserver's --etcd-keyfile).
+    #[arg(long, env = "KUBE_SVM_ETCD_KEY")]
+    pub etcd_key: Option<PathBuf>,
+
+    /// The prefix kube-apiserver keeps its keys under (its --etcd-prefix).
+    #[arg(long, default_value = "/registry")]
+    pub etcd_prefix: String,
+}
+
+impl EtcdArgs {
+    /// How to reach etcd, or `None` when no endpoint was given; and the key prefix.
+    pub fn connection(self) -> (Option<Connection>, String) {
+        let EtcdArgs { etcd_endpoints, etcd_ca, etcd_cert, etcd_key, etcd_prefix } = self;
+        let connection = (!etcd_endpoints.is_empty()).then_some(Connection {
+            endpoints: etcd_endpoints,
+            ca: etcd_ca,
+            cert: etcd_cert,
+            key: etcd_key,
+        });
+        (connection, etcd_prefix)
+    }
+}

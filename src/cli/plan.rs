@@ -1,0 +1,267 @@
+//! `kube-svm plan`: what needs migrating and what kube-svm would do, written nowhere. The
+//! decisions are in [`crate::plan`]; this file gathers what they need and prints the plan.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::ListParams;
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::{Api, Client};
+
+use super::etcd::EtcdArgs;
+use super::kube::KubeArgs;
+use super::table::{self, Output};
+use crate::api::{GroupVersionResource, Phase, StorageState, StorageVersionMigration};
+use crate::census::{self, EtcdReader, Scope};
+use crate::engine::{ResolveError, Resource};
+use crate::plan::{self, Entry, ExistingMigration, Plan};
+use crate::storedversions::CrdState;
+
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// Resources to migrate whatever their state, as `resource[.group]` (`secrets` after an
+    /// encryption key rotation, `widgets.example.com`).
+    pub resources: Vec<String>,
+
+    #[command(flatten)]
+    pub kube: KubeArgs,
+
+    /// With etcd's endpoints, objects are counted exactly and the stale ones named by census.
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+/// What the plan needs to know of a listed resource beyond its entry.
+#[derive(Default)]
+struct Known {
+    resolved: Option<Resource>,
+    /// The CRD's storage version.
+    storage_version: Option<String>,
+}
+
+pub async fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
+    let PlanArgs { resources, kube, etcd, output } = args;
+    let client = Client::try_from(kube.config().await?)?;
+    let mut plan = Plan::default();
+    let mut known: BTreeMap<(String, String), Known> = BTreeMap::new();
+
+    for crd in list_or_empty(Api::<CustomResourceDefinition>::all(client.clone())).await? {
+        let Some(state) = CrdState::of(&crd) else { continue };
+        let Some((reason, afterwards)) = plan::crd_reason(&state) else { continue };
+        let (group, resource) = (crd.spec.group.clone(), crd.spec.names.plural.clone());
+        let entry = plan.entry(&group, &resource);
+        entry.reasons.push(reason);
+        entry.afterwards = afterwards;
+        known.entry((group, resource)).or_default().storage_version = Some(state.storage_version);
+    }
+
+    for state in list_or_empty(Api::<StorageState>::all(client.clone())).await? {
+        let crate::api::GroupResource { group, resource } = state.spec.resource.clone();
+        let persisted =
+            state.status.map(|s| s.persisted_storage_version_hashes).unwrap_or_default();
+        let resolved = match resolve(&client, &group, &resource).await {
+            Ok(resolved) => resolved,
+            Err(error) => {
+                plan.unexamined.push(format!(
+                    "{}: {}",
+                    display(&group, &resource),
+                    crate::error_chain(&error)
+                ));
+                continue;
+            }
+        };
+        let current = resolved.storage_version_hash.as_deref();
+        if let Some(reason) = plan::storage_state_reason(&persisted, current) {
+            let entry = plan.entry(&group, &resource);
+            entry.reasons.push(reason);
+            entry.afterwards = format!(
+                "{} StorageState's persistedStorageVersionHashes set to [{:?}]",
+                display(&group, &resource),
+                current.unwrap_or_default()
+            );
+        }
+        known.entry((group, resource)).or_default().resolved = Some(resolved);
+    }
+
+    for argument in &resources {
+        let argument = argument.to_ascii_lowercase();
+        let (resource, group) = argument.split_once('.').unwrap_or((&argument, ""));
+        let resolved = resolve(&client, group, resource)
+            .await
+            .with_context(|| format!("cannot plan {argument}"))?;
+        plan.entry(group, resource).reasons.push("named on the command line".into());
+        known.entry((group.to_owned(), resource.to_owned())).or_default().resolved = Some(resolved);
+    }
+
+    let migrations = list_or_empty(Api::<StorageVersionMigration>::all(client.clone())).await?;
+    for entry in &mut plan.resources {
+        let key = (entry.group.clone(), entry.resource.clone());
+        let facts = known.entry(key).or_default();
+        if facts.resolved.is_none() {
+            facts.resolved = resolve(&client, &entry.group, &entry.resource).await.ok();
+        }
+        if let Some(resolved) = &facts.resolved {
+            (entry.objects, entry.objects_exact) = count(&client, resolved).await;
+        }
+        entry.migration = existing(&migrations, &entry.group, &entry.resource);
+    }
+
+    let (connection, etcd_prefix) = etcd.connection();
+    if let Some(connection) = connection
+        && !plan.resources.is_empty()
+    {
+        let reader =
+            EtcdReader::connect(&connection).context("failed to set up the etcd client")?;
+        let located = plan
+            .resources
+            .iter()
+            .map(|e| census::keys::locate(&etcd_prefix, &display(&e.group, &e.resource)))
+            .collect();
+        let report =
+            census::take(&reader, &etcd_prefix, &Scope::Resources(located), |_, _| {}).await?;
+        for (entry, census) in plan.resources.iter_mut().zip(report.resources) {
+            let facts = known.get(&(entry.group.clone(), entry.resource.clone()));
+            let resolved = facts.and_then(|f| f.resolved.as_ref());
+            entry.stale_objects = plan::stale_objects(
+                &census,
+                &entry.group,
+                resolved.map(|r| r.kind.as_str()).unwrap_or_default(),
+                facts.and_then(|f| f.storage_version.as_deref()),
+                resolved.and_then(|r| r.storage_version_hash.as_deref()),
+            );
+            (entry.objects, entry.objects_exact) = (Some(census.objects), true);
+            entry.census = Some(census);
+        }
+    }
+
+    let text = output.format(&plan, render)?;
+    std::io::stdout().write_all(text.as_bytes()).context("failed to write the plan")?;
+    Ok(ExitCode::from(plan.exit_code()))
+}
+
+/// Every object of `api`, or none when the apiserver does not serve the type (kube-svm's CRDs
+/// not installed).
+async fn list_or_empty<K>(api: Api<K>) -> anyhow::Result<Vec<K>>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.list(&ListParams::default()).await {
+        Ok(list) => Ok(list.items),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(Vec::new()),
+        Err(error) => Err(error).context("failed to list what the plan is made of"),
+    }
+}
+
+async fn resolve(client: &Client, group: &str, resource: &str) -> Result<Resource, ResolveError> {
+    let target = GroupVersionResource {
+        group: group.to_owned(),
+        version: String::new(),
+        resource: resource.to_owned(),
+    };
+    Resource::resolve(client, &target, false).await
+}
+
+/// How many objects `resource` holds, from a one-item metadata list: exact when that was the
+/// whole list, else the apiserver's `remainingItemCount` estimate.
+async fn count(client: &Client, resource: &Resource) -> (Option<u64>, bool) {
+    let gvk = GroupVersionKind::gvk(&resource.group, &resource.version, &resource.kind);
+    let api_resource = ApiResource::from_gvk_with_plural(&gvk, &resource.plural);
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &api_resource);
+    let Ok(page) = api.list_metadata(&ListParams::default().limit(1)).await else {
+        return (None, false);
+    };
+    let listed = page.items.len() as u64;
+    let more = page.metadata.continue_.as_deref().is_some_and(|c| !c.is_empty());
+    match (more, page.metadata.remaining_item_count) {
+        (false, _) => (Some(listed), true),
+        (true, Some(remaining)) => (Some(listed + u64::try_from(remaining).unwrap_or(0)), false),
+        (true, None) => (None, false),
+    }
+}
+
+/// The migration of `group`/`resource` that is pending or running, else the newest one.
+fn existing(
+    migrations: &[StorageVersionMigration],
+    group: &str,
+    resource: &str,
+) -> Option<ExistingMigration> {
+    let mut of: Vec<_> = migrations
+        .iter()
+        .filter(|m| m.spec.resource.group == group && m.spec.resource.resource == resource)
+        .collect();
+    of.sort_by_key(|m| m.metadata.creation_timestamp.clone());
+    let chosen = of.iter().find(|m| !Phase::of(m).is_terminal()).or_else(|| of.last())?;
+    Some(ExistingMigration {
+        name: chosen.metadata.name.clone().unwrap_or_default(),
+        phase: format!("{:?}", Phase::of(chosen)),
+    })
+}
+
+fn display(group: &str, resource: &str) -> String {
+    match group {
+        "" => resource.to_owned(),
+        group => format!("{resource}.{group}"),
+    }
+}
+
+fn render(plan: &Plan) -> String {
+    if plan.resources.is_empty() {
+        let mut out = "Nothing needs migrating.\n".to_owned();
+        for unexamined in &plan.unexamined {
+            out.push_str(&format!("Not examined: {unexamined}\n"));
+        }
+        return out;
+    }
+    let mut rows = vec![["RESOURCE", "OBJECTS", "STALE", "MIGRATION", "WHY"].map(str::to_owned)];
+    for entry in &plan.resources {
+        let Entry {
+            group,
+            resource,
+            reasons,
+            objects,
+            objects_exact,
+            stale_objects,
+            migration,
+            ..
+        } = entry;
+        let objects = match (objects, objects_exact) {
+            (Some(n), true) => n.to_string(),
+            (Some(n), false) => format!("~{n}"),
+            (None, _) => "?".into(),
+        };
+        let stale = stale_objects.map_or("-".into(), |n| n.to_string());
+        let migration =
+            migration.as_ref().map_or("-".into(), |m| format!("{} ({})", m.name, m.phase));
+        for (i, reason) in reasons.iter().enumerate() {
+            let first = i == 0;
+            rows.push([
+                if first { display(group, resource) } else { String::new() },
+                if first { objects.clone() } else { String::new() },
+                if first { stale.clone() } else { String::new() },
+                if first { migration.clone() } else { String::new() },
+                reason.clone(),
+            ]);
+        }
+    }
+    let mut out = table::render(&rows, &[1, 2]);
+    out.push_str("\nAfterwards:\n");
+    for entry in &plan.resources {
+        out.push_str(&format!(
+            "  {}: {}\n",
+            display(&entry.group, &entry.resource),
+            entry.afterwards
+        ));
+    }
+    for unexamined in &plan.unexamined {
+        out.push_str(&format!("Not examined: {unexamined}\n"));
+    }
+    out
+}
