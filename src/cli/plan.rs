@@ -83,8 +83,7 @@ pub async fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
             let entry = plan.entry(&group, &resource);
             entry.reasons.push(reason);
             entry.afterwards = format!(
-                "{} StorageState's persistedStorageVersionHashes set to [{:?}]",
-                display(&group, &resource),
+                "its StorageState's persistedStorageVersionHashes becomes [{:?}] once a migration that targeted that hash succeeds",
                 current.unwrap_or_default()
             );
         }
