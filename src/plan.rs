@@ -11,10 +11,6 @@ use crate::storedversions::CrdState;
 /// `kube-svm plan`'s exit code when something needs migrating (0: nothing does; 1: an error).
 pub const EXIT_NEEDS_MIGRATION: u8 = 3;
 
-/// The placeholder hash a StorageState starts with (kube-storage-version-migrator's
-/// `Unknown`): nothing is known of how the objects are stored.
-pub const UNKNOWN_HASH: &str = "Unknown";
-
 /// One resource in the plan.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -17,7 +17,10 @@ pub use migration::{
     MigrationTarget, StorageVersionMigration, StorageVersionMigrationSpec,
     StorageVersionMigrationStatus,
 };
-pub use storage_state::{GroupResource, StorageState, StorageStateSpec, StorageStateStatus};
+pub use storage_state::{
+    GroupResource, PERSISTED_SINCE_ANNOTATION, StorageState, StorageStateSpec, StorageStateStatus,
+    UNKNOWN_HASH,
+};
 
 /// The API group of kube-svm's own resources, shared with the upstream migrator.
 pub const GROUP: &str = "migration.k8s.io";

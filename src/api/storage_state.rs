@@ -3,6 +3,14 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// The placeholder a StorageState's `persistedStorageVersionHashes` starts with (as
+/// kube-storage-version-migrator writes it): nothing is known of how the objects are stored.
+pub const UNKNOWN_HASH: &str = "Unknown";
+
+/// Annotation on a StorageState: when its `persistedStorageVersionHashes` last changed (RFC 3339).
+/// Only a migration started after it can prove the objects are stored in the current hash alone.
+pub const PERSISTED_SINCE_ANNOTATION: &str = "kube-svm.io/persisted-since";
+
 // Several printcolumn(...) share a `type_`, which clippy mistakes for a repeated attribute.
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]

@@ -102,6 +102,16 @@ pub struct ControllerArgs {
     #[arg(long, env = "KUBE_SVM_CRD_TRIGGER", default_value_t = true, action = clap::ArgAction::Set)]
     pub crd_trigger: bool,
 
+    /// Keep a StorageState per resource from discovery, and create a migration when a
+    /// resource's storage version hash changes (kube-storage-version-migrator's trigger).
+    #[arg(long, env = "KUBE_SVM_DISCOVERY_TRIGGER", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub discovery_trigger: bool,
+
+    /// Seconds between two polls of discovery by the discovery trigger (it also polls whenever
+    /// a CRD changes).
+    #[arg(long, env = "KUBE_SVM_DISCOVERY_INTERVAL", default_value_t = 600.0)]
+    pub discovery_interval: f64,
+
     /// Address of the admin server: /metrics, /healthz, /readyz (upstream's port).
     #[arg(long, env = "KUBE_SVM_METRICS_BIND_ADDRESS", default_value = "0.0.0.0:2112")]
     pub metrics_bind_address: SocketAddr,
@@ -128,6 +138,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         apiserver_outage_timeout,
         discovery_attempts,
         crd_trigger,
+        discovery_trigger,
+        discovery_interval,
         write_to_status,
     } = args;
     let seconds = |value: f64| Duration::from_secs_f64(value.max(0.0));
@@ -163,6 +175,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         write_to_status,
         request_timeout,
         discovery_attempts: discovery_attempts.max(1),
+        discovery_trigger: discovery_trigger
+            .then(|| seconds(discovery_interval).max(Duration::from_secs(1))),
     };
 
     let shutdown = CancellationToken::new();

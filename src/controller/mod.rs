@@ -63,6 +63,8 @@ pub struct Settings {
     pub request_timeout: Duration,
     /// Tries a migration gets when discovery cannot be read, before it fails.
     pub discovery_attempts: u32,
+    /// Run the discovery trigger (on the leader only), polling this often.
+    pub discovery_trigger: Option<Duration>,
 }
 
 /// The clients the controller talks through.
@@ -219,13 +221,33 @@ pub async fn run(
             watches: watches.clone(),
             config: context.config.clone(),
         };
+        let discovery = context.settings.discovery_trigger.map(|interval| {
+            crate::trigger::discovery::Settings {
+                interval,
+                window: context.settings.storage_version_settle,
+                poke: Arc::new(tokio::sync::Notify::new()),
+            }
+        });
         let settings = crate::trigger::crd::Settings {
             create: context.settings.crd_trigger,
             observer: context.observer.clone(),
             settle: context.settings.storage_version_settle,
             wait: context.settings.storage_version_wait,
+            poke: discovery.as_ref().map(|d| d.poke.clone()),
         };
-        crate::trigger::crd::run(clients, settings, context.fence.clone(), stopping.clone()).await
+        let crd = crate::trigger::crd::run(
+            clients.clone(),
+            settings,
+            context.fence.clone(),
+            stopping.clone(),
+        );
+        let discovery = async {
+            if let Some(settings) = discovery {
+                let fence = context.fence.clone();
+                crate::trigger::discovery::run(clients, settings, fence, stopping.clone()).await;
+            }
+        };
+        tokio::join!(crd, discovery);
     };
     let controlling = async {
         tokio::select! {

@@ -23,7 +23,8 @@ use tracing::{debug, info, warn};
 
 use sha2::{Digest, Sha256};
 
-use super::Clients;
+pub use super::TRIGGER_LABEL;
+use super::{Clients, Unanswered, bounded};
 use crate::api::{
     GroupVersionResource, Phase, StorageVersionMigration, StorageVersionMigrationSpec,
 };
@@ -33,9 +34,6 @@ use crate::fence::Fence;
 /// Annotation on a CRD: `"false"` keeps kube-svm from migrating it on its own.
 pub const OPT_OUT_ANNOTATION: &str = "kube-svm.io/auto-migrate";
 
-/// Label on the migrations the trigger creates.
-pub const TRIGGER_LABEL: &str = "kube-svm.io/trigger";
-
 /// The longest name an object may have (a DNS subdomain).
 const MAX_NAME: usize = 253;
 
@@ -43,19 +41,14 @@ const MAX_NAME: usize = 253;
 /// meet.
 const NAME_HASH_DIGITS: usize = 10;
 
-/// How long one request of the trigger may take.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("failed to list StorageVersionMigrations")]
     List(#[source] kube::Error),
     #[error("failed to create StorageVersionMigration {0}")]
     Create(String, #[source] kube::Error),
-    #[error("no answer within {0:?}")]
-    TimedOut(Duration),
-    #[error("this process may no longer write: its leadership ended")]
-    Fenced,
+    #[error(transparent)]
+    Unanswered(#[from] Unanswered),
 }
 
 /// `<plural>.<group>-<storage version>-<generation>`, or, when that is too long for a name, its
@@ -108,6 +101,8 @@ pub struct Settings {
     /// The settle period and the overall wait of those checks.
     pub settle: Duration,
     pub wait: Duration,
+    /// Told of every CRD change (the discovery trigger polls then).
+    pub poke: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// The encoding check a CRD with stale `storedVersions` needs before it can be pruned.
@@ -162,6 +157,9 @@ async fn reconcile(
     crd: Arc<CustomResourceDefinition>,
     context: Arc<Context>,
 ) -> Result<Action, Error> {
+    if let Some(poke) = &context.settings.poke {
+        poke.notify_one();
+    }
     // Whoever creates the migration, the encoding check starts now, at the storage switch.
     if let Some(check) = encoding_check(&crd, &context.settings) {
         context.settings.observer.observe(&context.client, &context.config, &check);
@@ -202,12 +200,6 @@ async fn reconcile(
         Err(error) => return Err(Error::Create(name, error)),
     }
     Ok(Action::await_change())
-}
-
-/// Runs `request` inside the leader's term, giving it at most [`REQUEST_TIMEOUT`].
-async fn bounded<T>(fence: &Fence, request: impl Future<Output = T>) -> Result<T, Error> {
-    let limit = fence.deadline(REQUEST_TIMEOUT).ok_or(Error::Fenced)?;
-    tokio::time::timeout(limit, request).await.map_err(|_| Error::TimedOut(limit))
 }
 
 fn error_policy(

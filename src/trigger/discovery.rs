@@ -1,0 +1,278 @@
+//! The discovery trigger (`--discovery-trigger`), as kube-storage-version-migrator's: every
+//! `--discovery-interval`, and whenever a CRD changes, read discovery through a fresh
+//! connection; keep one StorageState per migratable resource; and create a migration for every
+//! resource whose objects may be stored under a hash other than the one the apiserver writes
+//! now, unless one is pending or running for it already (whoever created it). The decisions are
+//! in [`super::storage_state`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::storage_state::{self, Guard};
+use super::{Clients, TRIGGER_LABEL, Unanswered, bounded};
+use crate::api::{
+    GroupResource, GroupVersionResource, PERSISTED_SINCE_ANNOTATION, Phase, StorageState,
+    StorageStateSpec, StorageVersionMigration, StorageVersionMigrationSpec,
+};
+
+/// Annotation on the migrations this trigger creates: the storage version hash it saw when it
+/// created them (the hash a migration really targeted is in `status.target`).
+pub const TARGET_HASH_ANNOTATION: &str = "kube-svm.io/storage-version-hash";
+
+/// Verbs a resource needs to be migrated, and so to be tracked.
+const REQUIRED_VERBS: [&str; 2] = ["list", "patch"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("failed to read discovery")]
+    Discovery(#[source] kube::Error),
+    #[error("failed to list {0}")]
+    List(&'static str, #[source] kube::Error),
+    #[error("failed to write StorageState {0}")]
+    Write(String, #[source] kube::Error),
+    #[error("failed to create a migration of {0}")]
+    Create(String, #[source] kube::Error),
+    #[error(transparent)]
+    Unanswered(#[from] Unanswered),
+}
+
+#[derive(Clone)]
+pub struct Settings {
+    /// Time between two polls when nothing is pending.
+    pub interval: Duration,
+    /// How long a new hash must be shown on every poll before it is acted on.
+    pub window: Duration,
+    /// Fired when a CRD changes: poll now.
+    pub poke: Arc<Notify>,
+}
+
+/// A resource discovery says can be migrated.
+struct Discovered {
+    resource: GroupResource,
+    /// The version migrations are created for (the group's preferred one).
+    version: String,
+    hash: String,
+}
+
+/// Polls until `stop` fires; writes nothing once `fence` closes.
+pub async fn run(
+    clients: Clients,
+    settings: Settings,
+    fence: crate::fence::Fence,
+    stop: CancellationToken,
+) {
+    let mut guard = Guard::default();
+    loop {
+        if let Err(error) = poll(&clients, &settings, &fence, &mut guard).await {
+            warn!(error = %crate::error_chain(&error), "discovery trigger poll failed");
+        }
+        // A hash waiting to be trusted is looked at again once its window has passed.
+        let wait = match guard.pending() {
+            true => settings.window.min(settings.interval),
+            false => settings.interval,
+        };
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+            () = settings.poke.notified() => {}
+        }
+    }
+}
+
+async fn poll(
+    clients: &Clients,
+    settings: &Settings,
+    fence: &crate::fence::Fence,
+    guard: &mut Guard,
+) -> Result<(), Error> {
+    let (discovered, unexamined) = discover(&clients.config).await?;
+    if !unexamined.is_empty() {
+        warn!(
+            ?unexamined,
+            "discovery failed for some API groups; their resources were not examined"
+        );
+    }
+    let client = &clients.requests;
+    let states: Api<StorageState> = Api::all(client.clone());
+    let migrations: Api<StorageVersionMigration> = Api::all(client.clone());
+    let existing_states: BTreeMap<String, StorageState> =
+        bounded(fence, states.list(&Default::default()))
+            .await?
+            .map_err(|e| Error::List("StorageStates", e))?
+            .items
+            .into_iter()
+            .map(|s| (s.metadata.name.clone().unwrap_or_default(), s))
+            .collect();
+    let existing_migrations = bounded(fence, migrations.list(&Default::default()))
+        .await?
+        .map_err(|e| Error::List("StorageVersionMigrations", e))?
+        .items;
+
+    let now = Instant::now();
+    let stale_after = settings.interval * 2 + settings.window;
+    for Discovered { resource, version, hash } in &discovered {
+        let name = storage_state::name(resource);
+        let state = existing_states.get(&name);
+        let status = state.and_then(|s| s.status.as_ref());
+        let recorded = status.and_then(|s| s.current_storage_version_hash.as_deref());
+        let Some(current) = guard.observe(resource, hash, recorded, now, settings.window) else {
+            continue;
+        };
+        let since = state
+            .and_then(|s| s.metadata.annotations.as_ref())
+            .and_then(|a| a.get(PERSISTED_SINCE_ANNOTATION))
+            .and_then(|t| t.parse::<Timestamp>().ok());
+        let proven =
+            existing_migrations.iter().any(|m| storage_state::proves(m, resource, &current, since));
+        let next =
+            storage_state::next_status(status, &current, proven, Timestamp::now(), stale_after);
+        write_state(fence, &states, &name, resource, state.is_some(), &next).await?;
+
+        let busy = existing_migrations.iter().any(|m| {
+            m.spec.resource.group == resource.group
+                && m.spec.resource.resource == resource.resource
+                && !Phase::of(m).is_terminal()
+        });
+        if storage_state::needs_migration(&next.status, &current) && !busy {
+            create_migration(fence, &migrations, resource, version, &current).await?;
+        }
+    }
+    let seen: Vec<GroupResource> = discovered.into_iter().map(|d| d.resource).collect();
+    guard.retain(&seen);
+    Ok(())
+}
+
+/// Every migratable resource discovery shows, read through a new connection (so that, behind a
+/// load balancer, consecutive polls may reach different apiservers); and the group versions
+/// whose discovery failed.
+async fn discover(config: &kube::Config) -> Result<(Vec<Discovered>, Vec<String>), Error> {
+    let client = Client::try_from(config.clone()).map_err(Error::Discovery)?;
+    let mut lists: Vec<(String, String, APIResourceList)> = Vec::new();
+    let mut unexamined = Vec::new();
+    let core = client.list_core_api_resources("v1").await.map_err(Error::Discovery)?;
+    lists.push((String::new(), "v1".into(), core));
+    let groups = client.list_api_groups().await.map_err(Error::Discovery)?;
+    for group in groups.groups {
+        let Some(preferred) = group.preferred_version.or_else(|| group.versions.first().cloned())
+        else {
+            continue;
+        };
+        match client.list_api_group_resources(&preferred.group_version).await {
+            Ok(list) => lists.push((group.name.clone(), preferred.version.clone(), list)),
+            Err(error) => unexamined.push(format!(
+                "{}: {}",
+                preferred.group_version,
+                crate::error_chain(&error)
+            )),
+        }
+    }
+    let discovered = lists
+        .into_iter()
+        .flat_map(|(group, version, list)| {
+            list.resources.into_iter().filter_map(move |r| {
+                let migratable = !r.name.contains('/')
+                    && REQUIRED_VERBS.iter().all(|verb| r.verbs.iter().any(|v| v == verb));
+                let hash = r.storage_version_hash.filter(|_| migratable)?;
+                Some(Discovered {
+                    resource: GroupResource { group: group.clone(), resource: r.name },
+                    version: version.clone(),
+                    hash,
+                })
+            })
+        })
+        .collect();
+    Ok((discovered, unexamined))
+}
+
+async fn write_state(
+    fence: &crate::fence::Fence,
+    states: &Api<StorageState>,
+    name: &str,
+    resource: &GroupResource,
+    exists: bool,
+    next: &storage_state::Next,
+) -> Result<(), Error> {
+    let failed = |e| Error::Write(name.to_owned(), e);
+    let since = next.persisted_changed.then(|| Timestamp::now().to_string());
+    if !exists {
+        let state = StorageState {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                annotations: since
+                    .clone()
+                    .map(|t| [(PERSISTED_SINCE_ANNOTATION.to_owned(), t)].into()),
+                ..ObjectMeta::default()
+            },
+            spec: StorageStateSpec { resource: resource.clone() },
+            status: None,
+        };
+        match bounded(fence, states.create(&PostParams::default(), &state)).await? {
+            Ok(_) => {}
+            // Created meanwhile (by another trigger): its status is written below all the same.
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(error) => return Err(failed(error)),
+        }
+    } else if let Some(since) = since {
+        let annotate = serde_json::json!({ "metadata": { "annotations": { PERSISTED_SINCE_ANNOTATION: since } } });
+        bounded(fence, states.patch(name, &PatchParams::default(), &Patch::Merge(&annotate)))
+            .await?
+            .map_err(failed)?;
+    }
+    let status = serde_json::json!({ "status": next.status });
+    bounded(fence, states.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)))
+        .await?
+        .map_err(failed)?;
+    if next.persisted_changed {
+        info!(
+            storage_state = name,
+            persisted = ?next.status.persisted_storage_version_hashes,
+            "storage state changed"
+        );
+    }
+    Ok(())
+}
+
+async fn create_migration(
+    fence: &crate::fence::Fence,
+    migrations: &Api<StorageVersionMigration>,
+    resource: &GroupResource,
+    version: &str,
+    hash: &str,
+) -> Result<(), Error> {
+    let name = storage_state::name(resource);
+    let migration = StorageVersionMigration {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{name}-")),
+            labels: Some([(TRIGGER_LABEL.to_owned(), "discovery".to_owned())].into()),
+            annotations: Some([(TARGET_HASH_ANNOTATION.to_owned(), hash.to_owned())].into()),
+            ..ObjectMeta::default()
+        },
+        spec: StorageVersionMigrationSpec {
+            resource: GroupVersionResource {
+                group: resource.group.clone(),
+                version: version.to_owned(),
+                resource: resource.resource.clone(),
+            },
+            continue_token: None,
+        },
+        status: None,
+    };
+    let created = bounded(fence, migrations.create(&PostParams::default(), &migration))
+        .await?
+        .map_err(|e| Error::Create(name.clone(), e))?;
+    info!(
+        migration = created.metadata.name.as_deref().unwrap_or_default(),
+        storage_version_hash = hash,
+        "created a migration for a changed storage version"
+    );
+    Ok(())
+}

@@ -1,0 +1,300 @@
+//! The discovery trigger's decisions, pure: when a storage version hash seen in discovery is
+//! trusted, how a StorageState changes at each poll, and which migration proves its objects are
+//! stored in the current hash alone. The semantics are kube-storage-version-migrator's, with its
+//! races closed.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::{GroupResource, Phase, StorageStateStatus, StorageVersionMigration, UNKNOWN_HASH};
+
+/// Trusts a hash only once discovery has shown it on every poll for a while: during a rolling
+/// upgrade, apiservers of two releases answer discovery in turn, and their hashes must not make
+/// the trigger flap between them.
+#[derive(Debug, Default)]
+pub struct Guard {
+    /// The hash each resource was last trusted at.
+    trusted: HashMap<GroupResource, String>,
+    /// A different hash seen on every poll since the instant given.
+    candidates: HashMap<GroupResource, (String, Instant)>,
+}
+
+impl Guard {
+    /// Records that discovery shows `seen` for `resource` at `now`, and returns the hash to act
+    /// on: `seen` once it has been shown on every poll for `window` (or at once when it is the
+    /// hash already trusted or `recorded` in the StorageState), else the hash trusted before
+    /// (`None` for a resource never trusted).
+    pub fn observe(
+        &mut self,
+        resource: &GroupResource,
+        seen: &str,
+        recorded: Option<&str>,
+        now: Instant,
+        window: Duration,
+    ) -> Option<String> {
+        let trusted = self.trusted.get(resource).cloned().or(recorded.map(str::to_owned));
+        if trusted.as_deref() == Some(seen) {
+            self.candidates.remove(resource);
+            self.trusted.insert(resource.clone(), seen.to_owned());
+            return trusted;
+        }
+        let since = match self.candidates.get(resource) {
+            Some((hash, since)) if hash == seen => *since,
+            _ => now,
+        };
+        if now.duration_since(since) >= window {
+            self.candidates.remove(resource);
+            self.trusted.insert(resource.clone(), seen.to_owned());
+            return Some(seen.to_owned());
+        }
+        self.candidates.insert(resource.clone(), (seen.to_owned(), since));
+        trusted
+    }
+
+    /// Forgets candidates not seen in the last poll (a poll that saw them would have kept them).
+    pub fn retain(&mut self, seen: &[GroupResource]) {
+        self.candidates.retain(|resource, _| seen.contains(resource));
+    }
+
+    /// Whether a hash is waiting to be trusted: the next poll should come before long.
+    pub fn pending(&self) -> bool {
+        !self.candidates.is_empty()
+    }
+}
+
+/// A StorageState's status after a poll that trusts `current`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Next {
+    pub status: StorageStateStatus,
+    /// Whether `persistedStorageVersionHashes` changed (the persisted-since time moves to now).
+    pub persisted_changed: bool,
+}
+
+/// How a StorageState changes when a poll trusts `current` at `now`:
+/// - new, empty, or its heartbeat older than `stale_after` (the trigger was down and anything
+///   may have been written meanwhile): `["Unknown"]`;
+/// - a hash not yet persisted is appended;
+/// - `proven` (a migration proved every object is stored in `current`): `[current]`.
+pub fn next_status(
+    status: Option<&StorageStateStatus>,
+    current: &str,
+    proven: bool,
+    now: Timestamp,
+    stale_after: Duration,
+) -> Next {
+    let before: Vec<String> =
+        status.map(|s| s.persisted_storage_version_hashes.clone()).unwrap_or_default();
+    let heartbeat = status.and_then(|s| s.last_heartbeat_time.as_ref()).map(|t| t.0);
+    let stale = heartbeat
+        .is_none_or(|beat| now.duration_since(beat).as_secs_f64() > stale_after.as_secs_f64());
+    let mut persisted = match before.is_empty() || stale {
+        true => vec![UNKNOWN_HASH.to_owned()],
+        false => before.clone(),
+    };
+    if !persisted.iter().any(|h| h == current) {
+        persisted.push(current.to_owned());
+    }
+    if proven {
+        persisted = vec![current.to_owned()];
+    }
+    Next {
+        persisted_changed: persisted != before,
+        status: StorageStateStatus {
+            persisted_storage_version_hashes: persisted,
+            current_storage_version_hash: Some(current.to_owned()),
+            last_heartbeat_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now)),
+        },
+    }
+}
+
+/// Whether objects may still be stored under a hash other than `current`.
+pub fn needs_migration(status: &StorageStateStatus, current: &str) -> bool {
+    status.persisted_storage_version_hashes != [current]
+}
+
+/// Whether `migration` proves every object of `resource` is stored in `current`: it
+/// succeeded, listed the resource from its first object, targeted `current` (what it recorded
+/// at its start, not what the hash is now: a late success of an older target proves nothing
+/// about the current one), and started after the persisted hashes last changed.
+pub fn proves(
+    migration: &StorageVersionMigration,
+    resource: &GroupResource,
+    current: &str,
+    persisted_since: Option<Timestamp>,
+) -> bool {
+    let spec = &migration.spec.resource;
+    if spec.group != resource.group || spec.resource != resource.resource {
+        return false;
+    }
+    let Some(status) = migration.status.as_ref() else { return false };
+    let targeted = status.target.as_ref().and_then(|t| t.storage_version_hash.as_deref());
+    let started = status.start_time.as_ref().map(|t| t.0);
+    Phase::of(migration) == Phase::Succeeded
+        && status.listed_from_start == Some(true)
+        && targeted == Some(current)
+        && match (persisted_since, started) {
+            (None, _) => true,
+            (Some(since), Some(started)) => started >= since,
+            (Some(_), None) => false,
+        }
+}
+
+/// The StorageState's name: `<resource>.<group>`, or `<resource>` for the core group.
+pub fn name(resource: &GroupResource) -> String {
+    match resource.group.as_str() {
+        "" => resource.resource.clone(),
+        group => format!("{}.{group}", resource.resource),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+    use crate::api::{
+        MigrationTarget, StorageVersionMigrationSpec,
+        StorageVersionMigrationStatus as MigrationStatus,
+    };
+
+    fn widgets() -> GroupResource {
+        GroupResource { group: "example.com".into(), resource: "widgets".into() }
+    }
+
+    const WINDOW: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn a_new_hash_is_trusted_once_seen_for_the_whole_window() {
+        let mut guard = Guard::default();
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        // A new resource: nothing trusted until its hash has held.
+        assert_eq!(guard.observe(&widgets(), "A", None, at(0), WINDOW), None);
+        assert!(guard.pending());
+        assert_eq!(guard.observe(&widgets(), "A", None, at(10), WINDOW).as_deref(), Some("A"));
+        assert!(!guard.pending());
+        // A change is acted on only after the window; the old hash meanwhile.
+        assert_eq!(guard.observe(&widgets(), "B", None, at(20), WINDOW).as_deref(), Some("A"));
+        assert_eq!(guard.observe(&widgets(), "B", None, at(25), WINDOW).as_deref(), Some("A"));
+        assert_eq!(guard.observe(&widgets(), "B", None, at(30), WINDOW).as_deref(), Some("B"));
+    }
+
+    #[test]
+    fn alternating_hashes_are_never_trusted() {
+        let mut guard = Guard::default();
+        let start = Instant::now();
+        guard.observe(&widgets(), "A", Some("A"), start, WINDOW);
+        for i in 1..20 {
+            let seen = if i % 2 == 0 { "A" } else { "B" };
+            let at = start + Duration::from_secs(i * 7);
+            assert_eq!(
+                guard.observe(&widgets(), seen, Some("A"), at, WINDOW).as_deref(),
+                Some("A")
+            );
+        }
+    }
+
+    #[test]
+    fn the_recorded_hash_is_trusted_after_a_restart() {
+        let mut guard = Guard::default();
+        let now = Instant::now();
+        assert_eq!(guard.observe(&widgets(), "A", Some("A"), now, WINDOW).as_deref(), Some("A"));
+    }
+
+    fn ts(seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + seconds).unwrap()
+    }
+
+    fn status(persisted: &[&str], heartbeat: i64) -> StorageStateStatus {
+        StorageStateStatus {
+            persisted_storage_version_hashes: persisted.iter().map(|h| h.to_string()).collect(),
+            current_storage_version_hash: persisted.last().map(|h| h.to_string()),
+            last_heartbeat_time: Some(Time(ts(heartbeat))),
+        }
+    }
+
+    const STALE: Duration = Duration::from_secs(1200);
+
+    #[test]
+    fn storage_states_follow_upstream_semantics() {
+        let new = next_status(None, "A", false, ts(0), STALE);
+        assert_eq!(new.status.persisted_storage_version_hashes, ["Unknown", "A"]);
+        assert!(new.persisted_changed && needs_migration(&new.status, "A"));
+
+        let proven = next_status(Some(&new.status), "A", true, ts(60), STALE);
+        assert_eq!(proven.status.persisted_storage_version_hashes, ["A"]);
+        assert!(!needs_migration(&proven.status, "A"));
+
+        let beat = next_status(Some(&proven.status), "A", false, ts(600), STALE);
+        assert!(!beat.persisted_changed);
+        assert_eq!(beat.status.last_heartbeat_time, Some(Time(ts(600))));
+
+        let changed = next_status(Some(&status(&["A"], 600)), "B", false, ts(1200), STALE);
+        assert_eq!(changed.status.persisted_storage_version_hashes, ["A", "B"]);
+        assert_eq!(changed.status.current_storage_version_hash.as_deref(), Some("B"));
+
+        let stale = next_status(Some(&status(&["A"], 0)), "A", false, ts(1201), STALE);
+        assert_eq!(stale.status.persisted_storage_version_hashes, ["Unknown", "A"]);
+    }
+
+    fn migration(
+        targeted: &str,
+        phase: &str,
+        listed_from_start: bool,
+        started: i64,
+    ) -> StorageVersionMigration {
+        let mut migration = StorageVersionMigration::new(
+            "m",
+            StorageVersionMigrationSpec {
+                resource: crate::api::GroupVersionResource {
+                    group: "example.com".into(),
+                    version: "v2".into(),
+                    resource: "widgets".into(),
+                },
+                continue_token: None,
+            },
+        );
+        migration.status = Some(
+            serde_json::from_value::<MigrationStatus>(serde_json::json!({
+                "conditions": [{ "type": phase, "status": "True" }],
+                "listedFromStart": listed_from_start,
+                "startTime": Time(ts(started)),
+            }))
+            .unwrap(),
+        );
+        if let Some(status) = migration.status.as_mut() {
+            status.target = Some(MigrationTarget {
+                storage_version_hash: Some(targeted.into()),
+                ..MigrationTarget::default()
+            });
+        }
+        migration
+    }
+
+    #[test]
+    fn only_a_whole_success_of_the_current_hash_proves_anything() {
+        let since = Some(ts(100));
+        assert!(proves(&migration("B", "Succeeded", true, 200), &widgets(), "B", since));
+        // The late success of a migration that targeted the hash before.
+        assert!(!proves(&migration("A", "Succeeded", true, 200), &widgets(), "B", since));
+        assert!(!proves(&migration("B", "Failed", true, 200), &widgets(), "B", since));
+        assert!(!proves(&migration("B", "Succeeded", false, 200), &widgets(), "B", since));
+        // Started before the hashes last changed: objects may have been written since.
+        assert!(!proves(&migration("B", "Succeeded", true, 50), &widgets(), "B", since));
+        // A state written by kube-storage-version-migrator has no such time.
+        assert!(proves(&migration("B", "Succeeded", true, 50), &widgets(), "B", None));
+        let other = GroupResource { group: "example.com".into(), resource: "gadgets".into() };
+        assert!(!proves(&migration("B", "Succeeded", true, 200), &other, "B", since));
+    }
+
+    #[test]
+    fn names_follow_upstream() {
+        assert_eq!(name(&widgets()), "widgets.example.com");
+        assert_eq!(
+            name(&GroupResource { group: String::new(), resource: "secrets".into() }),
+            "secrets"
+        );
+    }
+}
