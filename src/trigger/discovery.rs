@@ -28,6 +28,9 @@ use crate::api::{
 /// created them (the hash a migration really targeted is in `status.target`).
 pub const TARGET_HASH_ANNOTATION: &str = "kube-svm.io/storage-version-hash";
 
+/// Least time between the polls that follow a pending hash or a running migration.
+const MIN_FOLLOW_UP: Duration = Duration::from_secs(2);
+
 /// Verbs a resource needs to be migrated, and so to be tracked.
 const REQUIRED_VERBS: [&str; 2] = ["list", "patch"];
 
@@ -72,12 +75,17 @@ pub async fn run(
 ) {
     let mut guard = Guard::default();
     loop {
-        if let Err(error) = poll(&clients, &settings, &fence, &mut guard).await {
-            warn!(error = %crate::error_chain(&error), "discovery trigger poll failed");
-        }
-        // A hash waiting to be trusted is looked at again once its window has passed.
-        let wait = match guard.pending() {
-            true => settings.window.min(settings.interval),
+        let waiting = match poll(&clients, &settings, &fence, &mut guard).await {
+            Ok(waiting) => waiting,
+            Err(error) => {
+                warn!(error = %crate::error_chain(&error), "discovery trigger poll failed");
+                false
+            }
+        };
+        // A hash waiting to be trusted, or a migration the trigger waits on, is looked at
+        // again soon.
+        let wait = match waiting || guard.pending() {
+            true => settings.window.max(MIN_FOLLOW_UP).min(settings.interval),
             false => settings.interval,
         };
         tokio::select! {
@@ -88,12 +96,13 @@ pub async fn run(
     }
 }
 
+/// One poll; returns whether some resource still waits for a migration.
 async fn poll(
     clients: &Clients,
     settings: &Settings,
     fence: &crate::fence::Fence,
     guard: &mut Guard,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let (discovered, unexamined) = discover(&clients.config).await?;
     if !unexamined.is_empty() {
         warn!(
@@ -118,6 +127,7 @@ async fn poll(
         .items;
 
     let now = Instant::now();
+    let mut waiting = false;
     let stale_after = settings.interval * 2 + settings.window;
     for Discovered { resource, version, hash } in &discovered {
         let name = storage_state::name(resource);
@@ -135,20 +145,25 @@ async fn poll(
             existing_migrations.iter().any(|m| storage_state::proves(m, resource, &current, since));
         let next =
             storage_state::next_status(status, &current, proven, Timestamp::now(), stale_after);
-        write_state(fence, &states, &name, resource, state.is_some(), &next).await?;
+        if storage_state::worth_writing(status, &next, settings.interval / 2) {
+            write_state(fence, &states, &name, resource, state.is_some(), &next).await?;
+        }
 
         let busy = existing_migrations.iter().any(|m| {
             m.spec.resource.group == resource.group
                 && m.spec.resource.resource == resource.resource
                 && !Phase::of(m).is_terminal()
         });
-        if storage_state::needs_migration(&next.status, &current) && !busy {
-            create_migration(fence, &migrations, resource, version, &current).await?;
+        if storage_state::needs_migration(&next.status, &current) {
+            waiting = true;
+            if !busy {
+                create_migration(fence, &migrations, resource, version, &current).await?;
+            }
         }
     }
     let seen: Vec<GroupResource> = discovered.into_iter().map(|d| d.resource).collect();
     guard.retain(&seen);
-    Ok(())
+    Ok(waiting)
 }
 
 /// Every migratable resource discovery shows, read through a new connection (so that, behind a

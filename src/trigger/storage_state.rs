@@ -109,6 +109,20 @@ pub fn next_status(
     }
 }
 
+/// Whether a poll's result is worth a write: something changed, or the heartbeat is older
+/// than `beat` (heartbeats are kept well inside the stale limit without a write per poll).
+pub fn worth_writing(before: Option<&StorageStateStatus>, next: &Next, beat: Duration) -> bool {
+    let Some(before) = before else { return true };
+    let heartbeat = |s: &StorageStateStatus| s.last_heartbeat_time.as_ref().map(|t| t.0);
+    let old = match (heartbeat(before), heartbeat(&next.status)) {
+        (Some(then), Some(now)) => now.duration_since(then).as_secs_f64() >= beat.as_secs_f64(),
+        _ => true,
+    };
+    next.persisted_changed
+        || before.current_storage_version_hash != next.status.current_storage_version_hash
+        || old
+}
+
 /// Whether objects may still be stored under a hash other than `current`.
 pub fn needs_migration(status: &StorageStateStatus, current: &str) -> bool {
     status.persisted_storage_version_hashes != [current]
@@ -287,6 +301,19 @@ mod tests {
         assert!(proves(&migration("B", "Succeeded", true, 50), &widgets(), "B", None));
         let other = GroupResource { group: "example.com".into(), resource: "gadgets".into() };
         assert!(!proves(&migration("B", "Succeeded", true, 200), &other, "B", since));
+    }
+
+    #[test]
+    fn heartbeats_are_written_when_something_changed_or_they_age() {
+        let before = status(&["A"], 0);
+        let beat = Duration::from_secs(300);
+        let same = next_status(Some(&before), "A", false, ts(60), STALE);
+        assert!(!worth_writing(Some(&before), &same, beat));
+        let later = next_status(Some(&before), "A", false, ts(300), STALE);
+        assert!(worth_writing(Some(&before), &later, beat));
+        let changed = next_status(Some(&before), "B", false, ts(60), STALE);
+        assert!(worth_writing(Some(&before), &changed, beat));
+        assert!(worth_writing(None, &same, beat));
     }
 
     #[test]
