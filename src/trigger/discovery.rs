@@ -31,6 +31,10 @@ pub const TARGET_HASH_ANNOTATION: &str = "kube-svm.io/storage-version-hash";
 /// Least time between the polls that follow a pending hash or a running migration.
 const MIN_FOLLOW_UP: Duration = Duration::from_secs(2);
 
+/// How long one group's discovery may take: an aggregated API whose backend hangs must not
+/// hold up the others for a whole request timeout.
+const GROUP_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Verbs a resource needs to be migrated, and so to be tracked.
 const REQUIRED_VERBS: [&str; 2] = ["list", "patch"];
 
@@ -181,12 +185,17 @@ async fn discover(config: &kube::Config) -> Result<(Vec<Discovered>, Vec<String>
         else {
             continue;
         };
-        match client.list_api_group_resources(&preferred.group_version).await {
-            Ok(list) => lists.push((group.name.clone(), preferred.version.clone(), list)),
-            Err(error) => unexamined.push(format!(
+        let request = client.list_api_group_resources(&preferred.group_version);
+        match tokio::time::timeout(GROUP_DISCOVERY_TIMEOUT, request).await {
+            Ok(Ok(list)) => lists.push((group.name.clone(), preferred.version.clone(), list)),
+            Ok(Err(error)) => unexamined.push(format!(
                 "{}: {}",
                 preferred.group_version,
                 crate::error_chain(&error)
+            )),
+            Err(_) => unexamined.push(format!(
+                "{}: no answer within {GROUP_DISCOVERY_TIMEOUT:?}",
+                preferred.group_version
             )),
         }
     }

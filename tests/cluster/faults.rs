@@ -534,7 +534,6 @@ async fn an_unconfirmed_encoding_keeps_stored_versions_unless_an_operator_vouche
 /// migrations created after them run and succeed.
 #[tokio::test]
 async fn an_unavailable_aggregated_api_fails_its_migrations_without_blocking_others() {
-    use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
     let control_plane = ControlPlane::start(&[]).await.expect("control plane");
     let client = control_plane.client().await;
     install_kube_svm_crds(&client).await;
@@ -542,27 +541,7 @@ async fn an_unavailable_aggregated_api_fails_its_migrations_without_blocking_oth
         WidgetCrd::stale(&client, "good", scale(200)).await,
         WidgetCrd::stale(&client, "good", scale(200)).await,
     ];
-    let service: APIService = serde_json::from_value(json!({
-        "metadata": { "name": "v1.missing.svm.example.com" },
-        "spec": {
-            "group": "missing.svm.example.com",
-            "version": "v1",
-            "service": { "namespace": "default", "name": "nothing-here" },
-            "insecureSkipTLSVerify": true,
-            "groupPriorityMinimum": 1000,
-            "versionPriority": 15,
-        },
-    }))
-    .expect("a valid APIService");
-    Api::<APIService>::all(client.clone())
-        .create(&PostParams::default(), &service)
-        .await
-        .expect("the APIService is created");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while client.list_api_group_resources("missing.svm.example.com/v1").await.is_ok() {
-        assert!(Instant::now() < deadline, "the missing backend's discovery keeps answering");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    crate::support::fixtures::missing_aggregated_api(&client, "missing.svm.example.com").await;
     let controller = KubeSvm::start(
         &control_plane,
         "controller",

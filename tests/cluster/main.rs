@@ -4,6 +4,7 @@
 
 mod chart;
 mod controller;
+mod discovery;
 mod engine;
 mod faults;
 mod foundation;

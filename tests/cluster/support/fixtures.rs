@@ -351,3 +351,36 @@ pub fn encrypt_secrets(control_plane: &ControlPlane, keys: &[(&str, &str)]) -> S
     .expect("written");
     format!("--encryption-provider-config={}", path.display())
 }
+
+/// Registers `<group>/v1` as an aggregated API whose backend Service does not exist, and waits
+/// until its discovery fails (503), as an aggregated API whose server is down does.
+pub async fn missing_aggregated_api(client: &Client, group: &str) {
+    use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+    let service: APIService = serde_json::from_value(json!({
+        "metadata": { "name": format!("v1.{group}") },
+        "spec": {
+            "group": group,
+            "version": "v1",
+            "service": { "namespace": "default", "name": "nothing-here" },
+            "insecureSkipTLSVerify": true,
+            "groupPriorityMinimum": 1000,
+            "versionPriority": 15,
+        },
+    }))
+    .expect("a valid APIService");
+    Api::<APIService>::all(client.clone())
+        .create(&PostParams::default(), &service)
+        .await
+        .expect("the APIService is created");
+    // Until the aggregator notices, a request may also hang: that counts as failing too.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let group_version = format!("{group}/v1");
+    let answers = || async {
+        let request = client.list_api_group_resources(&group_version);
+        matches!(tokio::time::timeout(Duration::from_secs(5), request).await, Ok(Ok(_)))
+    };
+    while answers().await {
+        assert!(Instant::now() < deadline, "the missing backend's discovery keeps answering");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -1,0 +1,259 @@
+//! The discovery trigger on private control planes: StorageStates through real storage
+//! switches of a CRD, failed migrations retried, stale heartbeats, StorageStates written by
+//! kube-storage-version-migrator, the late-success race, flapping hashes and a missing
+//! aggregated API.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use kube_svm::api::{
+    GroupResource, Phase, StorageState, StorageStateSpec, StorageVersionMigration,
+    StorageVersionMigrationSpec,
+};
+use kube_svm::storage_hash::storage_version_hash;
+use kube_svm::trigger::TRIGGER_LABEL;
+use kube_svm::trigger::discovery::TARGET_HASH_ANNOTATION;
+use serde_json::json;
+
+use crate::support::ControlPlane;
+use crate::support::admission;
+use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds, missing_aggregated_api, unique};
+use crate::support::invariant::Census;
+use crate::support::process::KubeSvm;
+
+async fn start(control_plane: &ControlPlane, name: &str, settle: &str) -> KubeSvm {
+    let settle = format!("--storage-version-settle={settle}");
+    let args = [
+        "controller",
+        "--leader-elect=false",
+        "--crd-trigger=false",
+        "--discovery-trigger",
+        "--discovery-interval=600",
+        &settle,
+    ];
+    KubeSvm::start(control_plane, name, &args).await
+}
+
+/// The discovery trigger's migrations of `widgets`: (hash it targeted, phase), oldest first.
+async fn triggered(client: &Client, widgets: &WidgetCrd) -> Vec<(String, Phase)> {
+    let api: Api<StorageVersionMigration> = Api::all(client.clone());
+    let selector = format!("{TRIGGER_LABEL}=discovery");
+    let mut found: Vec<_> = api
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .expect("listed")
+        .items
+        .into_iter()
+        .filter(|m| m.spec.resource.group == widgets.group)
+        .collect();
+    found.sort_by_key(|m| m.metadata.creation_timestamp.clone());
+    found
+        .iter()
+        .map(|m| {
+            let hash = m.metadata.annotations.as_ref().and_then(|a| a.get(TARGET_HASH_ANNOTATION));
+            (hash.cloned().unwrap_or_default(), Phase::of(m))
+        })
+        .collect()
+}
+
+/// Waits until the StorageState of `widgets` says its objects are stored under `hashes`.
+async fn wait_persisted(
+    client: &Client,
+    widgets: &WidgetCrd,
+    hashes: &[&str],
+    controller: &KubeSvm,
+) {
+    let api: Api<StorageState> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let state = api.get_opt(&widgets.name()).await.expect("read");
+        let persisted = state
+            .and_then(|s| s.status)
+            .map(|s| s.persisted_storage_version_hashes)
+            .unwrap_or_default();
+        if persisted == hashes {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "persisted {persisted:?}, expected {hashes:?}\n{}",
+            controller.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Waits until the trigger's migrations of `widgets` satisfy `done`.
+async fn wait_triggered(
+    client: &Client,
+    widgets: &WidgetCrd,
+    controller: &KubeSvm,
+    done: impl Fn(&[(String, Phase)]) -> bool,
+) -> Vec<(String, Phase)> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let found = triggered(client, widgets).await;
+        if done(&found) {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "{found:?}\n{}", controller.logs());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn hash(widgets: &WidgetCrd, version: &str) -> String {
+    storage_version_hash(&widgets.group, version, WidgetCrd::KIND)
+}
+
+/// A new resource starts Unknown and is migrated; a storage switch appends the new hash and is
+/// migrated; a migration that fails is retried on the next poll until it succeeds; a trigger
+/// that was down long enough starts over from Unknown. An aggregated API whose backend is
+/// missing is named in the log and holds nothing up.
+#[tokio::test]
+async fn storage_states_follow_storage_switches() {
+    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let widgets = WidgetCrd::new("discovery", false);
+    widgets.create(&client, "v1").await;
+    widgets.seed(&client, "v1", &[None], 30).await;
+    let missing = format!("{}.svm.example.com", unique("missing"));
+    missing_aggregated_api(&client, &missing).await;
+    let controller = start(&control_plane, "controller", "2").await;
+
+    let (h1, h2, h3) = (hash(&widgets, "v1"), hash(&widgets, "v2"), hash(&widgets, "v3"));
+    wait_persisted(&client, &widgets, &[&h1], &controller).await;
+    assert_eq!(triggered(&client, &widgets).await, [(h1.clone(), Phase::Succeeded)]);
+    let configmaps = Api::<StorageState>::all(client.clone()).get("configmaps").await;
+    assert!(configmaps.is_ok_and(|s| s.spec.resource.resource == "configmaps"));
+    let logs = controller.logs();
+    assert!(logs.contains("were not examined") && logs.contains(&missing), "{logs}");
+
+    widgets.set_storage_version(&client, "v2").await;
+    wait_persisted(&client, &widgets, &[&h2], &controller).await;
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 30).await;
+    let found = triggered(&client, &widgets).await;
+    assert_eq!(found.last(), Some(&(h2.clone(), Phase::Succeeded)), "{found:?}");
+
+    // Every update of a widget is refused: the migration fails, and is retried.
+    let policy = unique("refuse-widgets");
+    let expression = "false";
+    admission::deny_updates(
+        &client,
+        &policy,
+        &widgets.group,
+        &["widgets"],
+        expression,
+        "frozen",
+        None,
+    )
+    .await;
+    widgets.set_storage_version(&client, "v3").await;
+    wait_triggered(&client, &widgets, &controller, |found| {
+        found.iter().filter(|(h, p)| *h == h3 && *p == Phase::Failed).count() >= 2
+    })
+    .await;
+    admission::lift(&client, &policy).await;
+    wait_persisted(&client, &widgets, &[&h3], &controller).await;
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v3", 30).await;
+
+    // The trigger was down for longer than two polls: anything may have been written meanwhile.
+    drop(controller);
+    let long_ago = Timestamp::now() - SignedDuration::from_hours(2);
+    let status = json!({ "status": { "lastHeartbeatTime": Time(long_ago) } });
+    Api::<StorageState>::all(client.clone())
+        .patch_status(&widgets.name(), &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("heartbeat aged");
+    let before = triggered(&client, &widgets).await.len();
+    let controller = start(&control_plane, "restarted", "2").await;
+    let found = wait_triggered(&client, &widgets, &controller, |found| {
+        found.len() > before && found.last().is_some_and(|(_, p)| *p == Phase::Succeeded)
+    })
+    .await;
+    assert_eq!(found.last(), Some(&(h3.clone(), Phase::Succeeded)));
+    wait_persisted(&client, &widgets, &[&h3], &controller).await;
+}
+
+/// A StorageState as kube-storage-version-migrator writes it is continued; a migration that
+/// succeeded for the previous hash proves nothing about the current one; and a storage version
+/// switched and switched back before it could be trusted creates no migration.
+#[tokio::test]
+async fn upstream_states_are_continued_and_late_successes_prove_nothing() {
+    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let widgets = WidgetCrd::stale(&client, "upstream-state", 20).await;
+    let (h1, h2) = (hash(&widgets, "v1"), hash(&widgets, "v2"));
+
+    let states: Api<StorageState> = Api::all(client.clone());
+    let spec = StorageStateSpec {
+        resource: GroupResource { group: widgets.group.clone(), resource: "widgets".into() },
+    };
+    states
+        .create(&PostParams::default(), &StorageState::new(&widgets.name(), spec))
+        .await
+        .expect("created");
+    let status = json!({ "status": {
+        "persistedStorageVersionHashes": [h1, h2],
+        "currentStorageVersionHash": h2,
+        "lastHeartbeatTime": Time(Timestamp::now()),
+    }});
+    states
+        .patch_status(&widgets.name(), &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("status written");
+    // The late success of a migration that targeted the previous hash.
+    let migrations: Api<StorageVersionMigration> = Api::all(client.clone());
+    let late = StorageVersionMigration::new(
+        "late",
+        StorageVersionMigrationSpec {
+            resource: kube_svm::api::GroupVersionResource {
+                group: widgets.group.clone(),
+                version: "v1".into(),
+                resource: "widgets".into(),
+            },
+            continue_token: None,
+        },
+    );
+    migrations.create(&PostParams::default(), &late).await.expect("created");
+    let status = json!({ "status": {
+        "conditions": [{ "type": "Succeeded", "status": "True", "reason": "Completed",
+                         "lastUpdateTime": Time(Timestamp::now()) }],
+        "listedFromStart": true,
+        "startTime": Time(Timestamp::now()),
+        "completionTime": Time(Timestamp::now()),
+        "target": { "storageVersionHash": h1 },
+    }});
+    migrations
+        .patch_status("late", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("status written");
+
+    let controller = start(&control_plane, "controller", "2").await;
+    wait_persisted(&client, &widgets, &[&h2], &controller).await;
+    assert_eq!(triggered(&client, &widgets).await, [(h2.clone(), Phase::Succeeded)]);
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 20).await;
+    drop(controller);
+
+    // v1 for a moment, then v2 again: shorter than the settle period, so nothing happens.
+    let controller = start(&control_plane, "flapping", "6").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    widgets.set_storage_version(&client, "v1").await;
+    widgets.set_storage_version(&client, "v2").await;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_eq!(
+        triggered(&client, &widgets).await,
+        [(h2.clone(), Phase::Succeeded)],
+        "{}",
+        controller.logs()
+    );
+    wait_persisted(&client, &widgets, &[&h2], &controller).await;
+    assert_eq!(
+        Census::of(&control_plane.etcd(), &widgets).await.count(&widgets.api_version("v2")),
+        20
+    );
+}
