@@ -53,6 +53,17 @@ pub struct GroupResource {
     pub resource: String,
 }
 
+impl GroupResource {
+    /// `<resource>.<group>`, or `<resource>` for the core group: how kubectl names it, and
+    /// the name of its StorageState.
+    pub fn name(&self) -> String {
+        match self.group.as_str() {
+            "" => self.resource.clone(),
+            group => format!("{}.{group}", self.resource),
+        }
+    }
+}
+
 /// What is known about how a resource's objects are stored.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -15,7 +15,9 @@ use kube::{Api, Client};
 use super::etcd::EtcdArgs;
 use super::kube::KubeArgs;
 use super::table::{self, Output};
-use crate::api::{GroupVersionResource, Phase, StorageState, StorageVersionMigration};
+use crate::api::{
+    GroupResource, GroupVersionResource, Phase, StorageState, StorageVersionMigration,
+};
 use crate::census::{self, EtcdReader, Scope};
 use crate::engine::{ResolveError, Resource};
 use crate::plan::{self, Entry, ExistingMigration, Plan};
@@ -64,7 +66,7 @@ pub async fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     }
 
     for state in list_or_empty(Api::<StorageState>::all(client.clone())).await? {
-        let crate::api::GroupResource { group, resource } = state.spec.resource.clone();
+        let GroupResource { group, resource } = state.spec.resource.clone();
         let persisted =
             state.status.map(|s| s.persisted_storage_version_hashes).unwrap_or_default();
         let resolved = match resolve(&client, &group, &resource).await {
@@ -205,10 +207,7 @@ fn existing(
 }
 
 fn display(group: &str, resource: &str) -> String {
-    match group {
-        "" => resource.to_owned(),
-        group => format!("{resource}.{group}"),
-    }
+    GroupResource { group: group.to_owned(), resource: resource.to_owned() }.name()
 }
 
 fn render(plan: &Plan) -> String {

@@ -134,7 +134,7 @@ async fn poll(
     let mut waiting = false;
     let stale_after = settings.interval * 2 + settings.window;
     for Discovered { resource, version, hash } in &discovered {
-        let name = storage_state::name(resource);
+        let name = resource.name();
         let state = existing_states.get(&name);
         let status = state.and_then(|s| s.status.as_ref());
         let recorded = status.and_then(|s| s.current_storage_version_hash.as_deref());
@@ -272,7 +272,7 @@ async fn create_migration(
     version: &str,
     hash: &str,
 ) -> Result<(), Error> {
-    let name = storage_state::name(resource);
+    let name = resource.name();
     let migration = StorageVersionMigration {
         metadata: ObjectMeta {
             generate_name: Some(format!("{name}-")),

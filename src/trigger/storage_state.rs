@@ -155,14 +155,6 @@ pub fn proves(
         }
 }
 
-/// The StorageState's name: `<resource>.<group>`, or `<resource>` for the core group.
-pub fn name(resource: &GroupResource) -> String {
-    match resource.group.as_str() {
-        "" => resource.resource.clone(),
-        group => format!("{}.{group}", resource.resource),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -318,10 +310,8 @@ mod tests {
 
     #[test]
     fn names_follow_upstream() {
-        assert_eq!(name(&widgets()), "widgets.example.com");
-        assert_eq!(
-            name(&GroupResource { group: String::new(), resource: "secrets".into() }),
-            "secrets"
-        );
+        assert_eq!(widgets().name(), "widgets.example.com");
+        let secrets = GroupResource { group: String::new(), resource: "secrets".into() };
+        assert_eq!(secrets.name(), "secrets");
     }
 }

@@ -7,22 +7,21 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use kube_svm::api::{
     GroupResource, Phase, StorageState, StorageStateSpec, StorageVersionMigration,
     StorageVersionMigrationSpec,
 };
 use kube_svm::storage_hash::storage_version_hash;
-use kube_svm::trigger::TRIGGER_LABEL;
 use kube_svm::trigger::discovery::TARGET_HASH_ANNOTATION;
 use serde_json::json;
 
 use crate::support::ControlPlane;
-use crate::support::admission;
 use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds, missing_aggregated_api, unique};
 use crate::support::invariant::Census;
 use crate::support::process::KubeSvm;
+use crate::support::{admission, migrations};
 
 async fn start(control_plane: &ControlPlane, name: &str, settle: &str) -> KubeSvm {
     let settle = format!("--storage-version-settle={settle}");
@@ -39,17 +38,7 @@ async fn start(control_plane: &ControlPlane, name: &str, settle: &str) -> KubeSv
 
 /// The discovery trigger's migrations of `widgets`: (hash it targeted, phase), oldest first.
 async fn triggered(client: &Client, widgets: &WidgetCrd) -> Vec<(String, Phase)> {
-    let api: Api<StorageVersionMigration> = Api::all(client.clone());
-    let selector = format!("{TRIGGER_LABEL}=discovery");
-    let mut found: Vec<_> = api
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .expect("listed")
-        .items
-        .into_iter()
-        .filter(|m| m.spec.resource.group == widgets.group)
-        .collect();
-    found.sort_by_key(|m| m.metadata.creation_timestamp.clone());
+    let found = migrations::triggered(client, widgets, "discovery").await;
     found
         .iter()
         .map(|m| {

@@ -18,7 +18,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::support::admission::deny_updates;
 use crate::support::fixtures::{
-    KEY1, KEY2, WidgetCrd, create_namespace, encrypt_secrets, unique, vanish_namespace,
+    KEY1, KEY2, WidgetCrd, create_namespace, encrypt_secrets, secrets_under_key1, unique,
+    vanish_namespace,
 };
 use crate::support::invariant::Census;
 use crate::support::{ControlPlane, shared};
@@ -145,23 +146,7 @@ async fn migrates_through_the_status_subresource() {
 /// Secrets written with key1 are re-encrypted with key2 once key2 is first in the configuration.
 #[tokio::test]
 async fn rotates_the_encryption_key_of_secrets() {
-    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
-    control_plane
-        .restart_apiserver(&[&encrypt_secrets(&control_plane, &[KEY1])])
-        .await
-        .expect("restarts with key1");
-
-    let client = control_plane.client().await;
-    let namespace = unique("secrets");
-    create_namespace(&client, &namespace).await;
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    for i in 0..50 {
-        let secret: Secret = serde_json::from_value(json!({
-            "metadata": { "name": format!("s-{i}") }, "stringData": { "token": format!("value-{i}") },
-        }))
-        .expect("valid");
-        secrets.create(&PostParams::default(), &secret).await.expect("created");
-    }
+    let (control_plane, namespace) = secrets_under_key1(50).await;
     let prefix = format!("/registry/secrets/{namespace}/");
     let keys_in_use = |kvs: Vec<crate::support::KeyValue>| {
         kvs.into_iter().map(|kv| kv.stored()).collect::<std::collections::BTreeSet<_>>()

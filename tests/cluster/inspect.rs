@@ -10,9 +10,11 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::support::fixtures::{KEY1, KEY2, WidgetCrd, create_namespace, encrypt_secrets, unique};
+use crate::support::fixtures::{
+    KEY1, KEY2, WidgetCrd, create_namespace, encrypt_secrets, secrets_under_key1, unique,
+};
 use crate::support::process::binary;
-use crate::support::{ControlPlane, SecureEtcd, shared};
+use crate::support::{SecureEtcd, shared};
 
 fn inspect(args: &[&str]) -> Output {
     Command::new(binary()).arg("inspect").args(args).output().expect("kube-svm runs")
@@ -187,22 +189,7 @@ async fn mistakes_are_named() {
 /// decrypted, and `--list` names the ones still under the old key.
 #[tokio::test]
 async fn counts_secrets_by_encryption_key() {
-    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
-    control_plane
-        .restart_apiserver(&[&encrypt_secrets(&control_plane, &[KEY1])])
-        .await
-        .expect("restarts with key1");
-    let client = control_plane.client().await;
-    let namespace = unique("rotation");
-    create_namespace(&client, &namespace).await;
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    for i in 0..10 {
-        let secret: Secret = serde_json::from_value(json!({
-            "metadata": { "name": format!("s-{i}") }, "stringData": { "token": format!("value-{i}") },
-        }))
-        .expect("valid");
-        secrets.create(&PostParams::default(), &secret).await.expect("created");
-    }
+    let (control_plane, namespace) = secrets_under_key1(10).await;
     control_plane
         .restart_apiserver(&[&encrypt_secrets(&control_plane, &[KEY2, KEY1])])
         .await
@@ -256,54 +243,34 @@ async fn speaks_tls_with_client_certificates() {
     }
     let file = |name: &str| etcd.file(name).display().to_string();
     let (ca, cert, key) = (file("ca.crt"), file("client.crt"), file("client.key"));
-    let secure = [
-        "widgets.example.com",
-        "--etcd-endpoints",
-        &etcd.https_url,
-        "--etcd-ca",
-        &ca,
-        "--etcd-cert",
-        &cert,
-        "--etcd-key",
-        &key,
-    ];
-    let report = json_report(&secure);
-    let found = row(&report, prefix);
-    assert_eq!(found["apiVersions"], counts(&[("example.com/v1", 2), ("example.com/v2", 1)]));
+    // `inspect widgets.example.com` against `endpoints`, trusting `ca`, with the client
+    // certificate when `identity` is set.
+    let args = |endpoints: &str, ca: &str, identity: bool| {
+        let mut args: Vec<String> =
+            ["widgets.example.com", "--etcd-endpoints", endpoints, "--etcd-ca", ca]
+                .map(str::to_owned)
+                .to_vec();
+        if identity {
+            args.extend(["--etcd-cert".into(), cert.clone(), "--etcd-key".into(), key.clone()]);
+        }
+        args.extend(["-o".into(), "json".into()]);
+        args
+    };
+    let run = |args: Vec<String>| inspect(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let found = stdout(run(args(&etcd.https_url, &ca, true)));
+    let report: Value = serde_json::from_str(&found).expect("a JSON report");
+    assert_eq!(
+        row(&report, prefix)["apiVersions"],
+        counts(&[("example.com/v1", 2), ("example.com/v2", 1)])
+    );
 
-    let anonymous = failure(inspect(&[
-        "widgets.example.com",
-        "--etcd-endpoints",
-        &etcd.https_url,
-        "--etcd-ca",
-        &ca,
-    ]));
+    let anonymous = failure(run(args(&etcd.https_url, &ca, false)));
     assert!(anonymous.contains("no etcd endpoint answered"), "{anonymous}");
-    let other_ca = file("other-ca.crt");
-    let untrusted = failure(inspect(&[
-        "widgets.example.com",
-        "--etcd-endpoints",
-        &etcd.https_url,
-        "--etcd-ca",
-        &other_ca,
-        "--etcd-cert",
-        &cert,
-        "--etcd-key",
-        &key,
-    ]));
+    let untrusted = failure(run(args(&etcd.https_url, &file("other-ca.crt"), true)));
     assert!(untrusted.contains("no etcd endpoint answered"), "{untrusted}");
     // A second endpoint is tried when the first does not answer.
     let endpoints = format!("https://127.0.0.1:1,{}", etcd.https_url);
-    let failover = json_report(&[
-        "widgets.example.com",
-        "--etcd-endpoints",
-        &endpoints,
-        "--etcd-ca",
-        &ca,
-        "--etcd-cert",
-        &cert,
-        "--etcd-key",
-        &key,
-    ]);
+    let found = stdout(run(args(&endpoints, &ca, true)));
+    let failover: Value = serde_json::from_str(&found).expect("a JSON report");
     assert_eq!(row(&failover, prefix)["objects"], 3);
 }

@@ -271,7 +271,7 @@ async fn failed_objects_prevent_pruning() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(triggered(&client, &widgets).await.len(), 1);
+    assert_eq!(triggered(&client, &widgets, "crd").await.len(), 1);
 }
 
 /// A CRD annotated `kube-svm.io/auto-migrate: "false"` is left to the operator.
@@ -293,7 +293,10 @@ async fn the_opt_out_annotation_is_respected() {
     // The trigger is alive: the other CRD gets its migration.
     wait_for_triggered(&client, &watched, 1, &controller).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(triggered(&client, &opted_out).await.is_empty(), "no migration for the opted-out CRD");
+    assert!(
+        triggered(&client, &opted_out, "crd").await.is_empty(),
+        "no migration for the opted-out CRD"
+    );
     assert_eq!(stored_versions(&client, &opted_out).await, ["v1", "v2"]);
 }
 

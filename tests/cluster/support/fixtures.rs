@@ -384,3 +384,26 @@ pub async fn missing_aggregated_api(client: &Client, group: &str) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A private control plane encrypting Secrets with [`KEY1`], and `count` Secrets named `s-<i>`
+/// (holding `value-<i>`) in a new namespace, which is returned.
+pub async fn secrets_under_key1(count: usize) -> (ControlPlane, String) {
+    use k8s_openapi::api::core::v1::Secret;
+    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
+    control_plane
+        .restart_apiserver(&[&encrypt_secrets(&control_plane, &[KEY1])])
+        .await
+        .expect("restarts with key1");
+    let client = control_plane.client().await;
+    let namespace = unique("secrets");
+    create_namespace(&client, &namespace).await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    for i in 0..count {
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": { "name": format!("s-{i}") }, "stringData": { "token": format!("value-{i}") },
+        }))
+        .expect("valid");
+        secrets.create(&PostParams::default(), &secret).await.expect("created");
+    }
+    (control_plane, namespace)
+}

@@ -122,11 +122,15 @@ pub async fn has_event(client: &Client, name: &str, reason: &str) -> bool {
     }
 }
 
-/// The migrations the CRD trigger created for `widgets`, oldest first.
-pub async fn triggered(client: &Client, widgets: &WidgetCrd) -> Vec<StorageVersionMigration> {
+/// The migrations a trigger (`crd` or `discovery`) created for `widgets`, oldest first.
+pub async fn triggered(
+    client: &Client,
+    widgets: &WidgetCrd,
+    by: &str,
+) -> Vec<StorageVersionMigration> {
     let api: Api<StorageVersionMigration> = Api::all(client.clone());
     let mut found: Vec<_> = api
-        .list(&ListParams::default().labels(&format!("{TRIGGER_LABEL}=crd")))
+        .list(&ListParams::default().labels(&format!("{TRIGGER_LABEL}={by}")))
         .await
         .expect("listed")
         .items
@@ -146,7 +150,7 @@ pub async fn wait_for_triggered(
 ) -> StorageVersionMigration {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let mut found = triggered(client, widgets).await;
+        let mut found = triggered(client, widgets, "crd").await;
         if found.len() >= n {
             return found.swap_remove(n - 1);
         }
