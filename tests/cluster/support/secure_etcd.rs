@@ -80,17 +80,17 @@ fn write_certificates(dir: &Path) -> anyhow::Result<()> {
     let ca = authority("etcd-ca")?;
     fs::write(dir.join("ca.crt"), ca.pem())?;
     fs::write(dir.join("other-ca.crt"), authority("other-ca")?.pem())?;
-    for (name, purpose, names) in [
-        (
-            "server",
-            ExtendedKeyUsagePurpose::ServerAuth,
-            vec!["127.0.0.1".into(), "localhost".into()],
-        ),
-        ("client", ExtendedKeyUsagePurpose::ClientAuth, vec!["kube-apiserver-etcd-client".into()]),
+    // etcd's JSON gateway dials etcd's own gRPC port with the serving certificate, so that one
+    // is a client certificate too (as kubeadm makes it).
+    let both = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+    let client = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    for (name, purposes, names) in [
+        ("server", both, vec!["127.0.0.1".into(), "localhost".into()]),
+        ("client", client, vec!["apiserver-etcd-client".into()]),
     ] {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(names)?;
-        params.extended_key_usages = vec![purpose];
+        params.extended_key_usages = purposes;
         let certificate = params.signed_by(&key, &ca)?;
         fs::write(dir.join(format!("{name}.crt")), certificate.pem())?;
         fs::write(dir.join(format!("{name}.key")), key.serialize_pem())?;
