@@ -127,31 +127,39 @@ pub struct MigrationCondition {
     pub message: Option<String>,
 }
 
-/// Object counts of a migration.
+/// Object counts of a migration. Integer formats are the ones the apiserver knows (`int64`,
+/// `int32`), not Rust's `uint64`, which it warns about on every create.
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MigrationProgress {
     /// Objects returned by the list requests so far.
     #[serde(default)]
+    #[schemars(extend("format" = "int64"))]
     pub listed: u64,
     /// Objects handled so far, whatever the result: rewritten + alreadyCurrent + skipped + failed.
     #[serde(default)]
+    #[schemars(extend("format" = "int64"))]
     pub processed: u64,
     /// Objects the apiserver wrote back to etcd, re-encoded.
     #[serde(default)]
+    #[schemars(extend("format" = "int64"))]
     pub rewritten: u64,
     /// Objects already stored in the current encoding: the apiserver skipped the write.
     #[serde(default)]
+    #[schemars(extend("format" = "int64"))]
     pub already_current: u64,
     /// Objects that needed no write from kube-svm: deleted since they were listed, or written by
     /// someone else since (which re-encoded them).
     #[serde(default)]
+    #[schemars(extend("format" = "int64"))]
     pub skipped: u64,
     /// Objects that could not be migrated; see `failedObjects`.
     #[serde(default)]
+    #[schemars(extend("format" = "int64"))]
     pub failed: u64,
     /// Estimate of the objects still to handle, from the apiserver's `remainingItemCount`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "int64"))]
     pub remaining: Option<u64>,
 }
 
@@ -178,6 +186,7 @@ pub struct FailedObject {
     pub name: String,
     /// HTTP status code of the last attempt; 0 when no response was received.
     #[serde(default)]
+    #[schemars(extend("format" = "int32"))]
     pub code: u16,
     /// The apiserver's reason for the last failure, for example `Invalid` or `Forbidden`.
     #[serde(default, skip_serializing_if = "String::is_empty")]

@@ -135,6 +135,32 @@ mod tests {
         assert_eq!(template.matches("helm.sh/resource-policy: keep").count(), crds().len());
     }
 
+    /// The apiserver warns on every create of an object whose schema names a format it does
+    /// not know (`uint64`, `uint16`).
+    #[test]
+    fn schemas_use_only_formats_the_apiserver_knows() {
+        fn formats(value: &serde_json::Value, found: &mut Vec<String>) {
+            match value {
+                serde_json::Value::Object(map) => {
+                    if let Some(serde_json::Value::String(format)) = map.get("format") {
+                        found.push(format.clone());
+                    }
+                    map.values().for_each(|v| formats(v, found));
+                }
+                serde_json::Value::Array(items) => items.iter().for_each(|v| formats(v, found)),
+                _ => {}
+            }
+        }
+        let mut found = Vec::new();
+        for crd in crds() {
+            formats(&serde_json::to_value(&crd.spec).expect("serializes"), &mut found);
+        }
+        assert!(found.contains(&"int64".to_owned()), "{found:?}");
+        let known = ["int32", "int64", "date-time", "byte", "date", "duration", "uri"];
+        let unknown: Vec<_> = found.iter().filter(|f| !known.contains(&f.as_str())).collect();
+        assert!(unknown.is_empty(), "formats the apiserver does not know: {unknown:?}");
+    }
+
     #[test]
     fn crds_carry_the_api_approval_annotation() {
         for crd in crds() {

@@ -135,13 +135,16 @@ pub async fn run(clients: Clients, settings: Settings, fence: Fence, stop: Cance
     let Clients { requests: client, watches, config } = clients;
     let crds: Api<CustomResourceDefinition> = Api::all(watches.clone());
     let migrations: Api<StorageVersionMigration> = Api::all(watches);
-    // A finished migration may leave its CRD needing another: look at the CRD again.
-    let crd_of = |migration: StorageVersionMigration| {
+    let controller = Controller::new(crds, watcher::Config::default());
+    // A finished migration may leave its CRD needing another: look at the CRD again. Built-in
+    // resources have no CRD to look at.
+    let store = controller.store();
+    let crd_of = move |migration: StorageVersionMigration| {
         let target = &migration.spec.resource;
-        (!target.group.is_empty())
-            .then(|| ObjectRef::new(&format!("{}.{}", target.resource, target.group)))
+        let crd = ObjectRef::new(&format!("{}.{}", target.resource, target.group));
+        store.get(&crd).map(|_| crd)
     };
-    Controller::new(crds, watcher::Config::default())
+    controller
         .watches(migrations, watcher::Config::default(), crd_of)
         .graceful_shutdown_on(async move { stop.cancelled().await })
         .run(reconcile, error_policy, Arc::new(Context { client, config, fence, settings }))
