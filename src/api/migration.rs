@@ -10,6 +10,10 @@ use serde::{Deserialize, Serialize};
     version = "v1alpha1",
     kind = "StorageVersionMigration",
     status = "StorageVersionMigrationStatus",
+    // `kubectl get svm` finds kube-svm's migrations on every release, also where the in-tree
+    // migrator's API (1.37+) takes the bare resource name; `kubectl get kube-svm` lists all kinds.
+    shortname = "svm",
+    category = "kube-svm",
     annotation(
         "api-approved.kubernetes.io",
         "unapproved, kube-svm serves the kube-storage-version-migrator API"

@@ -19,6 +19,8 @@ pub const PERSISTED_SINCE_ANNOTATION: &str = "kube-svm.io/persisted-since";
     version = "v1alpha1",
     kind = "StorageState",
     status = "StorageStateStatus",
+    shortname = "svmstate",
+    category = "kube-svm",
     annotation(
         "api-approved.kubernetes.io",
         "unapproved, kube-svm serves the kube-storage-version-migrator API"

@@ -311,3 +311,57 @@ async fn compaction_expires_continue_tokens() {
         other => panic!("expected 410 Gone, got {other}"),
     }
 }
+
+/// `kubectl get svm` and `kubectl get kube-svm` reach kube-svm's objects: no resource the
+/// apiserver serves shares those names, while the in-tree migrator's API does share the plural
+/// `storageversionmigrations` (the reason the short name exists).
+#[tokio::test]
+async fn short_names_and_category_belong_to_kube_svm_alone() {
+    let control_plane = shared().await;
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let mut lists =
+        vec![("v1".to_owned(), client.list_core_api_resources("v1").await.expect("core"))];
+    for group in client.list_api_groups().await.expect("groups").groups {
+        for version in group.versions {
+            // A missing aggregated API of another test may not answer; it serves neither name.
+            if let Ok(list) = client.list_api_group_resources(&version.group_version).await {
+                lists.push((version.group_version, list));
+            }
+        }
+    }
+    let mut ours = Vec::new();
+    let mut others_named = Vec::new();
+    for (group_version, list) in &lists {
+        for resource in &list.resources {
+            let short_names = resource.short_names.clone().unwrap_or_default();
+            let categories = resource.categories.clone().unwrap_or_default();
+            let named = |name: &str| short_names.iter().any(|s| s == name) || resource.name == name;
+            if group_version.starts_with("migration.k8s.io/") {
+                ours.push((resource.name.clone(), short_names.clone(), categories.clone()));
+                continue;
+            }
+            for name in ["svm", "svmstate", "kube-svm"] {
+                assert!(
+                    !named(name) && !categories.iter().any(|c| c == name),
+                    "{group_version} {} also answers to {name}",
+                    resource.name
+                );
+            }
+            if resource.name == "storageversionmigrations" {
+                others_named.push(group_version.clone());
+            }
+        }
+    }
+    let svm = ours.iter().find(|(name, ..)| name == "storageversionmigrations").expect("served");
+    assert_eq!(
+        (svm.1.clone(), svm.2.clone()),
+        (vec!["svm".to_owned()], vec!["kube-svm".to_owned()])
+    );
+    let states = ours.iter().find(|(name, ..)| name == "storagestates").expect("served");
+    assert_eq!(states.1, ["svmstate"]);
+    assert!(
+        others_named.iter().any(|gv| gv.starts_with("storagemigration.k8s.io/")),
+        "1.37 serves the in-tree migrator's storageversionmigrations: {others_named:?}"
+    );
+}
