@@ -23,6 +23,13 @@ test: ## Run unit and integration tests against a real kube-apiserver and etcd
 build: ## Build the kube-svm binary (debug)
 	$(CARGO) build
 
+PREFIX ?= $(HOME)/.local
+
+install: ## Install kube-svm and the kubectl plugin link kubectl-svm into $(PREFIX)/bin
+	$(CARGO) build --release --bin kube-svm
+	install -D -m 0755 target/release/kube-svm $(PREFIX)/bin/kube-svm
+	ln -sf kube-svm $(PREFIX)/bin/kubectl-svm
+
 control-plane: ## Build etcd and kube-apiserver for the tests into ~/.cache/kube-svm (skipped when present)
 	hack/control-plane.sh assets
 
@@ -49,4 +56,4 @@ crds: ## Regenerate the committed CRDs (config/ and the chart's template) from t
 manifests: crds ## Regenerate config/deploy/ from the Helm chart
 	hack/manifests.sh > config/deploy/kube-svm.yaml
 
-.PHONY: help demo test build control-plane helm bench lint crds manifests
+.PHONY: help demo test build install control-plane helm bench lint crds manifests

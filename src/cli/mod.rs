@@ -39,7 +39,26 @@ pub enum Command {
     Plan(plan::PlanArgs),
 }
 
+/// The name kubectl gives a plugin it runs as `kubectl svm`: the binary linked under this name
+/// anywhere on `PATH` makes kube-svm a kubectl plugin.
+pub const PLUGIN_BINARY: &str = "kubectl-svm";
+
 impl Cli {
+    /// Parses the command line; invoked as [`PLUGIN_BINARY`], help and errors say `kubectl svm`.
+    pub fn parse_invocation() -> Cli {
+        let argv0 = std::env::args_os().next().unwrap_or_default();
+        let invoked = std::path::Path::new(&argv0).file_name().unwrap_or_default().to_owned();
+        let mut command = <Cli as clap::CommandFactory>::command();
+        if invoked == PLUGIN_BINARY {
+            command = command.name("kubectl svm").bin_name("kubectl svm");
+        }
+        let matches = command.get_matches();
+        match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+            Ok(cli) => cli,
+            Err(error) => error.exit(),
+        }
+    }
+
     /// Runs the chosen subcommand; what it returns is the process's exit code.
     pub async fn run(self) -> anyhow::Result<ExitCode> {
         let done = |result: anyhow::Result<()>| result.map(|()| ExitCode::SUCCESS);

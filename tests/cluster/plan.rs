@@ -132,3 +132,25 @@ async fn plans_stale_crds_storage_states_and_named_resources() {
     let message = String::from_utf8_lossy(&unknown.stderr);
     assert!(message.contains("cannot plan nosuchthings"), "{message}");
 }
+
+/// Linked as `kubectl-svm` (how kubectl finds plugins), the binary is `kubectl svm`: the same
+/// subcommands, and help that names it so.
+#[tokio::test]
+async fn the_binary_answers_as_a_kubectl_plugin() {
+    let control_plane = crate::support::shared().await;
+    let dir = tempfile::tempdir().expect("a directory");
+    let plugin = dir.path().join(kube_svm::cli::PLUGIN_BINARY);
+    std::os::unix::fs::symlink(binary(), &plugin).expect("linked");
+    let help = Command::new(&plugin).arg("--help").output().expect("runs");
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("Usage: kubectl svm [OPTIONS] <COMMAND>"), "{help}");
+    let planned = Command::new(&plugin)
+        .args(["plan", "-o", "json", "--kubeconfig"])
+        .arg(control_plane.kubeconfig())
+        .output()
+        .expect("runs");
+    let code = planned.status.code();
+    assert!(code == Some(0) || code == Some(i32::from(EXIT_NEEDS_MIGRATION)), "{planned:?}");
+    let plan: Value = serde_json::from_slice(&planned.stdout).expect("a JSON plan");
+    assert!(plan["resources"].is_array(), "{plan}");
+}
