@@ -6,6 +6,7 @@ mod etcd;
 mod inspect;
 pub mod kube;
 mod plan;
+mod status;
 mod table;
 
 use std::process::ExitCode;
@@ -37,6 +38,9 @@ pub enum Command {
     /// Show what needs migrating and what kube-svm would do, writing nothing. Exits 0 when
     /// nothing needs migrating, 3 when something does.
     Plan(plan::PlanArgs),
+    /// Show migrations and their progress (kube-svm's, and the in-tree migrator's where the
+    /// cluster serves its API), once or with --watch.
+    Status(status::StatusArgs),
 }
 
 /// The name kubectl gives a plugin it runs as `kubectl svm`: the binary linked under this name
@@ -67,6 +71,7 @@ impl Cli {
             Command::Crds(args) => done(crds::run(args)),
             Command::Inspect(args) => done(inspect::run(args).await),
             Command::Plan(args) => plan::run(args).await,
+            Command::Status(args) => done(status::run(args).await),
         }
     }
 }

@@ -11,5 +11,6 @@ mod foundation;
 mod inspect;
 mod observability;
 mod plan;
+mod status;
 mod storedversions;
 mod support;

@@ -1,0 +1,283 @@
+//! `kube-svm status`: migrations and their progress as a table (or JSON), once or following
+//! them; kube-svm's `migration.k8s.io` migrations and, where the cluster serves it, the in-tree
+//! migrator's `storagemigration.k8s.io` ones.
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::ListParams;
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::{Api, Client};
+use serde::Serialize;
+
+use super::kube::KubeArgs;
+use super::table::{self, Output};
+use crate::api::{GroupResource, Phase, StorageVersionMigration};
+
+/// The in-tree migrator's API (kube-controller-manager, GA in Kubernetes 1.37).
+const IN_TREE_GROUP: &str = "storagemigration.k8s.io";
+const IN_TREE_VERSION: &str = "v1";
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub kube: KubeArgs,
+
+    /// Keep printing the table, every --interval seconds, until interrupted.
+    #[arg(short, long)]
+    pub watch: bool,
+
+    /// Seconds between two tables with --watch.
+    #[arg(long, default_value_t = 2.0)]
+    pub interval: f64,
+
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+/// One migration as `status` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Row {
+    pub name: String,
+    /// `kube-svm` or `in-tree`.
+    pub migrator: String,
+    /// `resource.group`.
+    pub resource: String,
+    pub phase: String,
+    /// Percent of the objects handled, when the total is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress_percent: Option<u8>,
+    pub processed: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remaining: Option<u64>,
+    pub failed: u64,
+    /// Objects per second since the migration started (until it ended).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub objects_per_second: Option<f64>,
+    /// Seconds left at that rate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eta_seconds: Option<u64>,
+    pub age_seconds: u64,
+}
+
+pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
+    let StatusArgs { kube, watch, interval, output } = args;
+    let client = Client::try_from(kube.config().await?)?;
+    loop {
+        let rows = gather(&client).await?;
+        let text = output.format(&rows, render)?;
+        let mut stdout = std::io::stdout().lock();
+        stdout.write_all(text.as_bytes()).context("failed to write the status")?;
+        if !watch {
+            return Ok(());
+        }
+        stdout.write_all(b"\n").context("failed to write the status")?;
+        drop(stdout);
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+            () = tokio::time::sleep(Duration::from_secs_f64(interval.max(0.5))) => {}
+        }
+    }
+}
+
+async fn gather(client: &Client) -> anyhow::Result<Vec<Row>> {
+    let now = Timestamp::now();
+    let mut rows: Vec<Row> = Api::<StorageVersionMigration>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("failed to list migration.k8s.io StorageVersionMigrations")?
+        .items
+        .iter()
+        .map(|m| row(m, now))
+        .collect();
+    let gvk = GroupVersionKind::gvk(IN_TREE_GROUP, IN_TREE_VERSION, "StorageVersionMigration");
+    let in_tree = ApiResource::from_gvk_with_plural(&gvk, "storageversionmigrations");
+    match Api::<DynamicObject>::all_with(client.clone(), &in_tree)
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(list) => rows.extend(list.items.iter().map(|m| in_tree_row(m, now))),
+        // Not served (before 1.37, or turned off): there is nothing of it to show.
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(error) => {
+            return Err(error).context("failed to list storagemigration.k8s.io migrations");
+        }
+    }
+    Ok(rows)
+}
+
+/// A kube-svm migration at `now`.
+pub fn row(migration: &StorageVersionMigration, now: Timestamp) -> Row {
+    let status = migration.status.clone().unwrap_or_default();
+    let progress = status.progress.clone().unwrap_or_default();
+    let phase = Phase::of(migration);
+    let started = status.start_time.as_ref().map(|t| t.0);
+    let until = match phase.is_terminal() {
+        true => status.completion_time.as_ref().map_or(now, |t| t.0),
+        false => now,
+    };
+    let elapsed = started.map(|s| until.duration_since(s).as_secs_f64());
+    let rate = elapsed.filter(|e| *e > 0.0).map(|e| progress.processed as f64 / e);
+    let remaining = match phase {
+        Phase::Succeeded => Some(0),
+        _ => progress.remaining,
+    };
+    let total = remaining.map(|r| r + progress.processed).filter(|t| *t > 0);
+    let progress_percent = match (phase, total) {
+        (Phase::Succeeded, _) => Some(100),
+        (_, Some(total)) => Some(u8::try_from(progress.processed * 100 / total).unwrap_or(100)),
+        (_, None) => None,
+    };
+    let eta_seconds = match (phase, remaining, rate) {
+        (Phase::Running, Some(remaining), Some(rate)) if rate > 0.0 => {
+            Some((remaining as f64 / rate).ceil() as u64)
+        }
+        _ => None,
+    };
+    Row {
+        name: migration.metadata.name.clone().unwrap_or_default(),
+        migrator: "kube-svm".into(),
+        resource: resource_name(&migration.spec.resource.group, &migration.spec.resource.resource),
+        phase: format!("{phase:?}"),
+        progress_percent,
+        processed: progress.processed,
+        remaining,
+        failed: progress.failed,
+        objects_per_second: rate.map(|r| (r * 10.0).round() / 10.0),
+        eta_seconds,
+        age_seconds: age(migration.metadata.creation_timestamp.as_ref().map(|t| t.0), now),
+    }
+}
+
+/// An in-tree migration: it reports no counts, only its conditions.
+fn in_tree_row(migration: &DynamicObject, now: Timestamp) -> Row {
+    let spec = &migration.data["spec"]["resource"];
+    let text = |value: &serde_json::Value| value.as_str().unwrap_or_default().to_owned();
+    let conditions = migration.data["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    let holds =
+        |type_: &str| conditions.iter().any(|c| c["type"] == type_ && c["status"] == "True");
+    let phase = ["Succeeded", "Failed", "Running"].into_iter().find(|t| holds(t)).unwrap_or("New");
+    Row {
+        name: migration.metadata.name.clone().unwrap_or_default(),
+        migrator: "in-tree".into(),
+        resource: resource_name(&text(&spec["group"]), &text(&spec["resource"])),
+        phase: phase.into(),
+        progress_percent: (phase == "Succeeded").then_some(100),
+        age_seconds: age(migration.metadata.creation_timestamp.as_ref().map(|t| t.0), now),
+        ..Row::default()
+    }
+}
+
+fn resource_name(group: &str, resource: &str) -> String {
+    GroupResource { group: group.to_owned(), resource: resource.to_owned() }.name()
+}
+
+fn age(created: Option<Timestamp>, now: Timestamp) -> u64 {
+    created.map_or(0, |c| now.duration_since(c).as_secs().max(0).unsigned_abs())
+}
+
+/// `90` → `1m30s`, as kubectl prints ages.
+fn duration(seconds: u64) -> String {
+    match seconds {
+        s if s < 60 => format!("{s}s"),
+        s if s < 3600 => format!("{}m{}s", s / 60, s % 60),
+        s if s < 86400 => format!("{}h{}m", s / 3600, (s % 3600) / 60),
+        s => format!("{}d{}h", s / 86400, (s % 86400) / 3600),
+    }
+}
+
+fn render(rows: &Vec<Row>) -> String {
+    if rows.is_empty() {
+        return "No migrations.\n".into();
+    }
+    let mut table = vec![
+        ["NAME", "MIGRATOR", "RESOURCE", "PHASE", "PROGRESS", "OBJECTS/S", "ETA", "FAILED", "AGE"]
+            .map(str::to_owned),
+    ];
+    let or_dash = |value: Option<String>| value.unwrap_or_else(|| "-".into());
+    for row in rows {
+        let in_tree = row.migrator == "in-tree";
+        table.push([
+            row.name.clone(),
+            row.migrator.clone(),
+            row.resource.clone(),
+            row.phase.clone(),
+            or_dash(row.progress_percent.map(|p| format!("{p}%"))),
+            or_dash(row.objects_per_second.map(|r| format!("{r:.1}"))),
+            or_dash(row.eta_seconds.map(duration)),
+            if in_tree { "-".into() } else { row.failed.to_string() },
+            duration(row.age_seconds),
+        ]);
+    }
+    table::render(&table, &[4, 5, 7])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn migration(phase: &str, processed: u64, remaining: Option<u64>) -> StorageVersionMigration {
+        let mut migration: StorageVersionMigration = serde_json::from_value(serde_json::json!({
+            "apiVersion": "migration.k8s.io/v1alpha1",
+            "kind": "StorageVersionMigration",
+            "metadata": { "name": "m", "creationTimestamp": "2026-01-01T00:00:00Z" },
+            "spec": { "resource": { "group": "example.com", "version": "v2", "resource": "widgets" } },
+            "status": {
+                "conditions": [{ "type": phase, "status": "True" }],
+                "progress": { "processed": processed, "failed": 1 },
+                "startTime": "2026-01-01T00:00:00Z",
+                "completionTime": "2026-01-01T00:01:40Z",
+            },
+        }))
+        .unwrap();
+        if let Some(status) = migration.status.as_mut() {
+            status.progress.as_mut().unwrap().remaining = remaining;
+        }
+        migration
+    }
+
+    fn at(seconds: i64) -> Timestamp {
+        let start: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        start + k8s_openapi::jiff::SignedDuration::from_secs(seconds)
+    }
+
+    #[test]
+    fn a_running_migration_shows_rate_progress_and_eta() {
+        let row = row(&migration("Running", 500, Some(1500)), at(50));
+        assert_eq!(row.resource, "widgets.example.com");
+        assert_eq!(
+            (row.progress_percent, row.objects_per_second, row.eta_seconds),
+            (Some(25), Some(10.0), Some(150))
+        );
+        assert_eq!((row.failed, row.age_seconds), (1, 50));
+    }
+
+    #[test]
+    fn a_finished_migration_keeps_its_rate_and_has_no_eta() {
+        let row = row(&migration("Succeeded", 1000, None), at(500));
+        assert_eq!(
+            (row.phase.as_str(), row.progress_percent, row.remaining),
+            ("Succeeded", Some(100), Some(0))
+        );
+        assert_eq!((row.objects_per_second, row.eta_seconds), (Some(10.0), None));
+    }
+
+    #[test]
+    fn unknown_totals_show_no_percentage() {
+        let row = row(&migration("Running", 10, None), at(5));
+        assert_eq!((row.progress_percent, row.eta_seconds), (None, None));
+    }
+
+    #[test]
+    fn durations_read_like_kubectl_ages() {
+        assert_eq!(duration(42), "42s");
+        assert_eq!(duration(90), "1m30s");
+        assert_eq!(duration(7260), "2h1m");
+        assert_eq!(duration(90000), "1d1h");
+    }
+}
