@@ -7,7 +7,7 @@ CARGO ?= cargo
 
 # What the tests, the bench and the demo run against: etcd and kube-apiserver built from Go
 # modules, and helm, all cached outside git (hack/control-plane.sh, hack/helm.sh).
-ASSETS = KUBEBUILDER_ASSETS="$$(hack/control-plane.sh assets)" HELM="$$(hack/helm.sh)"
+ASSETS = KUBEBUILDER_ASSETS="$$(hack/control-plane.sh assets)" HELM="$$(hack/helm.sh)" PROMTOOL="$$(hack/promtool.sh)"
 
 # Lists the targets with the comment that follows each one.
 help:

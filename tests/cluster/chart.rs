@@ -184,3 +184,50 @@ async fn a_narrowed_resource_list_limits_what_kube_svm_can_migrate() {
     let message = failed.status.and_then(|s| s.conditions[0].message.clone()).unwrap_or_default();
     assert!(message.contains("secrets") && message.contains("403"), "{message}");
 }
+
+/// The chart's alerts pass `promtool check rules`, and `promtool test rules` with the unit tests
+/// in `tests/alerts/` (series shaped like kube-svm's metrics). `make test` fetches promtool with
+/// hack/promtool.sh; where it cannot, the test says it skipped the check.
+#[test]
+fn alerts_pass_promtool_unit_tests() {
+    let Some(promtool) = std::env::var_os("PROMTOOL").filter(|p| !p.is_empty()) else {
+        eprintln!(
+            "SKIPPED alerts_pass_promtool_unit_tests: no promtool (hack/promtool.sh found none)"
+        );
+        return;
+    };
+    let rendered = render(
+        "kube-svm",
+        "kube-svm",
+        &[
+            "--set",
+            "metrics.prometheusRule.enabled=true",
+            "--show-only",
+            "templates/prometheusrule.yaml",
+        ],
+    );
+    let rule = objects(&rendered).into_iter().next().expect("a PrometheusRule");
+    let dir = tempfile::tempdir().expect("a directory");
+    let rules = serde_json::json!({ "groups": rule.data["spec"]["groups"] });
+    fs::write(
+        dir.path().join("kube-svm.rules.yaml"),
+        serde_yaml_ng::to_string(&rules).expect("YAML"),
+    )
+    .expect("written");
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/alerts/kube-svm.test.yaml");
+    fs::copy(tests, dir.path().join("kube-svm.test.yaml")).expect("copied");
+    for args in [["check", "rules", "kube-svm.rules.yaml"], ["test", "rules", "kube-svm.test.yaml"]]
+    {
+        let output = Command::new(&promtool)
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .expect("promtool runs");
+        assert!(
+            output.status.success(),
+            "promtool {args:?}:\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
