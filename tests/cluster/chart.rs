@@ -5,11 +5,13 @@
 //! That the default RBAC is enough is proven by every controller test: controllers run as the
 //! chart's ServiceAccount (see `support::process`).
 
+use std::collections::BTreeSet;
 use std::fs;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use kube::ResourceExt;
 use kube::core::DynamicObject;
 use kube_svm::api::Phase;
 
@@ -230,4 +232,54 @@ fn alerts_pass_promtool_unit_tests() {
             String::from_utf8_lossy(&output.stderr)
         );
     }
+}
+
+/// Kube-svm's metric names a dashboard panel queries (`kube_svm_*`, `storage_migrator_*`), with
+/// a histogram's `_bucket` suffix dropped.
+pub fn dashboard_metrics() -> BTreeSet<String> {
+    let path = chart::chart_dir().join("dashboards/kube-svm.json");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(path).expect("read")).expect("JSON");
+    let mut names = BTreeSet::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            let expr = target["expr"].as_str().expect("an expression");
+            let tokens = expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
+            for token in
+                tokens.filter(|t| t.starts_with("kube_svm_") || t.starts_with("storage_migrator_"))
+            {
+                names.insert(token.trim_end_matches("_bucket").to_owned());
+            }
+        }
+    }
+    names
+}
+
+/// With `grafanaDashboard.enabled`, the chart renders the dashboard as a ConfigMap labelled for
+/// Grafana's sidecar, and the dashboard is valid JSON whose every panel queries kube-svm.
+#[test]
+fn the_dashboard_is_delivered_for_grafanas_sidecar() {
+    let rendered = render(
+        "kube-svm",
+        "kube-svm",
+        &["--set", "grafanaDashboard.enabled=true", "--show-only", "templates/dashboard.yaml"],
+    );
+    let configmap = objects(&rendered).into_iter().next().expect("a ConfigMap");
+    assert_eq!(configmap.labels().get("grafana_dashboard").map(String::as_str), Some("1"));
+    let dashboard: serde_json::Value =
+        serde_json::from_str(configmap.data["data"]["kube-svm.json"].as_str().expect("the JSON"))
+            .expect("valid JSON");
+    let panels = dashboard["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 10, "{} panels", panels.len());
+    for panel in panels {
+        let exprs = panel["targets"].as_array().expect("targets");
+        assert!(
+            exprs.iter().all(|t| t["expr"]
+                .as_str()
+                .is_some_and(|e| e.contains("kube_svm_") || e.contains("storage_migrator_"))),
+            "{panel}"
+        );
+    }
+    assert!(dashboard_metrics().len() >= 9, "{:?}", dashboard_metrics());
+    assert!(!render("kube-svm", "kube-svm", &[]).contains("-dashboard"), "off by default");
 }

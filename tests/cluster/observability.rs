@@ -162,6 +162,13 @@ async fn probes_and_metrics_follow_a_real_migration() {
     assert!(admin.value("process_resident_memory_bytes").await > 0.0);
     let (_, text) = admin.get("/metrics").await;
     assert!(!text.contains("w-1"), "no object names in labels");
+    // Every series the Grafana dashboard queries exists.
+    for name in crate::chart::dashboard_metrics() {
+        assert!(
+            text.contains(&format!("\n{name}")),
+            "the dashboard queries {name}, not in /metrics"
+        );
+    }
 
     // A migration of a resource that does not exist fails; what the user typed never becomes a
     // label value.
