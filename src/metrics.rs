@@ -190,12 +190,20 @@ pub const UNRESOLVED_RESOURCE: &str = "unresolved";
 
 /// The `code` label: the status code class, or `none` when no response came.
 pub fn code_class(code: Option<u16>) -> &'static str {
+    CODE_CLASSES[code_class_index(code)]
+}
+
+/// Every value of the `code` label, in the order [`code_class_index`] numbers them.
+pub const CODE_CLASSES: [&str; 5] = ["2xx", "3xx", "4xx", "5xx", "none"];
+
+/// The position of `code`'s class in [`CODE_CLASSES`] (`none`: no response).
+pub fn code_class_index(code: Option<u16>) -> usize {
     match code {
-        Some(200..300) => "2xx",
-        Some(300..400) => "3xx",
-        Some(400..500) => "4xx",
-        Some(500..600) => "5xx",
-        _ => "none",
+        Some(200..300) => 0,
+        Some(300..400) => 1,
+        Some(400..500) => 2,
+        Some(500..600) => 3,
+        _ => 4,
     }
 }
 

@@ -79,9 +79,6 @@ pub struct StatusDetails {
 /// The verbs the engine sends, as metric labels.
 const VERBS: [&str; 3] = ["list", "patch", "other"];
 
-/// The code classes, as metric labels (`metrics::code_class`).
-const CODE_CLASSES: [Option<u16>; 5] = [Some(200), Some(300), Some(400), Some(500), None];
-
 /// The metric series one request touches, resolved once per engine rather than per request.
 pub(super) struct RequestMetrics {
     /// By verb: latency, requests by code class, throttled requests.
@@ -100,9 +97,8 @@ impl RequestMetrics {
         RequestMetrics {
             verbs: VERBS.map(|verb| VerbMetrics {
                 duration: metrics.request_duration.with_label_values(&[verb]),
-                by_class: CODE_CLASSES.map(|code| {
-                    metrics.requests.with_label_values(&[verb, crate::metrics::code_class(code)])
-                }),
+                by_class: crate::metrics::CODE_CLASSES
+                    .map(|class| metrics.requests.with_label_values(&[verb, class])),
                 throttled: metrics.throttled.with_label_values(&[verb]),
             }),
             writes_in_flight: metrics.writes_in_flight.clone(),
@@ -120,14 +116,7 @@ impl RequestMetrics {
 
 impl VerbMetrics {
     fn count(&self, code: Option<u16>) {
-        let class = match code {
-            Some(200..300) => 0,
-            Some(300..400) => 1,
-            Some(400..500) => 2,
-            Some(500..600) => 3,
-            _ => 4,
-        };
-        self.by_class[class].inc();
+        self.by_class[crate::metrics::code_class_index(code)].inc();
     }
 }
 
