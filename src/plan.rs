@@ -66,22 +66,21 @@ impl Plan {
 
     /// The entry for `group`/`resource`, added when missing.
     pub fn entry(&mut self, group: &str, resource: &str) -> &mut Entry {
-        let index = match self
-            .resources
-            .iter()
-            .position(|e| e.group == group && e.resource == resource)
-        {
-            Some(index) => index,
-            None => {
-                self.resources.push(Entry {
-                    group: group.to_owned(),
-                    resource: resource.to_owned(),
-                    afterwards: "nothing more: objects are rewritten, there is no list of stored versions to prune".into(),
-                    ..Entry::default()
-                });
-                self.resources.len() - 1
-            }
-        };
+        let index =
+            match self.resources.iter().position(|e| e.group == group && e.resource == resource) {
+                Some(index) => index,
+                None => {
+                    self.resources.push(Entry {
+                        group: group.to_owned(),
+                        resource: resource.to_owned(),
+                        afterwards:
+                            "nothing beyond the rewrite: no stored versions are left to prune"
+                                .into(),
+                        ..Entry::default()
+                    });
+                    self.resources.len() - 1
+                }
+            };
         &mut self.resources[index]
     }
 }
