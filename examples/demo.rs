@@ -119,9 +119,12 @@ async fn main() -> anyhow::Result<()> {
         Ok(()) => detail("removing v1 from spec.versions: accepted, v1 is gone"),
         Err(message) => anyhow::bail!("v1 could not be removed: {message}"),
     }
-    // reqwest's TLS (unused for plain http) needs a crypto provider installed.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let metrics = reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await?.text().await?;
+    let metrics = support::http_client()
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await?
+        .text()
+        .await?;
     for line in metrics.lines().filter(|line| {
         line.starts_with("storage_migrator_core_migrator_")
             || line.starts_with("kube_svm_objects_total")

@@ -75,9 +75,8 @@ async fn probes_and_metrics_follow_a_real_migration() {
         ],
     )
     .await;
-    // reqwest's TLS (unused for plain http) needs a crypto provider installed.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let admin = Admin { base: format!("http://127.0.0.1:{port}"), http: reqwest::Client::new() };
+    let admin =
+        Admin { base: format!("http://127.0.0.1:{port}"), http: crate::support::http_client() };
 
     admin.wait_for("/healthz", 200, &controller).await;
     let (code, body) = admin.get("/readyz").await;

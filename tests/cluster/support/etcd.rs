@@ -42,10 +42,7 @@ impl Etcd {
     pub fn new(url: &str) -> Etcd {
         let connection = Connection { endpoints: vec![url.to_owned()], ..Default::default() };
         let reader = EtcdReader::connect(&connection).expect("a plain http endpoint");
-        // The test's own writes and health checks go through plain reqwest, whose TLS (unused
-        // here) still needs a crypto provider.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        Etcd { url: url.to_owned(), reader, http: reqwest::Client::new() }
+        Etcd { url: url.to_owned(), reader, http: super::http_client() }
     }
 
     pub fn url(&self) -> &str {

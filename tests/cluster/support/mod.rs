@@ -13,3 +13,11 @@ mod secure_etcd;
 pub use control_plane::{CONTROLLER_NAMESPACE, ControlPlane, shared};
 pub use etcd::{Etcd, KeyValue};
 pub use secure_etcd::SecureEtcd;
+
+/// A plain HTTP client for the harness's own requests (etcd's health and compaction, the admin
+/// port). kube-svm builds reqwest without a default TLS provider, so one is installed first even
+/// though these requests never use TLS.
+pub fn http_client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}
