@@ -3,13 +3,14 @@
 # cache directory outside git. Nothing is rebuilt when the binaries are already there.
 #
 #   hack/control-plane.sh assets        build what is missing, print the directory holding
-#                                       kube-apiserver, etcd and etcdctl (usable as KUBEBUILDER_ASSETS)
+#                                       kube-apiserver, kubectl, etcd and etcdctl (usable as
+#                                       KUBEBUILDER_ASSETS)
 #   hack/control-plane.sh bench-assets  the same, with kube-controller-manager too (the in-tree
 #                                       migrator `make bench` compares against)
 #   hack/control-plane.sh mod           regenerate the consumer go.mod/go.sum files after a version bump
 #
-# envtest conventions are honoured: TEST_ASSET_KUBE_APISERVER, TEST_ASSET_ETCD, TEST_ASSET_ETCDCTL
-# name a binary directly; KUBEBUILDER_ASSETS names a directory holding them. Only what neither
+# envtest conventions are honoured: TEST_ASSET_KUBE_APISERVER, TEST_ASSET_KUBECTL, TEST_ASSET_ETCD,
+# TEST_ASSET_ETCDCTL name a binary directly; KUBEBUILDER_ASSETS names a directory holding them. Only what neither
 # provides is built.
 set -euo pipefail
 
@@ -50,6 +51,7 @@ write_kubernetes_mod() {
     echo "tool ("
     echo "	k8s.io/kubernetes/cmd/kube-apiserver"
     echo "	k8s.io/kubernetes/cmd/kube-controller-manager"
+    echo "	k8s.io/kubernetes/cmd/kubectl"
     echo ")"
     echo
     echo "require k8s.io/kubernetes $KUBERNETES_VERSION"
@@ -87,11 +89,11 @@ MOD
 # Regenerates the modules when the pinned versions above changed.
 ensure_mods() {
   grep -q "k8s.io/kubernetes $KUBERNETES_VERSION\b" "$MODULES/kube-apiserver/go.mod" 2>/dev/null &&
-    grep -q "cmd/kube-controller-manager" "$MODULES/kube-apiserver/go.mod" || write_kubernetes_mod
+    grep -q "cmd/kubectl$" "$MODULES/kube-apiserver/go.mod" || write_kubernetes_mod
   grep -q "go.etcd.io/etcd/server/v3 $ETCD_VERSION\b" "$MODULES/etcd/go.mod" 2>/dev/null || write_etcd_mod
 }
 
-# Builds one command of k8s.io/kubernetes (kube-apiserver, kube-controller-manager).
+# Builds one command of k8s.io/kubernetes (kube-apiserver, kube-controller-manager, kubectl).
 build_kubernetes() {
   local name=$1 out="$BIN_DIR/kubernetes-$KUBERNETES_VERSION/$1" minor="${KUBERNETES_VERSION#v1.}"
   minor="${minor%%.*}"
@@ -133,7 +135,7 @@ resolve() {
   else
     ensure_mods
     case $name in
-      kube-apiserver | kube-controller-manager) build_kubernetes "$name" ;;
+      kube-apiserver | kube-controller-manager | kubectl) build_kubernetes "$name" ;;
       etcd) build_etcd_tool etcd go.etcd.io/etcd/server/v3 ;;
       etcdctl) build_etcd_tool etcdctl go.etcd.io/etcd/etcdctl/v3 ;;
     esac
@@ -143,7 +145,7 @@ resolve() {
 assets() {
   mkdir -p "$ASSETS_DIR" "$BIN_DIR/kubernetes-$KUBERNETES_VERSION" "$BIN_DIR/etcd-$ETCD_VERSION"
   local name
-  for name in etcd etcdctl kube-apiserver "$@"; do
+  for name in etcd etcdctl kube-apiserver kubectl "$@"; do
     ln -sfn "$(resolve "$name")" "$ASSETS_DIR/$name"
   done
   echo "$ASSETS_DIR"

@@ -17,6 +17,7 @@ pub mod leader;
 pub mod metrics;
 pub mod plan;
 pub mod server;
+pub mod steps;
 pub mod storage_hash;
 pub mod storedversions;
 pub mod telemetry;

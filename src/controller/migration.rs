@@ -20,12 +20,14 @@ use tracing::{info, instrument, warn};
 
 use super::status::{self, Start};
 use super::status_writer::{self, StatusWriter};
-use super::{Context, bounded, crd};
+use super::Context;
 use crate::api::conditions::{FAILED, STATUS_TRUE, SUCCEEDED, events, reasons};
 use crate::api::{MigrationTarget, StorageVersionMigration, StorageVersionMigrationStatus};
-use crate::engine::{self, Finished, Job, Progress, ResolveError, Resource};
+use crate::engine::{self, Finished, Job, Progress, Resource};
+use crate::fence::bounded;
 use crate::metrics::{UNRESOLVED_RESOURCE, resource_label};
-use crate::storedversions::{CrdState, Run};
+use crate::steps;
+use crate::storedversions::Run;
 
 /// How often a running migration checks that its object still exists.
 const DELETION_CHECK: Duration = Duration::from_millis(250);
@@ -33,9 +35,6 @@ const DELETION_CHECK: Duration = Duration::from_millis(250);
 /// How long the writes that start and end a migration are retried before the task gives up
 /// (and the migration is taken up again later).
 const RECORD_PATIENCE: Duration = Duration::from_secs(60);
-
-/// Tries, a second apart, to read discovery again when verifying the end of a run.
-const VERIFY_ATTEMPTS: u32 = 5;
 
 /// How a migration task ended, for the scheduler.
 #[derive(Debug, PartialEq, Eq)]
@@ -144,7 +143,7 @@ impl Task<'_> {
                     .await);
             }
             Err(error) => crate::error_chain(&error),
-            Ok(resource) => match crd::crd_of(self.context, &resource).await {
+            Ok(resource) => match steps::crd_of(&self.context.cluster(), &resource).await {
                 Ok(crd) => return Ok((resource, crd)),
                 Err(error) => {
                     format!("failed to read the CRD of {resource}: {}", crate::error_chain(&error))
@@ -192,7 +191,7 @@ impl Task<'_> {
             };
         };
         let vouched = self.migration.encoding_vouched_for();
-        let target = crd::target_of(self.context, resource, crd, vouched).await;
+        let target = steps::target_of(&self.context.cluster(), resource, crd, vouched).await;
         let evidence = target.encoding_evidence.clone().unwrap_or_default();
         match (vouched, target.encoding_confirmed) {
             (true, _) => {
@@ -221,7 +220,7 @@ impl Task<'_> {
             return Err(give_up(&error));
         }
         if target.crd_generation.is_some() {
-            crd::mark_migrating(self.context, resource, true, &self.migration.name_any()).await;
+            steps::mark_migrating(&self.context.cluster(), resource, true, &self.by()).await;
             *self.marked_crd.lock().unwrap_or_else(|p| p.into_inner()) = Some(resource.clone());
         }
         let note = format!("{resource}: {}", start.note);
@@ -321,81 +320,16 @@ impl Task<'_> {
         if done.conditions.first().map(|c| c.type_.as_str()) != Some(SUCCEEDED) {
             return;
         }
-        let Some((reason, message)) = self.changed_since_start(resource, target).await else {
-            return;
-        };
+        let spec = &self.migration.spec.resource;
+        let requires_status = self.migration.requests_status_writes();
+        let cluster = self.context.cluster();
+        let changed = steps::changed_since_start(&cluster, spec, requires_status, resource, target);
+        let Some((reason, message)) = changed.await else { return };
         let message = format!(
             "{message}; {} objects were processed, but those written before the change may be stored in the old version: migrate again",
             progress.processed()
         );
         *done = status::failed(Some(done), reason, message, Timestamp::now());
-    }
-
-    /// What changed about the resource since the migration started, if anything.
-    async fn changed_since_start(
-        &self,
-        resource: &Resource,
-        target: &MigrationTarget,
-    ) -> Option<(&'static str, String)> {
-        let spec = &self.migration.spec.resource;
-        let requires_status = self.migration.requests_status_writes();
-        let mut attempts = 0;
-        let now = loop {
-            match Resource::resolve(&self.context.client, spec, requires_status).await {
-                Ok(now) => break now,
-                Err(error) if error.is_transient() && attempts + 1 < VERIFY_ATTEMPTS => {
-                    attempts += 1;
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-                Err(error @ ResolveError::Discovery(..)) => {
-                    let why = format!(
-                        "could not confirm that {resource} was still served at the end: {}",
-                        crate::error_chain(&error)
-                    );
-                    return Some((reasons::DISCOVERY_FAILED, why));
-                }
-                Err(error) => {
-                    let why = format!(
-                        "{resource} stopped being served while the migration ran: {}",
-                        crate::error_chain(&error)
-                    );
-                    return Some((reasons::RESOURCE_NOT_SERVED, why));
-                }
-            }
-        };
-        // For a CRD the CRD itself says (below); discovery may lag behind it.
-        let crd_backed = target.crd_generation.is_some();
-        if !crd_backed && now.storage_version_hash != resource.storage_version_hash {
-            let why = format!(
-                "the storage version hash of {resource} changed from {} to {} while the migration ran",
-                resource.storage_version_hash.as_deref().unwrap_or("none"),
-                now.storage_version_hash.as_deref().unwrap_or("none")
-            );
-            return Some((reasons::STORAGE_VERSION_CHANGED, why));
-        }
-        let started_in = target.storage_version.as_deref()?;
-        let crd = match crd::crd_of(self.context, resource).await {
-            Ok(Some(crd)) => crd,
-            Ok(None) => {
-                let why = format!("the CRD of {resource} was deleted while the migration ran");
-                return Some((reasons::RESOURCE_NOT_SERVED, why));
-            }
-            Err(error) => {
-                let why = format!(
-                    "could not read the CRD of {resource} at the end: {}",
-                    crate::error_chain(&error)
-                );
-                return Some((reasons::DISCOVERY_FAILED, why));
-            }
-        };
-        let storage_now = CrdState::of(&crd).map(|state| state.storage_version);
-        (storage_now.as_deref() != Some(started_in)).then(|| {
-            let why = format!(
-                "the storage version of {resource} changed from {started_in} to {} while the migration ran",
-                storage_now.as_deref().unwrap_or("none")
-            );
-            (reasons::STORAGE_VERSION_CHANGED, why)
-        })
     }
 
     /// Step 6: prune the CRD's `storedVersions` when that is proven safe; say what was done,
@@ -411,7 +345,7 @@ impl Task<'_> {
             failed: done.progress.as_ref().map_or(0, |p| p.failed),
             listed_from_start: done.listed_from_start.unwrap_or(false),
         };
-        let Some(pruned) = crd::settle_stored_versions(self.context, resource, target, &run).await
+        let Some(pruned) = steps::settle_stored_versions(&self.context.cluster(), resource, target, &run).await
         else {
             return;
         };
@@ -448,7 +382,7 @@ impl Task<'_> {
     async fn unmark_crd(&self) {
         let marked = self.marked_crd.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(resource) = marked {
-            crd::mark_migrating(self.context, &resource, false, &self.migration.name_any()).await;
+            steps::mark_migrating(&self.context.cluster(), &resource, false, &self.by()).await;
         }
     }
 
@@ -470,6 +404,11 @@ impl Task<'_> {
         };
         self.publish(type_, reason, message).await;
         Ended::Done
+    }
+
+    /// Who migrates, as the CRD's `StorageMigrating` condition names it.
+    fn by(&self) -> String {
+        format!("StorageVersionMigration {}", self.migration.name_any())
     }
 
     fn previous(&self) -> Option<&StorageVersionMigrationStatus> {

@@ -5,9 +5,9 @@
 //!   and starts it;
 //! - `migration`: one running migration, as a short list of named steps;
 //! - [`status`]: the pure status computations; `status_writer`: conditional status writes;
-//! - `crd`: what a migration does to the CRD behind its resource.
+//! - what a migration does around the engine (its CRD, the checks at the end) is in
+//!   [`crate::steps`], shared with `kube-svm migrate`.
 
-mod crd;
 mod migration;
 mod reconcile;
 pub mod status;
@@ -37,6 +37,7 @@ use crate::encoding::Observer;
 use crate::engine::Engine;
 use crate::fence::Fence;
 use crate::server::Health;
+use crate::steps;
 
 /// How often the controller's loop reports that it is alive.
 const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -114,36 +115,25 @@ pub(crate) struct Context {
 }
 
 impl Context {
+    /// What the steps around the engine need.
+    fn cluster(&self) -> steps::Cluster<'_> {
+        steps::Cluster {
+            client: &self.client,
+            config: &self.config,
+            fence: &self.fence,
+            request_timeout: self.settings.request_timeout,
+            storage_version_settle: self.settings.storage_version_settle,
+            storage_version_wait: self.settings.storage_version_wait,
+            observer: &self.observer,
+        }
+    }
+
     fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, GroupResource>> {
         self.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn retries(&self) -> std::sync::MutexGuard<'_, HashMap<String, reconcile::Retrying>> {
         self.retries.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-/// A request that got no answer in time, was not sent, or got an error answer.
-#[derive(Debug, thiserror::Error)]
-pub enum RequestError {
-    #[error("no answer within {0:?}")]
-    TimedOut(Duration),
-    #[error("this process may no longer write: its leadership ended")]
-    Fenced,
-    #[error(transparent)]
-    Api(#[from] kube::Error),
-}
-
-/// Runs `request` inside the leader's term, giving it at most `limit`.
-async fn bounded<T>(
-    fence: &Fence,
-    limit: Duration,
-    request: impl Future<Output = Result<T, kube::Error>>,
-) -> Result<T, RequestError> {
-    let limit = fence.deadline(limit).ok_or(RequestError::Fenced)?;
-    match tokio::time::timeout(limit, request).await {
-        Ok(answer) => Ok(answer?),
-        Err(_) => Err(RequestError::TimedOut(limit)),
     }
 }
 

@@ -1,6 +1,10 @@
-//! What a migration does to the CustomResourceDefinition behind its resource: record what it
-//! targets when it starts, mark the CRD `StorageMigrating` while it runs, and prune
+//! The steps of a migration around the engine, shared by the controller's migration tasks and
+//! `kube-svm migrate`: what it targets when it starts (for a CRD, whether the apiservers already
+//! encode in its storage version), marking the CRD `StorageMigrating` while it runs, checking at
+//! the end that the resource is still served in the same storage version, and pruning
 //! `storedVersions` afterwards when [`storedversions::decide`] allows it.
+
+use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, CustomResourceDefinitionCondition,
@@ -11,20 +15,41 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use tracing::warn;
 
-use super::{Context, RequestError, bounded};
 use crate::api::conditions::{
-    STATUS_FALSE, STATUS_TRUE, STORAGE_MIGRATING, STORED_VERSIONS_PRUNED, storage_migrating,
-    stored_versions as reasons,
+    STATUS_FALSE, STATUS_TRUE, STORAGE_MIGRATING, STORED_VERSIONS_PRUNED, reasons,
+    storage_migrating, stored_versions,
 };
-use crate::api::{MigrationCondition, MigrationTarget};
-use crate::encoding::{self, Encoding};
-use crate::engine::Resource;
-use crate::fence::Fence;
+use crate::api::{GroupVersionResource, MigrationCondition, MigrationTarget};
+use crate::encoding::{self, Encoding, Observer};
+use crate::engine::{ResolveError, Resource};
+use crate::fence::{Fence, RequestError, bounded};
 use crate::storage_hash::storage_version_hash;
 use crate::storedversions::{self, CrdState, Decision, PruneError, Run};
 
 /// Times the prune is decided again after the CRD changed under it.
 const PRUNE_CONFLICT_RETRIES: u32 = 5;
+
+/// Tries, a second apart, to read discovery again when verifying the end of a run.
+const VERIFY_ATTEMPTS: u32 = 5;
+
+/// What the steps need of the process running them.
+pub struct Cluster<'a> {
+    /// For requests: every request has a deadline.
+    pub client: &'a Client,
+    /// What `client` was made from, for fresh connections (the encoding check samples several
+    /// apiservers behind a load balancer).
+    pub config: &'a kube::Config,
+    /// Nothing is written once it closes: the leader's term (open for `kube-svm migrate`).
+    pub fence: &'a Fence,
+    /// Longest time one request may go unanswered.
+    pub request_timeout: Duration,
+    /// How long the discovery hash must be seen unchanged before a CRD's encoding is trusted.
+    pub storage_version_settle: Duration,
+    /// How long to wait, in all, for discovery to publish a CRD's new storage version hash.
+    pub storage_version_wait: Duration,
+    /// Encoding checks, shared by the migrations that need the same one.
+    pub observer: &'a Observer,
+}
 
 /// The name of the CRD that would serve `resource`, if it can be a custom resource.
 fn crd_name(resource: &Resource) -> Option<String> {
@@ -33,19 +58,19 @@ fn crd_name(resource: &Resource) -> Option<String> {
 
 /// The CRD serving `resource`; `None` for built-in and aggregated resources.
 pub async fn crd_of(
-    context: &Context,
+    cluster: &Cluster<'_>,
     resource: &Resource,
 ) -> Result<Option<CustomResourceDefinition>, RequestError> {
     let Some(name) = crd_name(resource) else { return Ok(None) };
-    let crds: Api<CustomResourceDefinition> = Api::all(context.client.clone());
-    bounded(&context.fence, context.settings.request_timeout, crds.get_opt(&name)).await
+    let crds: Api<CustomResourceDefinition> = Api::all(cluster.client.clone());
+    bounded(cluster.fence, cluster.request_timeout, crds.get_opt(&name)).await
 }
 
 /// What the migration targets for a CRD-backed resource: the CRD's generation and storage
 /// version, and whether the apiservers already encode in it (`vouched` when an operator said
 /// so on the migration).
 pub async fn target_of(
-    context: &Context,
+    cluster: &Cluster<'_>,
     resource: &Resource,
     crd: &CustomResourceDefinition,
     vouched: bool,
@@ -69,10 +94,10 @@ pub async fn target_of(
                 kind: resource.kind.clone(),
                 storage_version: state.storage_version.clone(),
                 generation: state.generation,
-                settle: context.settings.storage_version_settle,
-                wait: context.settings.storage_version_wait,
+                settle: cluster.storage_version_settle,
+                wait: cluster.storage_version_wait,
             };
-            context.observer.confirm(&context.client, &context.config, &check).await
+            cluster.observer.confirm(cluster.client, cluster.config, &check).await
         }
     };
     let (confirmed, evidence) = match encoding {
@@ -89,11 +114,81 @@ pub async fn target_of(
     target
 }
 
+/// What changed about the resource since the migration started, if anything.
+///
+/// A run that completed proves nothing if the resource stopped being served, or its storage
+/// version changed, while it ran: then objects written earlier may be stored in the old version.
+pub async fn changed_since_start(
+    cluster: &Cluster<'_>,
+    spec: &GroupVersionResource,
+    requires_status: bool,
+    resource: &Resource,
+    target: &MigrationTarget,
+) -> Option<(&'static str, String)> {
+    let mut attempts = 0;
+    let now = loop {
+        match Resource::resolve(cluster.client, spec, requires_status).await {
+            Ok(now) => break now,
+            Err(error) if error.is_transient() && attempts + 1 < VERIFY_ATTEMPTS => {
+                attempts += 1;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(error @ ResolveError::Discovery(..)) => {
+                let why = format!(
+                    "could not confirm that {resource} was still served at the end: {}",
+                    crate::error_chain(&error)
+                );
+                return Some((reasons::DISCOVERY_FAILED, why));
+            }
+            Err(error) => {
+                let why = format!(
+                    "{resource} stopped being served while the migration ran: {}",
+                    crate::error_chain(&error)
+                );
+                return Some((reasons::RESOURCE_NOT_SERVED, why));
+            }
+        }
+    };
+    // For a CRD the CRD itself says (below); discovery may lag behind it.
+    let crd_backed = target.crd_generation.is_some();
+    if !crd_backed && now.storage_version_hash != resource.storage_version_hash {
+        let why = format!(
+            "the storage version hash of {resource} changed from {} to {} while the migration ran",
+            resource.storage_version_hash.as_deref().unwrap_or("none"),
+            now.storage_version_hash.as_deref().unwrap_or("none")
+        );
+        return Some((reasons::STORAGE_VERSION_CHANGED, why));
+    }
+    let started_in = target.storage_version.as_deref()?;
+    let crd = match crd_of(cluster, resource).await {
+        Ok(Some(crd)) => crd,
+        Ok(None) => {
+            let why = format!("the CRD of {resource} was deleted while the migration ran");
+            return Some((reasons::RESOURCE_NOT_SERVED, why));
+        }
+        Err(error) => {
+            let why = format!(
+                "could not read the CRD of {resource} at the end: {}",
+                crate::error_chain(&error)
+            );
+            return Some((reasons::DISCOVERY_FAILED, why));
+        }
+    };
+    let storage_now = CrdState::of(&crd).map(|state| state.storage_version);
+    (storage_now.as_deref() != Some(started_in)).then(|| {
+        let why = format!(
+            "the storage version of {resource} changed from {started_in} to {} while the migration ran",
+            storage_now.as_deref().unwrap_or("none")
+        );
+        (reasons::STORAGE_VERSION_CHANGED, why)
+    })
+}
+
 /// Decides on `storedVersions` after `run`, prunes when allowed (reading the CRD again and
 /// deciding again when it changed under the prune), and returns the condition that says what
 /// happened. `None` when the resource is not CRD-backed or nothing was recorded at the start.
 pub async fn settle_stored_versions(
-    context: &Context,
+    cluster: &Cluster<'_>,
     resource: &Resource,
     target: &MigrationTarget,
     run: &Run,
@@ -110,19 +205,19 @@ pub async fn settle_stored_versions(
     };
     let mut last_conflict = String::new();
     for _ in 0..PRUNE_CONFLICT_RETRIES {
-        let crd = match crd_of(context, resource).await {
+        let crd = match crd_of(cluster, resource).await {
             Ok(Some(crd)) => crd,
             Ok(None) => {
                 return Some(condition(
                     false,
-                    reasons::CRD_GONE,
+                    stored_versions::CRD_GONE,
                     "the CRD no longer exists".into(),
                 ));
             }
             Err(error) => {
                 return Some(condition(
                     false,
-                    reasons::CRD_UNREADABLE,
+                    stored_versions::CRD_UNREADABLE,
                     format!("failed to read the CRD: {}", crate::error_chain(&error)),
                 ));
             }
@@ -130,7 +225,7 @@ pub async fn settle_stored_versions(
         let Some(now) = CrdState::of(&crd) else {
             return Some(condition(
                 false,
-                reasons::CRD_CHANGED,
+                stored_versions::CRD_CHANGED,
                 "the CRD no longer names a storage version".into(),
             ));
         };
@@ -139,7 +234,7 @@ pub async fn settle_stored_versions(
             Decision::AlreadyPruned => {
                 return Some(condition(
                     true,
-                    reasons::ALREADY_PRUNED,
+                    stored_versions::ALREADY_PRUNED,
                     format!("storedVersions already lists only {}", now.storage_version),
                 ));
             }
@@ -149,14 +244,14 @@ pub async fn settle_stored_versions(
         };
         let message =
             format!("storedVersions set to {stored_versions:?} (was {:?})", now.stored_versions);
-        let limit = context.fence.deadline(context.settings.request_timeout);
-        match storedversions::prune(&context.client, crd, stored_versions, limit).await {
-            Ok(()) => return Some(condition(true, reasons::PRUNED, message)),
+        let limit = cluster.fence.deadline(cluster.request_timeout);
+        match storedversions::prune(cluster.client, crd, stored_versions, limit).await {
+            Ok(()) => return Some(condition(true, stored_versions::PRUNED, message)),
             Err(PruneError::Conflict) => last_conflict = PruneError::Conflict.to_string(),
             Err(error) => {
                 return Some(condition(
                     false,
-                    reasons::PRUNE_FAILED,
+                    stored_versions::PRUNE_FAILED,
                     format!("failed to prune storedVersions: {}", crate::error_chain(&error)),
                 ));
             }
@@ -164,7 +259,7 @@ pub async fn settle_stored_versions(
     }
     Some(condition(
         false,
-        reasons::PRUNE_FAILED,
+        stored_versions::PRUNE_FAILED,
         format!(
             "failed to prune storedVersions: {last_conflict}, {PRUNE_CONFLICT_RETRIES} times in a row"
         ),
@@ -183,17 +278,12 @@ fn condition(pruned: bool, reason: &str, message: String) -> MigrationCondition 
 
 /// Sets the CRD's `StorageMigrating` condition (True while a migration runs). Best effort: the
 /// condition informs, nothing depends on it; failures are logged.
-pub async fn mark_migrating(
-    context: &Context,
-    resource: &Resource,
-    migrating: bool,
-    migration: &str,
-) {
+/// `by` names who migrates, for the condition's message (`StorageVersionMigration NAME`).
+pub async fn mark_migrating(cluster: &Cluster<'_>, resource: &Resource, migrating: bool, by: &str) {
     let Some(name) = crd_name(resource) else { return };
-    let client = &context.client;
     // One retry covers a concurrent status write by the apiserver.
     for _ in 0..2 {
-        match set_condition(client, &context.fence, context, &name, migrating, migration).await {
+        match set_condition(cluster, &name, migrating, by).await {
             Ok(()) => return,
             Err(RequestError::Api(kube::Error::Api(status))) if status.code == 409 => continue,
             Err(RequestError::Api(kube::Error::Api(status))) if status.code == 404 => return,
@@ -210,15 +300,13 @@ pub async fn mark_migrating(
 }
 
 async fn set_condition(
-    client: &Client,
-    fence: &Fence,
-    context: &Context,
+    cluster: &Cluster<'_>,
     name: &str,
     migrating: bool,
-    migration: &str,
+    by: &str,
 ) -> Result<(), RequestError> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let timeout = context.settings.request_timeout;
+    let crds: Api<CustomResourceDefinition> = Api::all(cluster.client.clone());
+    let (fence, timeout) = (cluster.fence, cluster.request_timeout);
     let mut crd = bounded(fence, timeout, crds.get(name)).await?;
     let status = crd.status.get_or_insert_with(Default::default);
     let conditions = status.conditions.get_or_insert_with(Vec::new);
@@ -226,13 +314,13 @@ async fn set_condition(
         (
             STATUS_TRUE,
             storage_migrating::MIGRATING,
-            format!("StorageVersionMigration {migration} is rewriting every object"),
+            format!("{by} is rewriting every object"),
         )
     } else {
         (
             STATUS_FALSE,
             storage_migrating::MIGRATION_DONE,
-            format!("StorageVersionMigration {migration} has ended"),
+            format!("{by} has ended"),
         )
     };
     let unchanged = conditions.iter().any(|c| {
