@@ -110,7 +110,6 @@ pub async fn bounded<T>(
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -311,17 +311,9 @@ async fn set_condition(
     let status = crd.status.get_or_insert_with(Default::default);
     let conditions = status.conditions.get_or_insert_with(Vec::new);
     let (state, reason, message) = if migrating {
-        (
-            STATUS_TRUE,
-            storage_migrating::MIGRATING,
-            format!("{by} is rewriting every object"),
-        )
+        (STATUS_TRUE, storage_migrating::MIGRATING, format!("{by} is rewriting every object"))
     } else {
-        (
-            STATUS_FALSE,
-            storage_migrating::MIGRATION_DONE,
-            format!("{by} has ended"),
-        )
+        (STATUS_FALSE, storage_migrating::MIGRATION_DONE, format!("{by} has ended"))
     };
     let unchanged = conditions.iter().any(|c| {
         c.type_ == STORAGE_MIGRATING && c.status == state && c.message.as_deref() == Some(&message)

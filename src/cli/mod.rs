@@ -2,16 +2,20 @@
 
 mod controller;
 mod crds;
+mod engine;
 mod etcd;
 mod inspect;
 pub mod kube;
+mod migrate;
 mod plan;
+mod progress;
 mod status;
 mod table;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
 
 use crate::telemetry::LogArgs;
 
@@ -35,6 +39,10 @@ pub enum Command {
     /// Count how each resource's objects are stored in etcd (read-only): by stored apiVersion
     /// and by encryption key, never decrypting or printing a value.
     Inspect(inspect::InspectArgs),
+    /// Migrate resources in this process, without the controller: the same engine and pruning
+    /// rules, progress on standard error, a checkpoint to resume from when interrupted. Exits 0
+    /// only when every resource succeeded (and a CRD's storedVersions was pruned).
+    Migrate(Box<migrate::MigrateArgs>),
     /// Show what needs migrating and what kube-svm would do, writing nothing. Exits 0 when
     /// nothing needs migrating, 3 when something does.
     Plan(plan::PlanArgs),
@@ -70,8 +78,26 @@ impl Cli {
             Command::Controller(args) => done(controller::run(*args).await),
             Command::Crds(args) => done(crds::run(args)),
             Command::Inspect(args) => done(inspect::run(args).await),
+            Command::Migrate(args) => migrate::run(*args).await,
             Command::Plan(args) => plan::run(args).await,
             Command::Status(args) => done(status::run(args).await),
         }
     }
+}
+
+/// Fires `shutdown` on SIGTERM or SIGINT.
+async fn cancel_on_signal(shutdown: CancellationToken) {
+    let mut terminate =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                return;
+            }
+        };
+    tokio::select! {
+        _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+    }
+    shutdown.cancel();
 }

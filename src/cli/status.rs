@@ -85,16 +85,18 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     }
 }
 
-async fn gather(client: &Client) -> anyhow::Result<Vec<Row>> {
+/// Every migration, kube-svm's and the in-tree migrator's, of the APIs the cluster serves.
+pub(super) async fn gather(client: &Client) -> anyhow::Result<Vec<Row>> {
     let now = Timestamp::now();
-    let mut rows: Vec<Row> = Api::<StorageVersionMigration>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .context("failed to list migration.k8s.io StorageVersionMigrations")?
-        .items
-        .iter()
-        .map(|m| row(m, now))
-        .collect();
+    let mut rows = Vec::new();
+    match Api::<StorageVersionMigration>::all(client.clone()).list(&ListParams::default()).await {
+        Ok(list) => rows.extend(list.items.iter().map(|m| row(m, now))),
+        // kube-svm's CRDs are not installed (`kube-svm migrate` runs without them).
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(error) => {
+            return Err(error).context("failed to list migration.k8s.io StorageVersionMigrations");
+        }
+    }
     let gvk = GroupVersionKind::gvk(IN_TREE_GROUP, IN_TREE_VERSION, "StorageVersionMigration");
     let in_tree = ApiResource::from_gvk_with_plural(&gvk, "storageversionmigrations");
     match Api::<DynamicObject>::all_with(client.clone(), &in_tree)

@@ -18,9 +18,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, instrument, warn};
 
+use super::Context;
 use super::status::{self, Start};
 use super::status_writer::{self, StatusWriter};
-use super::Context;
 use crate::api::conditions::{FAILED, STATUS_TRUE, SUCCEEDED, events, reasons};
 use crate::api::{MigrationTarget, StorageVersionMigration, StorageVersionMigrationStatus};
 use crate::engine::{self, Finished, Job, Progress, Resource};
@@ -345,7 +345,8 @@ impl Task<'_> {
             failed: done.progress.as_ref().map_or(0, |p| p.failed),
             listed_from_start: done.listed_from_start.unwrap_or(false),
         };
-        let Some(pruned) = steps::settle_stored_versions(&self.context.cluster(), resource, target, &run).await
+        let Some(pruned) =
+            steps::settle_stored_versions(&self.context.cluster(), resource, target, &run).await
         else {
             return;
         };

@@ -9,6 +9,7 @@ mod engine;
 mod faults;
 mod foundation;
 mod inspect;
+mod migrate;
 mod observability;
 mod plan;
 mod status;

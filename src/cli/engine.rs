@@ -1,0 +1,123 @@
+//! The engine's flags, shared by `kube-svm controller` and `kube-svm migrate`: how hard to
+//! press the apiserver, how long to wait for it, and how a CRD's new storage version is
+//! confirmed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+
+use crate::engine::{self, Engine, RateLimiter, rate_limit};
+use crate::metrics::Metrics;
+
+#[derive(Args, Clone, Debug)]
+pub struct EngineArgs {
+    /// Requests per second to the apiserver, averaged (upstream's flag); 0, the default, sets no
+    /// client-side limit: the write window yields to the apiserver's throttling and latency.
+    #[arg(long, env = "KUBE_SVM_KUBE_API_QPS", default_value_t = rate_limit::DEFAULT_QPS)]
+    pub kube_api_qps: f64,
+
+    /// Requests sent at once above the average rate (upstream's flag).
+    #[arg(long, env = "KUBE_SVM_KUBE_API_BURST", default_value_t = rate_limit::DEFAULT_BURST)]
+    pub kube_api_burst: u32,
+
+    /// Writes in flight per migration, at most (throttling and rising latency narrow it).
+    #[arg(long, env = "KUBE_SVM_WRITES_IN_FLIGHT", default_value_t = 64)]
+    pub writes_in_flight: usize,
+
+    /// Objects per list request.
+    #[arg(long, env = "KUBE_SVM_PAGE_SIZE", default_value_t = 500)]
+    pub page_size: u32,
+
+    /// Seconds the discovery storage version hash of a CRD must be seen unchanged before
+    /// kube-svm trusts that every apiserver encodes in the new version (where the StorageVersion
+    /// API is not served).
+    #[arg(long, env = "KUBE_SVM_STORAGE_VERSION_SETTLE", default_value_t = 10.0)]
+    pub storage_version_settle: f64,
+
+    /// Seconds to wait, in all, for discovery to publish a CRD's new storage version hash and
+    /// hold it for the settle period; past that the migration runs but storedVersions is kept.
+    #[arg(long, env = "KUBE_SVM_STORAGE_VERSION_WAIT", default_value_t = 120.0)]
+    pub storage_version_wait: f64,
+
+    /// Seconds one request to the apiserver may go unanswered (watches excepted).
+    #[arg(long, env = "KUBE_SVM_REQUEST_TIMEOUT", default_value_t = 30.0)]
+    pub request_timeout: f64,
+
+    /// Seconds a migration waits, in all, for an apiserver that is down before it fails.
+    #[arg(long, env = "KUBE_SVM_APISERVER_OUTAGE_TIMEOUT", default_value_t = 900.0)]
+    pub apiserver_outage_timeout: f64,
+
+    /// Write objects back through their `status` subresource wherever the resource has one: it
+    /// re-encodes the whole object, and admission webhooks and policies rarely guard it. A
+    /// migration can ask for it alone with the annotation `kube-svm.io/write-to-status: "true"`.
+    #[arg(long, env = "KUBE_SVM_WRITE_TO_STATUS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub write_to_status: bool,
+}
+
+/// The engine and the settings the steps around it take, from [`EngineArgs`].
+pub struct Built {
+    pub engine: Engine,
+    /// The cluster's configuration with a deadline on every request.
+    pub requests: kube::Config,
+    pub request_timeout: Duration,
+    pub storage_version_settle: Duration,
+    pub storage_version_wait: Duration,
+    pub write_to_status: bool,
+}
+
+impl EngineArgs {
+    pub fn build(self, config: kube::Config, metrics: Arc<Metrics>) -> anyhow::Result<Built> {
+        let EngineArgs {
+            kube_api_qps,
+            kube_api_burst,
+            writes_in_flight,
+            page_size,
+            storage_version_settle,
+            storage_version_wait,
+            request_timeout,
+            apiserver_outage_timeout,
+            write_to_status,
+        } = self;
+        let request_timeout = seconds(request_timeout).max(Duration::from_secs(1));
+        let requests = with_deadlines(config, request_timeout);
+        let limiter = Arc::new(RateLimiter::new(kube_api_qps, kube_api_burst));
+        let settings = engine::Settings {
+            page_size,
+            writes_in_flight,
+            request_timeout,
+            outage_timeout: seconds(apiserver_outage_timeout),
+            ..engine::Settings::default()
+        };
+        let engine = Engine::new(requests.clone(), limiter, settings, metrics)
+            .context("failed to create a client")?;
+        Ok(Built {
+            engine,
+            requests,
+            request_timeout,
+            storage_version_settle: seconds(storage_version_settle),
+            storage_version_wait: seconds(storage_version_wait),
+            write_to_status,
+        })
+    }
+}
+
+/// A number of seconds from the command line; negative counts as zero.
+pub fn seconds(value: f64) -> Duration {
+    Duration::from_secs_f64(value.max(0.0))
+}
+
+/// `config` with a deadline on every request: connections that hang, and answers that stop
+/// coming, fail after `timeout` instead of never; and no retries behind kube-svm's back.
+fn with_deadlines(mut config: kube::Config, timeout: Duration) -> kube::Config {
+    config.connect_timeout = Some(timeout.min(Duration::from_secs(10)));
+    config.read_timeout = Some(timeout);
+    config.write_timeout = Some(timeout);
+    // Count from when a request is sent, not from when its pooled connection last read.
+    config.reset_reader_on_write = true;
+    // kube-svm decides itself what to retry, and for how long: the client's own retries would
+    // stretch a request past its deadline and hide an unavailable API behind one slow call.
+    config.default_retry = false;
+    config
+}

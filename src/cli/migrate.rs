@@ -1,0 +1,574 @@
+//! `kube-svm migrate`: migrations run in this process, without the controller or its CRDs (a
+//! laptop, a CI job, a Helm hook). Each resource takes the controller's steps ([`crate::steps`])
+//! with the same engine, the same status computations ([`crate::controller::status`]) and the
+//! same pruning rules. What the controller keeps in a migration's status is kept in a checkpoint
+//! file instead, so a run that was interrupted goes on from where it stopped.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::Args;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::ListParams;
+use kube::{Api, Client};
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::cancel_on_signal;
+use super::engine::{Built, EngineArgs};
+use super::kube::KubeArgs;
+use super::progress::{self, Display, Show};
+use super::status;
+use crate::api::conditions::{STATUS_TRUE, STORED_VERSIONS_PRUNED, SUCCEEDED, reasons};
+use crate::api::{
+    GroupResource, GroupVersionResource, MigrationTarget, StorageVersionMigration,
+    StorageVersionMigrationSpec, StorageVersionMigrationStatus,
+};
+use crate::controller::status::{self as computed, Start};
+use crate::encoding::Observer;
+use crate::engine::{self, Engine, Finished, Job, Progress, Resource};
+use crate::fence::Fence;
+use crate::metrics::Metrics;
+use crate::steps::{self, Cluster};
+use crate::storedversions::{CrdState, Run};
+
+/// The exit code of a run stopped by SIGINT or SIGTERM (128 + SIGINT, as shells report it).
+const EXIT_INTERRUPTED: u8 = 130;
+
+#[derive(Args, Debug)]
+pub struct MigrateArgs {
+    /// Resources to migrate, as `resource[.group]` (`secrets` after an encryption key rotation,
+    /// `widgets.example.com` after a CRD's storage version changed).
+    pub resources: Vec<String>,
+
+    /// Also migrate every CRD whose `status.storedVersions` lists more than its storage version.
+    #[arg(long)]
+    pub all_stale: bool,
+
+    #[command(flatten)]
+    pub kube: KubeArgs,
+
+    #[command(flatten)]
+    pub engine: EngineArgs,
+
+    /// Directory of the checkpoints an interrupted run resumes from; defaults to
+    /// `$XDG_STATE_HOME/kube-svm/migrate` (`~/.local/state/kube-svm/migrate`).
+    #[arg(long, env = "KUBE_SVM_CHECKPOINT_DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+
+    /// Start every resource from its first object, even where a checkpoint says where an
+    /// interrupted run stopped.
+    #[arg(long)]
+    pub restart: bool,
+
+    /// How progress is shown (on standard error).
+    #[arg(long, value_enum, default_value_t = Show::Auto)]
+    pub progress: Show,
+}
+
+pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
+    let MigrateArgs { resources, all_stale, kube, engine, checkpoint_dir, restart, progress } =
+        args;
+    let config = kube.config().await?;
+    let metrics = Arc::new(Metrics::new().context("failed to register the metrics")?);
+    let built = engine.build(config.clone(), metrics)?;
+    let client = Client::try_from(built.requests.clone()).context("failed to create a client")?;
+
+    let mut names: Vec<GroupResource> = resources.iter().map(|r| parse(r)).collect();
+    if all_stale {
+        names.extend(stale_crds(&client).await?);
+    }
+    let mut seen = std::collections::HashSet::new();
+    names.retain(|name| seen.insert(name.clone()));
+    if names.is_empty() {
+        if all_stale {
+            println!(
+                "Nothing to migrate: every CRD's storedVersions lists only its storage version."
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        anyhow::bail!("name the resources to migrate (resource[.group]), or pass --all-stale");
+    }
+
+    let stop = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(stop.clone()));
+    let migrator = Migrator {
+        client,
+        built,
+        observer: Observer::default(),
+        fence: Fence::open(),
+        checkpoints: Checkpoints::new(checkpoint_dir, &config.cluster_url.to_string()),
+        restart,
+        show: progress,
+        terminal: std::io::stderr().is_terminal(),
+        stop,
+    };
+    let mut failed = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let display = name.name();
+        match migrator.migrate(name).await {
+            Outcome::Succeeded(summary) => println!("{display}: {summary}"),
+            Outcome::Failed(why) => {
+                println!("{display}: FAILED: {why}");
+                failed.push(display);
+            }
+            Outcome::Interrupted(how) => {
+                println!("{display}: interrupted: {how}");
+                let rest: Vec<String> = names[i + 1..].iter().map(GroupResource::name).collect();
+                if !rest.is_empty() {
+                    println!("Not started: {}.", rest.join(", "));
+                }
+                println!(
+                    "To resume, run the same command again: each resource goes on from its checkpoint (--restart starts over)."
+                );
+                return Ok(ExitCode::from(EXIT_INTERRUPTED));
+            }
+        }
+    }
+    match failed.len() {
+        0 => Ok(ExitCode::SUCCESS),
+        n => {
+            eprintln!("{n} of {} resources did not succeed: {}", names.len(), failed.join(", "));
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// `widgets.example.com` as group `example.com`, resource `widgets`; `secrets` in the core group.
+fn parse(argument: &str) -> GroupResource {
+    let argument = argument.to_ascii_lowercase();
+    let (resource, group) = argument.split_once('.').unwrap_or((&argument, ""));
+    GroupResource { group: group.to_owned(), resource: resource.to_owned() }
+}
+
+/// Every CRD whose `storedVersions` lists more than its storage version.
+async fn stale_crds(client: &Client) -> anyhow::Result<Vec<GroupResource>> {
+    let crds = Api::<CustomResourceDefinition>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("failed to list CustomResourceDefinitions")?;
+    Ok(crds
+        .items
+        .iter()
+        .filter(|crd| CrdState::of(crd).is_some_and(|s| crate::plan::crd_reason(&s).is_some()))
+        .map(|crd| GroupResource {
+            group: crd.spec.group.clone(),
+            resource: crd.spec.names.plural.clone(),
+        })
+        .collect())
+}
+
+/// How one resource's migration ended, in words for the operator.
+enum Outcome {
+    Succeeded(String),
+    Failed(String),
+    Interrupted(String),
+}
+
+/// What the migrations of one `kube-svm migrate` share.
+struct Migrator {
+    client: Client,
+    built: Built,
+    observer: Observer,
+    /// Always open: this process is the only writer it knows of.
+    fence: Fence,
+    checkpoints: Checkpoints,
+    restart: bool,
+    show: Show,
+    terminal: bool,
+    /// Fires on SIGINT or SIGTERM.
+    stop: CancellationToken,
+}
+
+impl Migrator {
+    fn cluster(&self) -> Cluster<'_> {
+        Cluster {
+            client: &self.client,
+            config: &self.built.requests,
+            fence: &self.fence,
+            request_timeout: self.built.request_timeout,
+            storage_version_settle: self.built.storage_version_settle,
+            storage_version_wait: self.built.storage_version_wait,
+            observer: &self.observer,
+        }
+    }
+
+    /// The steps of one resource's migration, as the controller takes them.
+    async fn migrate(&self, name: &GroupResource) -> Outcome {
+        let spec = GroupVersionResource {
+            group: name.group.clone(),
+            version: String::new(),
+            resource: name.resource.clone(),
+        };
+        let cluster = self.cluster();
+        let resource = match Resource::resolve(&self.client, &spec, false).await {
+            Ok(resource) => resource,
+            Err(error) => return Outcome::Failed(crate::error_chain(&error)),
+        };
+        if let Some(refusal) = self.migrated_elsewhere(name).await {
+            return Outcome::Failed(refusal);
+        }
+        let crd = match steps::crd_of(&cluster, &resource).await {
+            Ok(crd) => crd,
+            Err(error) => {
+                let error = crate::error_chain(&error);
+                return Outcome::Failed(format!("failed to read the CRD of {resource}: {error}"));
+            }
+        };
+        let migration = self.previous(name, spec);
+        let start = computed::start_point(&migration, resource.storage_version_hash.as_deref());
+        if start.keeps_target {
+            let done = start.progress.processed();
+            eprintln!("{}: resuming from the checkpoint after {done} objects", name.name());
+        }
+        let target = tokio::select! {
+            target = self.target(&cluster, &migration, &resource, crd.as_ref(), &start) => target,
+            () = self.stop.cancelled() => {
+                return Outcome::Interrupted("stopped before the first write".into());
+            }
+        };
+        let previous = migration.status.as_ref();
+        let current = computed::started(previous, &target, &start, Timestamp::now());
+        self.checkpoints.save(name, &migration, &current);
+        let by = format!("kube-svm migrate (pid {})", std::process::id());
+        let marked = target.crd_generation.is_some();
+        if marked {
+            steps::mark_migrating(&cluster, &resource, true, &by).await;
+        }
+        let outcome = self.run_engine(name, &migration, &resource, &target, start, current).await;
+        let outcome = match outcome {
+            Ended::Done(progress, done) => {
+                let spec = &migration.spec.resource;
+                let done = self.settle(&cluster, spec, &resource, &target, *done).await;
+                self.checkpoints.remove(name);
+                describe(&progress, &done)
+            }
+            Ended::Interrupted(how) => Outcome::Interrupted(how),
+        };
+        if marked {
+            steps::mark_migrating(&cluster, &resource, false, &by).await;
+        }
+        outcome
+    }
+
+    /// The migration a checkpoint file left for `name`, or a new one.
+    fn previous(
+        &self,
+        name: &GroupResource,
+        spec: GroupVersionResource,
+    ) -> StorageVersionMigration {
+        let saved = if self.restart { None } else { self.checkpoints.load(name) };
+        saved.unwrap_or_else(|| {
+            let spec = StorageVersionMigrationSpec { resource: spec, continue_token: None };
+            StorageVersionMigration::new(&name.name(), spec)
+        })
+    }
+
+    /// Why `name` must not be migrated now: a kube-svm controller or the in-tree migrator is
+    /// migrating it (at most one migration per resource at a time, whoever runs it).
+    async fn migrated_elsewhere(&self, name: &GroupResource) -> Option<String> {
+        let rows = match status::gather(&self.client).await {
+            Ok(rows) => rows,
+            Err(error) => {
+                return Some(format!(
+                    "cannot tell whether another migrator is migrating it, so it was not started: {error:#}"
+                ));
+            }
+        };
+        let running =
+            rows.iter().find(|row| row.resource == name.name() && row.phase == "Running")?;
+        Some(format!(
+            "refused: the {} migration {} is migrating it now; wait for it to end (kube-svm status -w)",
+            running.migrator, running.name
+        ))
+    }
+
+    /// What the migration targets: as recorded at its first start when it resumes; for a CRD,
+    /// its generation, storage version and whether the apiservers already encode in it.
+    async fn target(
+        &self,
+        cluster: &Cluster<'_>,
+        migration: &StorageVersionMigration,
+        resource: &Resource,
+        crd: Option<&CustomResourceDefinition>,
+        start: &Start,
+    ) -> MigrationTarget {
+        let recorded = migration.status.as_ref().and_then(|s| s.target.clone());
+        if start.keeps_target
+            && let Some(recorded) = recorded
+        {
+            return recorded;
+        }
+        let Some(crd) = crd else {
+            return MigrationTarget {
+                storage_version_hash: resource.storage_version_hash.clone(),
+                ..MigrationTarget::default()
+            };
+        };
+        let target = steps::target_of(cluster, resource, crd, false).await;
+        if target.encoding_confirmed == Some(false) {
+            let evidence = target.encoding_evidence.as_deref().unwrap_or_default();
+            warn!(%resource, evidence, "migrating anyway; storedVersions will be kept");
+        }
+        target
+    }
+
+    /// The engine, showing progress and saving checkpoints as it goes.
+    async fn run_engine(
+        &self,
+        name: &GroupResource,
+        migration: &StorageVersionMigration,
+        resource: &Resource,
+        target: &MigrationTarget,
+        start: Start,
+        current: StorageVersionMigrationStatus,
+    ) -> Ended {
+        let mut display = Display::new(self.show, self.terminal, &name.name(), &start.progress);
+        let (report, mut updates) = watch::channel(start.progress.clone());
+        let job = Job {
+            resource: resource.clone(),
+            write_to_status: self.built.write_to_status && resource.patchable_status,
+            resume: start.progress,
+            fence: self.fence.clone(),
+        };
+        let engine: &Engine = &self.built.engine;
+        let run = engine.run(job, &report, &self.stop);
+        tokio::pin!(run);
+        let finished = loop {
+            tokio::select! {
+                finished = &mut run => break finished,
+                Ok(()) = updates.changed() => {
+                    let progress = updates.borrow_and_update().clone();
+                    display.update(&progress);
+                    let checkpoint = computed::running(Some(&current), target, &progress, Timestamp::now());
+                    self.checkpoints.save(name, migration, &checkpoint);
+                }
+            }
+        };
+        display.update(&updates.borrow().clone());
+        display.finish();
+        let now = Timestamp::now();
+        match finished {
+            Ok(Finished::Completed(progress)) => {
+                let done = computed::completed(Some(&current), target, &progress, now);
+                Ended::Done(progress, Box::new(done))
+            }
+            Ok(Finished::Cancelled(progress)) => {
+                let checkpoint = computed::running(Some(&current), target, &progress, now);
+                let saved = self.checkpoints.save(name, migration, &checkpoint);
+                let processed = progress.processed();
+                Ended::Interrupted(match saved {
+                    Some(path) => format!(
+                        "{processed} objects handled; the checkpoint is in {}",
+                        path.display()
+                    ),
+                    None => format!(
+                        "{processed} objects handled; no checkpoint could be saved, so the next run starts over"
+                    ),
+                })
+            }
+            Err(error) => {
+                let reason = match &error {
+                    engine::Error::NotServed { .. } => reasons::RESOURCE_NOT_SERVED,
+                    engine::Error::ApiserverUnavailable { .. } => reasons::APISERVER_UNAVAILABLE,
+                    _ => reasons::LIST_FAILED,
+                };
+                let progress = updates.borrow().clone();
+                let with_progress = computed::running(Some(&current), target, &progress, now);
+                let message = crate::error_chain(&error);
+                let failed = computed::failed(Some(&with_progress), reason, message, now);
+                Ended::Done(progress, Box::new(failed))
+            }
+        }
+    }
+
+    /// The checks at the end of a completed run, then `storedVersions`, as the controller does.
+    async fn settle(
+        &self,
+        cluster: &Cluster<'_>,
+        spec: &GroupVersionResource,
+        resource: &Resource,
+        target: &MigrationTarget,
+        mut done: StorageVersionMigrationStatus,
+    ) -> StorageVersionMigrationStatus {
+        let succeeded = |done: &StorageVersionMigrationStatus| {
+            done.conditions.first().map(|c| c.type_.as_str()) == Some(SUCCEEDED)
+        };
+        if succeeded(&done)
+            && let Some((reason, message)) =
+                steps::changed_since_start(cluster, spec, false, resource, target).await
+        {
+            let message = format!(
+                "{message}; objects written before the change may be stored in the old version: migrate again"
+            );
+            done = computed::failed(Some(&done), reason, message, Timestamp::now());
+        }
+        let run = Run {
+            succeeded: succeeded(&done),
+            failed: done.progress.as_ref().map_or(0, |p| p.failed),
+            listed_from_start: done.listed_from_start.unwrap_or(false),
+        };
+        if let Some(pruned) = steps::settle_stored_versions(cluster, resource, target, &run).await {
+            done.conditions.retain(|c| c.type_ != pruned.type_);
+            done.conditions.push(pruned);
+        }
+        done
+    }
+}
+
+/// How the engine's part ended.
+enum Ended {
+    /// Completed or failed, with the status it leads to.
+    Done(Progress, Box<StorageVersionMigrationStatus>),
+    Interrupted(String),
+}
+
+/// The operator's summary of a finished migration. A CRD whose `storedVersions` was kept has not
+/// reached what the migration was for, so that is a failure too, with the reason.
+fn describe(progress: &Progress, done: &StorageVersionMigrationStatus) -> Outcome {
+    let first = done.conditions.first();
+    let message = |c: Option<&crate::api::MigrationCondition>| {
+        c.and_then(|c| c.message.clone()).unwrap_or_default()
+    };
+    if first.map(|c| c.type_.as_str()) != Some(SUCCEEDED) {
+        return Outcome::Failed(message(first));
+    }
+    let counts = format!(
+        "Succeeded: {} objects ({} rewritten, {} already current, {} skipped)",
+        progress.processed(),
+        progress.rewritten,
+        progress.already_current,
+        progress.skipped
+    );
+    let elapsed = match (&done.start_time, &done.completion_time) {
+        (Some(start), Some(end)) => {
+            let seconds = end.0.duration_since(start.0).as_secs_f64().max(0.0);
+            format!(" in {}", progress::clock(std::time::Duration::from_secs_f64(seconds)))
+        }
+        _ => String::new(),
+    };
+    let pruned = done.conditions.iter().find(|c| c.type_ == STORED_VERSIONS_PRUNED);
+    match pruned {
+        None => Outcome::Succeeded(format!("{counts}{elapsed}")),
+        Some(c) if c.status == STATUS_TRUE => {
+            Outcome::Succeeded(format!("{counts}{elapsed}; {}", message(Some(c))))
+        }
+        Some(c) => Outcome::Failed(format!(
+            "the objects were migrated ({counts}{elapsed}), but storedVersions was kept: {}",
+            message(Some(c))
+        )),
+    }
+}
+
+/// Checkpoint files, one per resource and cluster: the migration's status as the controller
+/// would have recorded it.
+struct Checkpoints {
+    dir: Option<PathBuf>,
+    /// Tells the clusters apart: the first hex digits of the SHA-256 of the apiserver's URL.
+    cluster: String,
+    /// Whether saving failed already (said once, not on every page).
+    failed: std::sync::atomic::AtomicBool,
+}
+
+impl Checkpoints {
+    fn new(dir: Option<PathBuf>, cluster_url: &str) -> Checkpoints {
+        let dir = dir.or_else(|| {
+            let state = std::env::var_os("XDG_STATE_HOME").map(PathBuf::from).or_else(|| {
+                std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".local/state"))
+            })?;
+            Some(state.join("kube-svm/migrate"))
+        });
+        let digest = Sha256::digest(cluster_url.as_bytes());
+        let cluster = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
+        Checkpoints { dir, cluster, failed: Default::default() }
+    }
+
+    fn path(&self, name: &GroupResource) -> Option<PathBuf> {
+        let dir = self.dir.as_ref()?;
+        Some(dir.join(format!("{}@{}.json", name.name(), self.cluster)))
+    }
+
+    /// The migration saved for `name`; an unreadable checkpoint is said and ignored.
+    fn load(&self, name: &GroupResource) -> Option<StorageVersionMigration> {
+        let path = self.path(name)?;
+        let text = match std::fs::read(&path) {
+            Ok(text) => text,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(error) => {
+                warn!(path = %path.display(), %error, "cannot read the checkpoint; starting over");
+                return None;
+            }
+        };
+        match serde_json::from_slice(&text) {
+            Ok(migration) => Some(migration),
+            Err(error) => {
+                warn!(path = %path.display(), %error, "the checkpoint is damaged; starting over");
+                None
+            }
+        }
+    }
+
+    /// Saves `status` as the checkpoint of `name`; returns where, or `None` when it could not be.
+    fn save(
+        &self,
+        name: &GroupResource,
+        migration: &StorageVersionMigration,
+        status: &StorageVersionMigrationStatus,
+    ) -> Option<PathBuf> {
+        let path = self.path(name)?;
+        let mut migration = migration.clone();
+        migration.status = Some(status.clone());
+        let written = (|| -> std::io::Result<()> {
+            let dir = path.parent().unwrap_or(&path);
+            std::fs::create_dir_all(dir)?;
+            let temporary = path.with_extension("json.tmp");
+            std::fs::write(&temporary, serde_json::to_vec_pretty(&migration)?)?;
+            std::fs::rename(&temporary, &path)
+        })();
+        match written {
+            Ok(()) => Some(path),
+            Err(error) => {
+                if !self.failed.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    warn!(path = %path.display(), %error, "cannot save checkpoints; an interrupted run will start over");
+                }
+                None
+            }
+        }
+    }
+
+    fn remove(&self, name: &GroupResource) {
+        if let Some(path) = self.path(name) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resources_are_named_as_kubectl_names_them() {
+        let secrets = GroupResource { group: String::new(), resource: "secrets".into() };
+        assert_eq!(parse("secrets"), secrets);
+        let widgets = GroupResource { group: "example.com".into(), resource: "widgets".into() };
+        assert_eq!(parse("Widgets.Example.com"), widgets);
+    }
+
+    #[test]
+    fn checkpoints_are_kept_apart_by_cluster() {
+        let dir = PathBuf::from("/state");
+        let a = Checkpoints::new(Some(dir.clone()), "https://a.example:6443/");
+        let b = Checkpoints::new(Some(dir), "https://b.example:6443/");
+        let widgets = parse("widgets.example.com");
+        assert_ne!(a.path(&widgets), b.path(&widgets));
+        let file = a.path(&widgets).map(|p| p.display().to_string()).unwrap_or_default();
+        assert!(file.starts_with("/state/widgets.example.com@"), "{file}");
+    }
+}

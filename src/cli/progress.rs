@@ -1,0 +1,192 @@
+//! How `kube-svm migrate` shows a running migration: a progress bar per resource on a terminal,
+//! a plain line every few seconds otherwise (a CI log, a Helm hook's pod log). The numbers are
+//! computed by [`Figures::of`], which is pure.
+
+use std::time::Duration;
+
+use clap::ValueEnum;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tokio::time::Instant;
+
+use crate::engine::Progress;
+
+/// Least time between two plain progress lines: often enough to show life in a log, rarely
+/// enough that a long migration's log stays readable.
+const LINE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Where progress goes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Show {
+    /// A bar when standard error is a terminal, lines otherwise.
+    #[default]
+    Auto,
+    Bar,
+    Lines,
+    /// Only each resource's result.
+    None,
+}
+
+/// What is shown of a migration at one moment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Figures {
+    pub processed: u64,
+    /// Objects in all, when the apiserver estimated how many are left to list.
+    pub total: Option<u64>,
+    /// Objects per second handled by this run (not counting what a resumed run had done).
+    pub rate: Option<f64>,
+    pub eta: Option<Duration>,
+}
+
+impl Figures {
+    /// The figures of `progress`, `elapsed` after this run started at `processed_at_start`.
+    pub fn of(progress: &Progress, processed_at_start: u64, elapsed: Duration) -> Figures {
+        let processed = progress.processed();
+        // Listed objects not yet handled, and those the apiserver says are still to list.
+        let total = progress.remaining.map(|remaining| progress.listed.max(processed) + remaining);
+        let seconds = elapsed.as_secs_f64();
+        let done_here = processed.saturating_sub(processed_at_start);
+        let rate = (seconds >= 1.0 && done_here > 0).then(|| done_here as f64 / seconds);
+        let eta = match (total, rate) {
+            (Some(total), Some(rate)) => {
+                Some(Duration::from_secs_f64((total.saturating_sub(processed)) as f64 / rate))
+            }
+            _ => None,
+        };
+        Figures { processed, total, rate, eta }
+    }
+
+    /// `4200 of ~10000 objects (42%), 398 objects/s, ETA 15s`.
+    pub fn line(&self) -> String {
+        let mut out = match self.total {
+            Some(total) if total > 0 => format!(
+                "{} of ~{total} objects ({}%)",
+                self.processed,
+                (self.processed * 100 / total).min(100)
+            ),
+            _ => format!("{} objects", self.processed),
+        };
+        if let Some(rate) = self.rate {
+            out.push_str(&format!(", {rate:.0} objects/s"));
+        }
+        if let Some(eta) = self.eta {
+            out.push_str(&format!(", ETA {}", clock(eta)));
+        }
+        out
+    }
+}
+
+/// `1h02m`, `4m05s`, `15s`.
+pub fn clock(duration: Duration) -> String {
+    let seconds = duration.as_secs();
+    match seconds {
+        0..60 => format!("{seconds}s"),
+        60..3600 => format!("{}m{:02}s", seconds / 60, seconds % 60),
+        _ => format!("{}h{:02}m", seconds / 3600, (seconds % 3600) / 60),
+    }
+}
+
+/// The display of one resource's migration.
+pub struct Display {
+    name: String,
+    bar: Option<ProgressBar>,
+    lines: bool,
+    started: Instant,
+    processed_at_start: u64,
+    last_line: Option<Instant>,
+}
+
+impl Display {
+    pub fn new(show: Show, terminal: bool, name: &str, start: &Progress) -> Display {
+        let bar = match (show, terminal) {
+            (Show::Bar, _) | (Show::Auto, true) => Some(bar(name)),
+            _ => None,
+        };
+        let lines = matches!((show, terminal), (Show::Lines, _) | (Show::Auto, false));
+        Display {
+            name: name.to_owned(),
+            bar,
+            lines,
+            started: Instant::now(),
+            processed_at_start: start.processed(),
+            last_line: None,
+        }
+    }
+
+    /// Shows `progress`; plain lines at most every [`LINE_INTERVAL`].
+    pub fn update(&mut self, progress: &Progress) {
+        let figures = Figures::of(progress, self.processed_at_start, self.started.elapsed());
+        if let Some(bar) = &self.bar {
+            bar.set_length(figures.total.unwrap_or(figures.processed).max(figures.processed));
+            bar.set_position(figures.processed);
+            let rate = figures.rate.map_or(String::new(), |r| format!("{r:.0} objects/s"));
+            let eta = figures.eta.map_or(String::new(), |e| format!(", ETA {}", clock(e)));
+            bar.set_message(format!("{rate}{eta}"));
+        }
+        let due = self.last_line.is_none_or(|last| last.elapsed() >= LINE_INTERVAL);
+        if self.lines && due {
+            eprintln!("{}: {}", self.name, figures.line());
+            self.last_line = Some(Instant::now());
+        }
+    }
+
+    /// Leaves the bar where it stopped, above what comes next.
+    pub fn finish(self) {
+        if let Some(bar) = self.bar {
+            bar.abandon();
+        }
+    }
+}
+
+fn bar(name: &str) -> ProgressBar {
+    let style = ProgressStyle::with_template(
+        "{prefix} [{bar:30}] {pos}/{len} objects {percent}% {msg} ({elapsed})",
+    )
+    .map(|style| style.progress_chars("=> "))
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+    bar.set_style(style);
+    bar.set_prefix(name.to_owned());
+    bar.enable_steady_tick(Duration::from_millis(250));
+    bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn progress(listed: u64, rewritten: u64, remaining: Option<u64>) -> Progress {
+        Progress { listed, rewritten, remaining, ..Progress::default() }
+    }
+
+    #[test]
+    fn the_total_is_what_was_listed_and_what_is_left_to_list() {
+        let figures = Figures::of(&progress(1000, 800, Some(9000)), 0, Duration::from_secs(4));
+        assert_eq!(figures.total, Some(10_000));
+        assert_eq!(figures.rate, Some(200.0));
+        assert_eq!(figures.eta, Some(Duration::from_secs(46)));
+        assert_eq!(figures.line(), "800 of ~10000 objects (8%), 200 objects/s, ETA 46s");
+    }
+
+    #[test]
+    fn a_resumed_run_counts_its_rate_from_where_it_resumed() {
+        let figures = Figures::of(&progress(5000, 5000, Some(5000)), 4000, Duration::from_secs(10));
+        assert_eq!(figures.rate, Some(100.0));
+        assert_eq!(figures.eta, Some(Duration::from_secs(50)));
+    }
+
+    #[test]
+    fn no_rate_before_a_second_or_an_object_and_no_eta_without_a_total() {
+        let early = Figures::of(&progress(500, 500, Some(1)), 0, Duration::from_millis(200));
+        assert_eq!((early.rate, early.eta), (None, None));
+        let unknown = Figures::of(&progress(500, 500, None), 0, Duration::from_secs(5));
+        assert_eq!(unknown.eta, None);
+        assert_eq!(unknown.line(), "500 objects, 100 objects/s");
+    }
+
+    #[test]
+    fn clocks_read_as_hours_minutes_seconds() {
+        assert_eq!(clock(Duration::from_secs(15)), "15s");
+        assert_eq!(clock(Duration::from_secs(245)), "4m05s");
+        assert_eq!(clock(Duration::from_secs(3720)), "1h02m");
+    }
+}

@@ -1,0 +1,214 @@
+//! `kube-svm migrate` run as a process on private control planes without the controller: what
+//! it rewrites (read back from etcd), when it prunes `storedVersions`, its exit codes, what it
+//! refuses, and SIGINT followed by a run that resumes from the checkpoint.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+use crate::engine::reject_updates_of_frozen;
+use crate::support::admission::lift;
+use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds};
+use crate::support::invariant::Census;
+use crate::support::migrations::create_migration;
+use crate::support::process::binary;
+use crate::support::{ControlPlane, Etcd};
+
+/// `kube-svm migrate <args>` with plain progress lines and the discovery hash trusted at once
+/// (one apiserver: nothing to settle).
+fn command(control_plane: &ControlPlane, state: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new(binary());
+    command
+        .arg("migrate")
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(control_plane.kubeconfig())
+        .arg("--checkpoint-dir")
+        .arg(state)
+        .args(["--storage-version-settle=0", "--progress=lines"]);
+    command
+}
+
+fn migrate(control_plane: &ControlPlane, state: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let Output { status, stdout, stderr } =
+        command(control_plane, state, args).output().expect("kube-svm runs");
+    let text = format!(
+        "{}\n--- stderr ---\n{}",
+        String::from_utf8_lossy(&stdout),
+        String::from_utf8_lossy(&stderr)
+    );
+    (status.code(), text)
+}
+
+async fn stored_versions(client: &Client, widgets: &WidgetCrd) -> Vec<String> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = crds.get(&widgets.name()).await.expect("the CRD");
+    crd.status.and_then(|s| s.stored_versions).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn migrates_and_prunes_without_the_controller_and_says_what_failed() {
+    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
+    let client = control_plane.client().await;
+    let etcd = control_plane.etcd();
+    let state = tempfile::tempdir().expect("a directory");
+    let state = state.path();
+
+    // Success: every object rewritten in etcd, storedVersions pruned, exit 0.
+    let widgets = WidgetCrd::stale(&client, "migrate-ok", 120).await;
+    let name = widgets.name();
+    let (code, out) = migrate(&control_plane, state, &[&name]);
+    assert_eq!(code, Some(0), "{out}");
+    let line = out.lines().find(|l| l.starts_with(&format!("{name}: "))).expect("a result");
+    assert!(line.contains("Succeeded: 120 objects (120 rewritten"), "{out}");
+    assert!(line.contains(r#"storedVersions set to ["v2"] (was ["v1", "v2"])"#), "{out}");
+    widgets.assert_all_stored_as(&etcd, "v2", 120).await;
+    assert_eq!(stored_versions(&client, &widgets).await, ["v2"]);
+    assert!(std::fs::read_dir(state).expect("the state directory").next().is_none());
+
+    // A rejected object: the run fails, says which object and why, and keeps storedVersions.
+    let guarded = WidgetCrd::new("migrate-rejected", false);
+    guarded.create(&client, "v1").await;
+    guarded.seed(&client, "v1", &[None], 30).await;
+    let freeze = json!({ "metadata": { "labels": { "frozen": "true" } } });
+    let api = guarded.api(&client, "v1", None);
+    api.patch("w-7", &PatchParams::default(), &Patch::Merge(&freeze)).await.expect("labelled");
+    guarded.set_storage_version(&client, "v2").await;
+    reject_updates_of_frozen(&client, &guarded.group).await;
+    let (policy, message) =
+        (format!("freeze-{}", guarded.group), "frozen objects cannot be updated");
+    let rejected = guarded.name();
+    let (code, out) = migrate(&control_plane, state, &[&rejected, "nosuchthings"]);
+    assert_eq!(code, Some(1), "{out}");
+    let line = out.lines().find(|l| l.starts_with(&format!("{rejected}: "))).expect("a result");
+    assert!(line.contains("FAILED: 1 of 30 objects could not be migrated"), "{out}");
+    assert!(line.contains("w-7") && line.contains(message), "{out}");
+    assert!(
+        out.contains("nosuchthings: FAILED: the apiserver serves no resource \"nosuchthings\""),
+        "{out}"
+    );
+    assert!(out.contains(&format!("2 of 2 resources did not succeed: {rejected}, nosuchthings")));
+    assert_eq!(stored_versions(&client, &guarded).await, ["v1", "v2"]);
+    assert_eq!(stored_as(&etcd, &guarded, "v1").await, 1);
+
+    // --all-stale finds the CRD still stale, and finishes it once the policy is lifted.
+    lift(&client, &policy).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (code, out) = migrate(&control_plane, state, &["--all-stale"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains(&format!("{rejected}: Succeeded: 30 objects")), "{out}");
+    assert!(!out.contains(&format!("{name}: ")), "a pruned CRD was migrated again: {out}");
+    guarded.assert_all_stored_as(&etcd, "v2", 30).await;
+    assert_eq!(stored_versions(&client, &guarded).await, ["v2"]);
+    let (code, out) = migrate(&control_plane, state, &["--all-stale"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.starts_with("Nothing to migrate"), "{out}");
+
+    // Usage without a resource is an error that says what to pass.
+    let (code, out) = migrate(&control_plane, state, &[]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("name the resources to migrate"), "{out}");
+
+    // A resource kube-svm's controller is migrating now is refused, and left alone.
+    install_kube_svm_crds(&client).await;
+    let busy = WidgetCrd::stale(&client, "migrate-busy", 10).await;
+    create_migration(&client, "busy-widgets", &busy.group, "widgets").await;
+    let running = json!({ "status": { "conditions": [{
+        "type": "Running", "status": "True", "lastUpdateTime": "2026-01-01T00:00:00Z",
+    }]}});
+    Api::<kube_svm::api::StorageVersionMigration>::all(client.clone())
+        .patch_status("busy-widgets", &PatchParams::default(), &Patch::Merge(&running))
+        .await
+        .expect("status written");
+    let (code, out) = migrate(&control_plane, state, &[&busy.name()]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("refused: the kube-svm migration busy-widgets is migrating it now"),
+        "{out}"
+    );
+    assert_eq!(stored_as(&etcd, &busy, "v1").await, 10);
+}
+
+#[tokio::test]
+async fn sigint_stops_cleanly_and_the_next_run_resumes_from_the_checkpoint() {
+    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
+    let client = control_plane.client().await;
+    let etcd = control_plane.etcd();
+    let state = tempfile::tempdir().expect("a directory");
+    let state = state.path();
+    let widgets = WidgetCrd::stale(&client, "migrate-resume", 1500).await;
+    let name = widgets.name();
+
+    let slow = [name.as_str(), "--page-size=20", "--writes-in-flight=1", "--kube-api-qps=100"];
+    let log = control_plane.path("migrate-interrupted.log");
+    let out = std::fs::File::create(&log).expect("a log file");
+    let mut child = command(&control_plane, state, &slow)
+        .stdout(out.try_clone().expect("a log file"))
+        .stderr(out)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("kube-svm starts");
+    let checkpoint = wait_for_checkpoint(state, 200, Duration::from_secs(60));
+    let signal = Command::new("kill").arg("-INT").arg(child.id().to_string()).status();
+    assert!(signal.is_ok_and(|s| s.success()));
+    let exited = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(exited.elapsed() < Duration::from_secs(20), "no exit after SIGINT");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(status.code(), Some(130), "{text}");
+    assert!(text.contains(&format!("{name}: interrupted: ")), "{text}");
+    assert!(text.contains("To resume, run the same command again"), "{text}");
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(&checkpoint).expect("kept")).expect("a checkpoint");
+    let processed = saved["status"]["progress"]["processed"].as_u64().expect("a count");
+    assert!((200..1500).contains(&processed), "{saved:#}");
+    assert!(saved["status"]["checkpoint"]["continueToken"].is_string(), "{saved:#}");
+    assert_eq!(stored_versions(&client, &widgets).await, ["v1", "v2"]);
+
+    let (code, out) = migrate(&control_plane, state, &[&name]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains(&format!("{name}: resuming from the checkpoint after {processed}")));
+    assert!(out.contains(&format!("{name}: Succeeded: 1500 objects")), "{out}");
+    assert!(out.contains(r#"storedVersions set to ["v2"]"#), "{out}");
+    widgets.assert_all_stored_as(&etcd, "v2", 1500).await;
+    assert_eq!(stored_versions(&client, &widgets).await, ["v2"]);
+    assert!(!checkpoint.exists(), "the checkpoint outlived the migration");
+}
+
+/// Waits for a checkpoint file in `state` recording at least `processed` objects.
+fn wait_for_checkpoint(state: &Path, processed: u64, timeout: Duration) -> std::path::PathBuf {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        for entry in std::fs::read_dir(state).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.extension().is_none_or(|e| e != "json") {
+                continue;
+            }
+            let Ok(saved) =
+                serde_json::from_slice::<Value>(&std::fs::read(&path).unwrap_or_default())
+            else {
+                continue;
+            };
+            if saved["status"]["progress"]["processed"].as_u64().unwrap_or(0) >= processed {
+                return path;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("no checkpoint with {processed} objects within {timeout:?}");
+}
+
+/// Widgets stored in etcd as `version`.
+async fn stored_as(etcd: &Etcd, widgets: &WidgetCrd, version: &str) -> usize {
+    Census::of(etcd, widgets).await.count(&widgets.api_version(version))
+}
