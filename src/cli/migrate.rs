@@ -38,6 +38,9 @@ use crate::metrics::Metrics;
 use crate::steps::{self, Cluster};
 use crate::storedversions::{CrdState, Run};
 
+/// How often `--wait-for-others` looks whether the other migration ended.
+const OTHERS_POLL: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The exit code of a run stopped by SIGINT or SIGTERM (128 + SIGINT, as shells report it).
 const EXIT_INTERRUPTED: u8 = 130;
 
@@ -67,14 +70,28 @@ pub struct MigrateArgs {
     #[arg(long)]
     pub restart: bool,
 
+    /// When a kube-svm controller or the in-tree migrator is migrating a resource, wait for it to
+    /// end and then migrate the resource, instead of refusing it (for a Helm hook running beside
+    /// the controller's CRD trigger).
+    #[arg(long)]
+    pub wait_for_others: bool,
+
     /// How progress is shown (on standard error).
     #[arg(long, value_enum, default_value_t = Show::Auto)]
     pub progress: Show,
 }
 
 pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
-    let MigrateArgs { resources, all_stale, kube, engine, checkpoint_dir, restart, progress } =
-        args;
+    let MigrateArgs {
+        resources,
+        all_stale,
+        kube,
+        engine,
+        checkpoint_dir,
+        restart,
+        wait_for_others,
+        progress,
+    } = args;
     let config = kube.config().await?;
     let metrics = Arc::new(Metrics::new().context("failed to register the metrics")?);
     let built = engine.build(config.clone(), metrics)?;
@@ -105,6 +122,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
         fence: Fence::open(),
         checkpoints: Checkpoints::new(checkpoint_dir, &config.cluster_url.to_string()),
         restart,
+        wait_for_others,
         show: progress,
         terminal: std::io::stderr().is_terminal(),
         stop,
@@ -180,6 +198,7 @@ struct Migrator {
     fence: Fence,
     checkpoints: Checkpoints,
     restart: bool,
+    wait_for_others: bool,
     show: Show,
     terminal: bool,
     /// Fires on SIGINT or SIGTERM.
@@ -211,8 +230,8 @@ impl Migrator {
             Ok(resource) => resource,
             Err(error) => return Outcome::Failed(crate::error_chain(&error)),
         };
-        if let Some(refusal) = self.migrated_elsewhere(name).await {
-            return Outcome::Failed(refusal);
+        if let Err(outcome) = self.wait_for_others(name).await {
+            return outcome;
         }
         let crd = match steps::crd_of(&cluster, &resource).await {
             Ok(crd) => crd,
@@ -270,23 +289,36 @@ impl Migrator {
         })
     }
 
-    /// Why `name` must not be migrated now: a kube-svm controller or the in-tree migrator is
-    /// migrating it (at most one migration per resource at a time, whoever runs it).
-    async fn migrated_elsewhere(&self, name: &GroupResource) -> Option<String> {
-        let rows = match status::gather(&self.client).await {
-            Ok(rows) => rows,
-            Err(error) => {
-                return Some(format!(
+    /// Returns once no other migrator is migrating `name` (at most one migration per resource at
+    /// a time, whoever runs it): at once, or after waiting with `--wait-for-others`. Otherwise
+    /// the outcome that refuses it.
+    async fn wait_for_others(&self, name: &GroupResource) -> Result<(), Outcome> {
+        let mut said = false;
+        loop {
+            let rows = status::gather(&self.client).await.map_err(|error| {
+                Outcome::Failed(format!(
                     "cannot tell whether another migrator is migrating it, so it was not started: {error:#}"
-                ));
+                ))
+            })?;
+            let running = rows.iter().find(|r| r.resource == name.name() && r.phase == "Running");
+            let Some(running) = running else { return Ok(()) };
+            let other = format!("the {} migration {}", running.migrator, running.name);
+            if !self.wait_for_others {
+                return Err(Outcome::Failed(format!(
+                    "refused: {other} is migrating it now; wait for it to end (kube-svm status -w), or pass --wait-for-others"
+                )));
             }
-        };
-        let running =
-            rows.iter().find(|row| row.resource == name.name() && row.phase == "Running")?;
-        Some(format!(
-            "refused: the {} migration {} is migrating it now; wait for it to end (kube-svm status -w)",
-            running.migrator, running.name
-        ))
+            if !said {
+                eprintln!("{}: waiting for {other} to end", name.name());
+                said = true;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(OTHERS_POLL) => {}
+                () = self.stop.cancelled() => {
+                    return Err(Outcome::Interrupted(format!("stopped while waiting for {other}")));
+                }
+            }
+        }
     }
 
     /// What the migration targets: as recorded at its first start when it resumes; for a CRD,

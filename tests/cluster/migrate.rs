@@ -132,6 +132,34 @@ async fn migrates_and_prunes_without_the_controller_and_says_what_failed() {
         "{out}"
     );
     assert_eq!(stored_as(&etcd, &busy, "v1").await, 10);
+
+    // With --wait-for-others it waits for that migration to end, then migrates.
+    let log = control_plane.path("migrate-waiting.log");
+    let out = std::fs::File::create(&log).expect("a log file");
+    let mut waiting = command(&control_plane, state, &[&busy.name(), "--wait-for-others"])
+        .stdout(out.try_clone().expect("a log file"))
+        .stderr(out)
+        .spawn()
+        .expect("kube-svm starts");
+    let said = format!("{}: waiting for the kube-svm migration busy-widgets to end", busy.name());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains(&said) {
+        assert!(Instant::now() < deadline, "it never said it waits");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(waiting.try_wait().expect("try_wait").is_none(), "it did not wait");
+    assert_eq!(stored_as(&etcd, &busy, "v1").await, 10, "it migrated while waiting");
+    let ended = json!({ "status": { "conditions": [{
+        "type": "Failed", "status": "True", "lastUpdateTime": "2026-01-01T00:00:01Z",
+    }]}});
+    Api::<kube_svm::api::StorageVersionMigration>::all(client.clone())
+        .patch_status("busy-widgets", &PatchParams::default(), &Patch::Merge(&ended))
+        .await
+        .expect("status written");
+    let status = tokio::task::spawn_blocking(move || waiting.wait()).await.expect("joined");
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(status.expect("exited").code(), Some(0), "{text}");
+    busy.assert_all_stored_as(&etcd, "v2", 10).await;
 }
 
 #[tokio::test]
