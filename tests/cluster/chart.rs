@@ -44,6 +44,7 @@ fn the_chart_lints_with_default_and_optional_values() {
             "--set",
             "crds.install=false,rbac.create=false,serviceAccount.create=false,replicaCount=2",
         ],
+        &["--set", "migrateOnUpgrade.enabled=true"],
     ] {
         let mut args = vec!["lint", "--strict", chart];
         args.extend(extra);
@@ -128,15 +129,45 @@ async fn rendered_and_committed_manifests_pass_a_server_side_dry_run() {
     let only_widgets = only_widgets_of("example.com");
     let narrowed_with_status =
         ["--set-json", &only_widgets, "--set", "controller.writeToStatus=true"];
-    for args in
-        [&["--set", "replicaCount=2"][..], &["--set-json", &only_widgets], &narrowed_with_status]
-    {
+    let hook = [
+        "--set",
+        "migrateOnUpgrade.enabled=true",
+        "--set-json",
+        r#"migrateOnUpgrade.resources=["widgets.example.com","secrets"]"#,
+    ];
+    for args in [
+        &["--set", "replicaCount=2"][..],
+        &["--set-json", &only_widgets],
+        &narrowed_with_status,
+        &hook,
+    ] {
         let rendered = objects(&render("kube-svm", &namespace, args));
         assert!(rendered.len() >= 8, "the chart renders its objects: {}", rendered.len());
         if let Err(error) = apply(&client, &rendered, true).await {
             panic!("the chart rendered with {args:?} is refused: {error}");
         }
     }
+    let rendered = objects(&render("kube-svm", &namespace, &hook));
+    let job = rendered
+        .iter()
+        .find(|o| o.types.as_ref().is_some_and(|t| t.kind == "Job"))
+        .expect("the hook Job is rendered");
+    let annotations = job.annotations();
+    assert_eq!(annotations["helm.sh/hook"], "post-install,post-upgrade");
+    let container = &job.data["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<&str> =
+        container["args"].as_array().into_iter().flatten().filter_map(|a| a.as_str()).collect();
+    assert_eq!(
+        args[..6],
+        [
+            "migrate",
+            "widgets.example.com",
+            "secrets",
+            "--all-stale",
+            "--wait-for-others",
+            "--progress=lines"
+        ]
+    );
 
     // The plain manifests bring their own namespace, which must exist before a dry run of the
     // objects in it.

@@ -21,22 +21,22 @@ use crate::support::{ControlPlane, Etcd};
 
 /// `kube-svm migrate <args>` with plain progress lines and the discovery hash trusted at once
 /// (one apiserver: nothing to settle).
-fn command(control_plane: &ControlPlane, state: &Path, args: &[&str]) -> Command {
+fn command(kubeconfig: &Path, state: &Path, args: &[&str]) -> Command {
     let mut command = Command::new(binary());
     command
         .arg("migrate")
         .args(args)
         .arg("--kubeconfig")
-        .arg(control_plane.kubeconfig())
+        .arg(kubeconfig)
         .arg("--checkpoint-dir")
         .arg(state)
         .args(["--storage-version-settle=0", "--progress=lines"]);
     command
 }
 
-fn migrate(control_plane: &ControlPlane, state: &Path, args: &[&str]) -> (Option<i32>, String) {
+fn migrate(kubeconfig: &Path, state: &Path, args: &[&str]) -> (Option<i32>, String) {
     let Output { status, stdout, stderr } =
-        command(control_plane, state, args).output().expect("kube-svm runs");
+        command(kubeconfig, state, args).output().expect("kube-svm runs");
     let text = format!(
         "{}\n--- stderr ---\n{}",
         String::from_utf8_lossy(&stdout),
@@ -58,11 +58,12 @@ async fn migrates_and_prunes_without_the_controller_and_says_what_failed() {
     let etcd = control_plane.etcd();
     let state = tempfile::tempdir().expect("a directory");
     let state = state.path();
+    let admin = control_plane.kubeconfig();
 
     // Success: every object rewritten in etcd, storedVersions pruned, exit 0.
     let widgets = WidgetCrd::stale(&client, "migrate-ok", 120).await;
     let name = widgets.name();
-    let (code, out) = migrate(&control_plane, state, &[&name]);
+    let (code, out) = migrate(admin, state, &[&name]);
     assert_eq!(code, Some(0), "{out}");
     let line = out.lines().find(|l| l.starts_with(&format!("{name}: "))).expect("a result");
     assert!(line.contains("Succeeded: 120 objects (120 rewritten"), "{out}");
@@ -83,7 +84,7 @@ async fn migrates_and_prunes_without_the_controller_and_says_what_failed() {
     let (policy, message) =
         (format!("freeze-{}", guarded.group), "frozen objects cannot be updated");
     let rejected = guarded.name();
-    let (code, out) = migrate(&control_plane, state, &[&rejected, "nosuchthings"]);
+    let (code, out) = migrate(admin, state, &[&rejected, "nosuchthings"]);
     assert_eq!(code, Some(1), "{out}");
     let line = out.lines().find(|l| l.starts_with(&format!("{rejected}: "))).expect("a result");
     assert!(line.contains("FAILED: 1 of 30 objects could not be migrated"), "{out}");
@@ -96,21 +97,23 @@ async fn migrates_and_prunes_without_the_controller_and_says_what_failed() {
     assert_eq!(stored_versions(&client, &guarded).await, ["v1", "v2"]);
     assert_eq!(stored_as(&etcd, &guarded, "v1").await, 1);
 
-    // --all-stale finds the CRD still stale, and finishes it once the policy is lifted.
+    // --all-stale finds the CRD still stale, and finishes it once the policy is lifted; as the
+    // Helm chart's ServiceAccount, which the hook Job runs as, with only the chart's RBAC.
     lift(&client, &policy).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (code, out) = migrate(&control_plane, state, &["--all-stale"]);
+    let chart_account = control_plane.controller_kubeconfig().await;
+    let (code, out) = migrate(chart_account, state, &["--all-stale"]);
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains(&format!("{rejected}: Succeeded: 30 objects")), "{out}");
     assert!(!out.contains(&format!("{name}: ")), "a pruned CRD was migrated again: {out}");
     guarded.assert_all_stored_as(&etcd, "v2", 30).await;
     assert_eq!(stored_versions(&client, &guarded).await, ["v2"]);
-    let (code, out) = migrate(&control_plane, state, &["--all-stale"]);
+    let (code, out) = migrate(admin, state, &["--all-stale"]);
     assert_eq!(code, Some(0), "{out}");
     assert!(out.starts_with("Nothing to migrate"), "{out}");
 
     // Usage without a resource is an error that says what to pass.
-    let (code, out) = migrate(&control_plane, state, &[]);
+    let (code, out) = migrate(admin, state, &[]);
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("name the resources to migrate"), "{out}");
 
@@ -125,7 +128,7 @@ async fn migrates_and_prunes_without_the_controller_and_says_what_failed() {
         .patch_status("busy-widgets", &PatchParams::default(), &Patch::Merge(&running))
         .await
         .expect("status written");
-    let (code, out) = migrate(&control_plane, state, &[&busy.name()]);
+    let (code, out) = migrate(admin, state, &[&busy.name()]);
     assert_eq!(code, Some(1), "{out}");
     assert!(
         out.contains("refused: the kube-svm migration busy-widgets is migrating it now"),
@@ -136,7 +139,7 @@ async fn migrates_and_prunes_without_the_controller_and_says_what_failed() {
     // With --wait-for-others it waits for that migration to end, then migrates.
     let log = control_plane.path("migrate-waiting.log");
     let out = std::fs::File::create(&log).expect("a log file");
-    let mut waiting = command(&control_plane, state, &[&busy.name(), "--wait-for-others"])
+    let mut waiting = command(admin, state, &[&busy.name(), "--wait-for-others"])
         .stdout(out.try_clone().expect("a log file"))
         .stderr(out)
         .spawn()
@@ -169,13 +172,14 @@ async fn sigint_stops_cleanly_and_the_next_run_resumes_from_the_checkpoint() {
     let etcd = control_plane.etcd();
     let state = tempfile::tempdir().expect("a directory");
     let state = state.path();
+    let admin = control_plane.kubeconfig();
     let widgets = WidgetCrd::stale(&client, "migrate-resume", 1500).await;
     let name = widgets.name();
 
     let slow = [name.as_str(), "--page-size=20", "--writes-in-flight=1", "--kube-api-qps=100"];
     let log = control_plane.path("migrate-interrupted.log");
     let out = std::fs::File::create(&log).expect("a log file");
-    let mut child = command(&control_plane, state, &slow)
+    let mut child = command(admin, state, &slow)
         .stdout(out.try_clone().expect("a log file"))
         .stderr(out)
         .stdin(Stdio::null())
@@ -203,7 +207,7 @@ async fn sigint_stops_cleanly_and_the_next_run_resumes_from_the_checkpoint() {
     assert!(saved["status"]["checkpoint"]["continueToken"].is_string(), "{saved:#}");
     assert_eq!(stored_versions(&client, &widgets).await, ["v1", "v2"]);
 
-    let (code, out) = migrate(&control_plane, state, &[&name]);
+    let (code, out) = migrate(admin, state, &[&name]);
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains(&format!("{name}: resuming from the checkpoint after {processed}")));
     assert!(out.contains(&format!("{name}: Succeeded: 1500 objects")), "{out}");
