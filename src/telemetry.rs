@@ -22,15 +22,20 @@ pub struct LogArgs {
     #[arg(long, env = "KUBE_SVM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain, global = true)]
     pub log_format: LogFormat,
 
-    /// Log filter, in `RUST_LOG` syntax (for example `info` or `kube_svm=debug,kube=info`).
-    #[arg(long, env = "RUST_LOG", default_value = "info", global = true)]
-    pub log_level: String,
+    /// Log filter, in `RUST_LOG` syntax (for example `info` or `kube_svm=debug,kube=info`);
+    /// `info` for the controller, `warn` for the commands a person runs.
+    #[arg(long, env = "RUST_LOG", global = true)]
+    pub log_level: Option<String>,
 }
 
 /// Installs the global subscriber; logs go to standard error so standard output stays for data.
-pub fn init(args: &LogArgs) -> Result<(), tracing_subscriber::filter::ParseError> {
+/// `default_level` applies when no level was given.
+pub fn init(
+    args: &LogArgs,
+    default_level: &str,
+) -> Result<(), tracing_subscriber::filter::ParseError> {
     let LogArgs { log_format, log_level } = args;
-    let filter = EnvFilter::try_new(log_level)?;
+    let filter = EnvFilter::try_new(log_level.as_deref().unwrap_or(default_level))?;
     // Colours only for a person at a terminal, never in files, pipes or log collectors.
     let ansi = std::io::stderr().is_terminal();
     let builder = tracing_subscriber::fmt()

@@ -41,6 +41,9 @@ use crate::storedversions::{CrdState, Run};
 /// How often `--wait-for-others` looks whether the other migration ended.
 const OTHERS_POLL: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// Tries to list the migrations of other migrators, [`OTHERS_POLL`] apart.
+const LIST_ATTEMPTS: u32 = 10;
+
 /// The exit code of a run stopped by SIGINT or SIGTERM (128 + SIGINT, as shells report it).
 const EXIT_INTERRUPTED: u8 = 130;
 
@@ -295,7 +298,7 @@ impl Migrator {
     async fn wait_for_others(&self, name: &GroupResource) -> Result<(), Outcome> {
         let mut said = false;
         loop {
-            let rows = status::gather(&self.client).await.map_err(|error| {
+            let rows = self.migrations().await.map_err(|error| {
                 Outcome::Failed(format!(
                     "cannot tell whether another migrator is migrating it, so it was not started: {error:#}"
                 ))
@@ -321,6 +324,28 @@ impl Migrator {
         }
     }
 
+    /// Every migration, kube-svm's and the in-tree migrator's. An apiserver that asks to be
+    /// asked again (429: a new CRD's storage still initializing; 5xx; no answer) is, a few times.
+    async fn migrations(&self) -> anyhow::Result<Vec<status::Row>> {
+        let mut attempt = 1;
+        loop {
+            let error = match status::gather(&self.client).await {
+                Ok(rows) => return Ok(rows),
+                Err(error) => error,
+            };
+            let transient = match error.downcast_ref::<kube::Error>() {
+                Some(kube::Error::Api(status)) => status.code == 429 || status.code >= 500,
+                Some(_) => true,
+                None => false,
+            };
+            if !transient || attempt == LIST_ATTEMPTS {
+                return Err(error);
+            }
+            attempt += 1;
+            tokio::time::sleep(OTHERS_POLL).await;
+        }
+    }
+
     /// What the migration targets: as recorded at its first start when it resumes; for a CRD,
     /// its generation, storage version and whether the apiservers already encode in it.
     async fn target(
@@ -343,10 +368,21 @@ impl Migrator {
                 ..MigrationTarget::default()
             };
         };
+        let name =
+            GroupResource { group: resource.group.clone(), resource: resource.plural.clone() };
+        let storage = CrdState::of(crd).map(|state| state.storage_version).unwrap_or_default();
+        eprintln!(
+            "{}: confirming that the apiservers encode in {storage} before the first write",
+            name.name()
+        );
         let target = steps::target_of(cluster, resource, crd, false).await;
-        if target.encoding_confirmed == Some(false) {
-            let evidence = target.encoding_evidence.as_deref().unwrap_or_default();
-            warn!(%resource, evidence, "migrating anyway; storedVersions will be kept");
+        let evidence = target.encoding_evidence.as_deref().unwrap_or_default();
+        match target.encoding_confirmed {
+            Some(true) => eprintln!("{}: {evidence}", name.name()),
+            _ => eprintln!(
+                "{}: not confirmed, so storedVersions will be kept; migrating anyway: {evidence}",
+                name.name()
+            ),
         }
         target
     }

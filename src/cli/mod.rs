@@ -51,6 +51,17 @@ pub enum Command {
     Status(status::StatusArgs),
 }
 
+impl Command {
+    /// The log level when none is given: the controller logs what it does; a command a person
+    /// runs prints its results and progress, and logs only what went wrong.
+    pub fn default_log_level(&self) -> &'static str {
+        match self {
+            Command::Controller(_) => "info",
+            _ => "warn",
+        }
+    }
+}
+
 /// The name kubectl gives a plugin it runs as `kubectl svm`: the binary linked under this name
 /// anywhere on `PATH` makes kube-svm a kubectl plugin.
 pub const PLUGIN_BINARY: &str = "kubectl-svm";

@@ -331,6 +331,13 @@ async fn admission_rejections_fail_only_the_rejected_objects() {
 
 /// Installs a policy denying updates of widgets labelled `frozen`, and waits until it applies.
 pub(crate) async fn reject_updates_of_frozen(client: &Client, group: &str) {
+    // Policies apply once the apiserver's informers see them: probe with a throwaway object,
+    // labelled before the policy exists (the label itself would be refused once it applies).
+    let widgets = WidgetCrd { group: group.to_owned(), namespaced: false };
+    let probe = widgets.create_widget(client, "v1", None, "probe").await;
+    let api = widgets.api(client, "v1", None);
+    let freeze = json!({ "metadata": { "labels": { "frozen": "true" } } });
+    api.patch("probe", &PatchParams::default(), &Patch::Merge(&freeze)).await.expect("labelled");
     deny_updates(
         client,
         &format!("freeze-{group}"),
@@ -341,14 +348,7 @@ pub(crate) async fn reject_updates_of_frozen(client: &Client, group: &str) {
         Some("Invalid"),
     )
     .await;
-
-    // Policies apply once the apiserver's informers see them: probe with a throwaway object.
-    let widgets = WidgetCrd { group: group.to_owned(), namespaced: false };
-    let probe = widgets.create_widget(client, "v1", None, "probe").await;
-    let api = widgets.api(client, "v1", None);
     let deadline = Instant::now() + Duration::from_secs(30);
-    let freeze = json!({ "metadata": { "labels": { "frozen": "true" } } });
-    api.patch("probe", &PatchParams::default(), &Patch::Merge(&freeze)).await.expect("labelled");
     loop {
         let touch =
             json!({ "spec": { "touched": Instant::now().elapsed().as_nanos().to_string() } });

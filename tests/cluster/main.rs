@@ -12,6 +12,7 @@ mod inspect;
 mod migrate;
 mod observability;
 mod plan;
+mod readme;
 mod status;
 mod storedversions;
 mod support;

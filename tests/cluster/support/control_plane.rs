@@ -127,7 +127,7 @@ impl ControlPlane {
     async fn start_with(extra_flags: &[&str], audited: bool) -> anyhow::Result<ControlPlane> {
         let dir = tempfile::Builder::new().prefix("kube-svm-control-plane-").tempdir()?.keep();
         keep_on_panic(&dir);
-        fs::create_dir_all(dir.join("certs"))?;
+        write_serving_certificate(&dir.join("certs"))?;
         spawn_watchdog(&dir)?;
         let mut extra_flags: Vec<String> = extra_flags.iter().map(ToString::to_string).collect();
         if audited {
@@ -223,7 +223,7 @@ impl ControlPlane {
         let client = self.client().await;
         let user = chart::install_service_account(&client, release, namespace, args).await;
         let path = self.dir.join(format!("kubeconfig-{release}"));
-        fs::write(&path, kubeconfig(self.apiserver_port, Some(&user)))
+        fs::write(&path, kubeconfig(&self.dir, self.apiserver_port, Some(&user)))
             .expect("the kubeconfig is written");
         path
     }
@@ -380,8 +380,8 @@ impl Drop for ControlPlane {
     }
 }
 
-/// Finds a server binary the envtest way.
-pub(super) fn asset(name: &str) -> anyhow::Result<PathBuf> {
+/// Finds a binary of the control plane (or kubectl) the envtest way.
+pub fn asset(name: &str) -> anyhow::Result<PathBuf> {
     let variable = format!("TEST_ASSET_{}", name.to_uppercase().replace('-', "_"));
     if let Ok(path) = std::env::var(&variable) {
         return Ok(PathBuf::from(path));
@@ -448,13 +448,30 @@ fn write_credentials(dir: &Path, port: u16) -> anyhow::Result<()> {
         .stderr(Stdio::null())
         .status()?;
     anyhow::ensure!(status.success(), "openssl could not write the service account public key");
-    fs::write(dir.join("kubeconfig"), kubeconfig(port, None))?;
+    fs::write(dir.join("kubeconfig"), kubeconfig(dir, port, None))?;
     Ok(())
 }
 
-/// A kubeconfig with the admin's token, impersonating `user` when given.
-fn kubeconfig(port: u16, impersonate: Option<&str>) -> String {
+/// kube-apiserver's serving certificate for 127.0.0.1, where `--cert-dir` finds it, and the CA
+/// that signed it, which kubeconfigs trust: clients verify the apiserver as in a real cluster.
+fn write_serving_certificate(certs: &Path) -> anyhow::Result<()> {
+    fs::create_dir_all(certs)?;
+    let ca = super::secure_etcd::authority("kube-apiserver-ca")?;
+    fs::write(certs.join("ca.crt"), ca.pem())?;
+    let key = rcgen::KeyPair::generate()?;
+    let names = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
+    let certificate = rcgen::CertificateParams::new(names)?.signed_by(&key, &ca)?;
+    fs::write(certs.join("apiserver.crt"), certificate.pem())?;
+    fs::write(certs.join("apiserver.key"), key.serialize_pem())?;
+    Ok(())
+}
+
+/// A kubeconfig with the admin's token, impersonating `user` when given, trusting the CA of
+/// [`write_serving_certificate`].
+fn kubeconfig(dir: &Path, port: u16, impersonate: Option<&str>) -> String {
     let impersonate = impersonate.map(|user| format!("\n    as: {user}")).unwrap_or_default();
+    let ca = dir.join("certs/ca.crt");
+    let ca = ca.display();
     format!(
         "apiVersion: v1
 kind: Config
@@ -462,7 +479,7 @@ clusters:
 - name: test
   cluster:
     server: https://127.0.0.1:{port}
-    insecure-skip-tls-verify: true
+    certificate-authority: {ca}
 users:
 - name: admin
   user:

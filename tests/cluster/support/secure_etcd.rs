@@ -98,7 +98,8 @@ fn write_certificates(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn authority(name: &str) -> anyhow::Result<CertifiedIssuer<'static, KeyPair>> {
+/// A self-signed CA named `name`.
+pub(super) fn authority(name: &str) -> anyhow::Result<CertifiedIssuer<'static, KeyPair>> {
     let mut params = CertificateParams::new(Vec::<String>::new())?;
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.distinguished_name.push(DnType::CommonName, name);
