@@ -129,21 +129,21 @@ impl Display {
         }
     }
 
-    /// Leaves the bar where it stopped, above what comes next.
+    /// Clears the bar: the resource's result line takes its place.
     pub fn finish(self) {
         if let Some(bar) = self.bar {
-            bar.abandon();
+            bar.finish_and_clear();
         }
     }
 }
 
 fn bar(name: &str) -> ProgressBar {
-    let style = ProgressStyle::with_template(
-        "{prefix} [{bar:30}] {pos}/{len} objects {percent}% {msg} ({elapsed})",
-    )
-    .map(|style| style.progress_chars("=> "))
-    .unwrap_or_else(|_| ProgressStyle::default_bar());
-    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+    let style =
+        ProgressStyle::with_template("{prefix} [{bar:24}] {pos}/{len} objects {percent}% {msg}")
+            .map(|style| style.progress_chars("=> "))
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+    // No length until the first page says how many objects there are.
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
     bar.set_style(style);
     bar.set_prefix(name.to_owned());
     bar.enable_steady_tick(Duration::from_millis(250));
