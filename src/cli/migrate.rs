@@ -25,18 +25,18 @@ use super::engine::{Built, EngineArgs};
 use super::kube::KubeArgs;
 use super::progress::{self, Display, Show};
 use super::status;
-use crate::api::conditions::{STATUS_TRUE, STORED_VERSIONS_PRUNED, SUCCEEDED, reasons};
+use crate::api::conditions::{STATUS_TRUE, STORED_VERSIONS_PRUNED, SUCCEEDED};
 use crate::api::{
     GroupResource, GroupVersionResource, MigrationTarget, StorageVersionMigration,
     StorageVersionMigrationSpec, StorageVersionMigrationStatus,
 };
 use crate::controller::status::{self as computed, Start};
 use crate::encoding::Observer;
-use crate::engine::{self, Engine, Finished, Job, Progress, Resource};
+use crate::engine::{Engine, Finished, Job, Progress, Resource};
 use crate::fence::Fence;
 use crate::metrics::Metrics;
 use crate::steps::{self, Cluster};
-use crate::storedversions::{CrdState, Run};
+use crate::storedversions::CrdState;
 
 /// How often `--wait-for-others` looks whether the other migration ended.
 const OTHERS_POLL: std::time::Duration = std::time::Duration::from_secs(2);
@@ -356,17 +356,12 @@ impl Migrator {
         crd: Option<&CustomResourceDefinition>,
         start: &Start,
     ) -> MigrationTarget {
-        let recorded = migration.status.as_ref().and_then(|s| s.target.clone());
-        if start.keeps_target
-            && let Some(recorded) = recorded
-        {
-            return recorded;
-        }
-        let Some(crd) = crd else {
-            return MigrationTarget {
-                storage_version_hash: resource.storage_version_hash.clone(),
-                ..MigrationTarget::default()
-            };
+        let previous = migration.status.as_ref();
+        let hash = resource.storage_version_hash.as_deref();
+        let known = computed::known_target(previous, start, hash, crd.is_some());
+        let crd = match (known, crd) {
+            (None, Some(crd)) => crd,
+            (known, _) => return known.unwrap_or_default(),
         };
         let name =
             GroupResource { group: resource.group.clone(), resource: resource.plural.clone() };
@@ -442,15 +437,9 @@ impl Migrator {
                 })
             }
             Err(error) => {
-                let reason = match &error {
-                    engine::Error::NotServed { .. } => reasons::RESOURCE_NOT_SERVED,
-                    engine::Error::ApiserverUnavailable { .. } => reasons::APISERVER_UNAVAILABLE,
-                    _ => reasons::LIST_FAILED,
-                };
                 let progress = updates.borrow().clone();
-                let with_progress = computed::running(Some(&current), target, &progress, now);
-                let message = crate::error_chain(&error);
-                let failed = computed::failed(Some(&with_progress), reason, message, now);
+                let failed =
+                    computed::engine_failed(Some(&current), target, &progress, &error, now);
                 Ended::Done(progress, Box::new(failed))
             }
         }
@@ -477,11 +466,7 @@ impl Migrator {
             );
             done = computed::failed(Some(&done), reason, message, Timestamp::now());
         }
-        let run = Run {
-            succeeded: succeeded(&done),
-            failed: done.progress.as_ref().map_or(0, |p| p.failed),
-            listed_from_start: done.listed_from_start.unwrap_or(false),
-        };
+        let run = computed::run_of(&done);
         if let Some(pruned) = steps::settle_stored_versions(cluster, resource, target, &run).await {
             done.conditions.retain(|c| c.type_ != pruned.type_);
             done.conditions.push(pruned);

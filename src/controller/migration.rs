@@ -23,11 +23,10 @@ use super::status::{self, Start};
 use super::status_writer::{self, StatusWriter};
 use crate::api::conditions::{FAILED, STATUS_TRUE, SUCCEEDED, events, reasons};
 use crate::api::{MigrationTarget, StorageVersionMigration, StorageVersionMigrationStatus};
-use crate::engine::{self, Finished, Job, Progress, Resource};
+use crate::engine::{Finished, Job, Progress, Resource};
 use crate::fence::bounded;
 use crate::metrics::{UNRESOLVED_RESOURCE, resource_label};
 use crate::steps;
-use crate::storedversions::Run;
 
 /// How often a running migration checks that its object still exists.
 const DELETION_CHECK: Duration = Duration::from_millis(250);
@@ -178,17 +177,11 @@ impl Task<'_> {
         crd: Option<&CustomResourceDefinition>,
         start: &Start,
     ) -> MigrationTarget {
-        let recorded = self.previous().and_then(|s| s.target.clone());
-        if start.keeps_target
-            && let Some(recorded) = recorded
-        {
-            return recorded;
-        }
-        let Some(crd) = crd else {
-            return MigrationTarget {
-                storage_version_hash: resource.storage_version_hash.clone(),
-                ..MigrationTarget::default()
-            };
+        let hash = resource.storage_version_hash.as_deref();
+        let known = status::known_target(self.previous(), start, hash, crd.is_some());
+        let crd = match (known, crd) {
+            (None, Some(crd)) => crd,
+            (known, _) => return known.unwrap_or_default(),
         };
         let vouched = self.migration.encoding_vouched_for();
         let target = steps::target_of(&self.context.cluster(), resource, crd, vouched).await;
@@ -293,15 +286,8 @@ impl Task<'_> {
                 None
             }
             Err(error) => {
-                let reason = match &error {
-                    engine::Error::NotServed { .. } => reasons::RESOURCE_NOT_SERVED,
-                    engine::Error::ApiserverUnavailable { .. } => reasons::APISERVER_UNAVAILABLE,
-                    _ => reasons::LIST_FAILED,
-                };
                 let progress = latest.borrow().clone();
-                let with_progress = status::running(Some(&current), target, &progress, now);
-                let message = crate::error_chain(&error);
-                let failed = status::failed(Some(&with_progress), reason, message, now);
+                let failed = status::engine_failed(Some(&current), target, &progress, &error, now);
                 Some((progress, failed))
             }
         }
@@ -340,11 +326,7 @@ impl Task<'_> {
         target: &MigrationTarget,
         done: &mut StorageVersionMigrationStatus,
     ) {
-        let run = Run {
-            succeeded: done.conditions.first().map(|c| c.type_.as_str()) == Some(SUCCEEDED),
-            failed: done.progress.as_ref().map_or(0, |p| p.failed),
-            listed_from_start: done.listed_from_start.unwrap_or(false),
-        };
+        let run = status::run_of(done);
         let Some(pruned) =
             steps::settle_stored_versions(&self.context.cluster(), resource, target, &run).await
         else {

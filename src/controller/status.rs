@@ -9,7 +9,8 @@ use crate::api::{
     Checkpoint, FailedObject, MigrationCondition, MigrationProgress, MigrationTarget,
     StorageVersionMigration, StorageVersionMigrationStatus,
 };
-use crate::engine::{ObjectFailure, Progress};
+use crate::engine::{self, ObjectFailure, Progress};
+use crate::storedversions::Run;
 
 /// Failures named in a Failed condition's message.
 const FAILURES_IN_MESSAGE: usize = 3;
@@ -152,6 +153,54 @@ pub fn completed(
     status
 }
 
+/// The target a migration takes without looking further: the one it recorded when it first
+/// started, when it resumes under it; for a resource no CRD serves, the storage version hash
+/// discovery publishes (`current_hash`). `None` when it must be worked out: a CRD-backed
+/// resource's storage version and whether the apiservers encode in it yet.
+pub fn known_target(
+    previous: Option<&StorageVersionMigrationStatus>,
+    start: &Start,
+    current_hash: Option<&str>,
+    crd_backed: bool,
+) -> Option<MigrationTarget> {
+    let recorded = previous.and_then(|s| s.target.clone());
+    match (start.keeps_target, recorded, crd_backed) {
+        (true, Some(recorded), _) => Some(recorded),
+        (_, _, true) => None,
+        (_, _, false) => Some(MigrationTarget {
+            storage_version_hash: current_hash.map(str::to_owned),
+            ..MigrationTarget::default()
+        }),
+    }
+}
+
+/// The status of a run the engine could not finish: Failed, with the counts it reached and why
+/// it stopped.
+pub fn engine_failed(
+    previous: Option<&StorageVersionMigrationStatus>,
+    target: &MigrationTarget,
+    progress: &Progress,
+    error: &engine::Error,
+    now: Timestamp,
+) -> StorageVersionMigrationStatus {
+    let reason = match error {
+        engine::Error::NotServed { .. } => reasons::RESOURCE_NOT_SERVED,
+        engine::Error::ApiserverUnavailable { .. } => reasons::APISERVER_UNAVAILABLE,
+        _ => reasons::LIST_FAILED,
+    };
+    let with_progress = running(previous, target, progress, now);
+    failed(Some(&with_progress), reason, crate::error_chain(error), now)
+}
+
+/// What a finished migration's status establishes, as far as pruning `storedVersions` goes.
+pub fn run_of(status: &StorageVersionMigrationStatus) -> Run {
+    Run {
+        succeeded: status.conditions.first().map(|c| c.type_.as_str()) == Some(SUCCEEDED),
+        failed: status.progress.as_ref().map_or(0, |p| p.failed),
+        listed_from_start: status.listed_from_start.unwrap_or(false),
+    }
+}
+
 /// The status of a migration that could not run: Failed with `reason` and `message`.
 pub fn failed(
     previous: Option<&StorageVersionMigrationStatus>,
@@ -273,6 +322,62 @@ mod tests {
             StorageVersionMigration::new("m", StorageVersionMigrationSpec::default());
         migration.status = status;
         migration
+    }
+
+    #[test]
+    fn a_target_is_known_when_resumed_or_when_no_crd_is_behind_the_resource() {
+        let fresh = start_point(&migration(None), Some("new"));
+        let plain = known_target(None, &fresh, Some("new"), false);
+        assert_eq!(plain.and_then(|t| t.storage_version_hash), Some("new".into()));
+        assert_eq!(known_target(None, &fresh, Some("new"), true), None);
+        let recorded = MigrationTarget {
+            storage_version_hash: Some("new".into()),
+            storage_version: Some("v2".into()),
+            crd_generation: Some(3),
+            ..MigrationTarget::default()
+        };
+        let mut checkpointed = running(None, &recorded, &progress(0), now());
+        let checkpoint = Checkpoint { continue_token: "t".into(), time: None };
+        checkpointed.checkpoint = Some(checkpoint);
+        let resumed = start_point(&migration(Some(checkpointed.clone())), Some("new"));
+        assert!(resumed.keeps_target);
+        let kept = known_target(Some(&checkpointed), &resumed, Some("new"), true);
+        assert_eq!(kept, Some(recorded));
+    }
+
+    #[test]
+    fn an_engine_failure_keeps_the_counts_and_names_why() {
+        let target = MigrationTarget::default();
+        let started = running(None, &target, &Progress::default(), now());
+        let error = engine::Error::NotServed {
+            resource: "widgets.example.com".into(),
+            api_version: "example.com/v1".into(),
+            message: "the server could not find the requested resource".into(),
+        };
+        let failed = engine_failed(Some(&started), &target, &progress(0), &error, now());
+        let condition = &failed.conditions[0];
+        assert_eq!(
+            (condition.type_.as_str(), condition.reason.as_deref()),
+            (FAILED, Some(reasons::RESOURCE_NOT_SERVED))
+        );
+        assert!(condition.message.as_deref().unwrap_or_default().contains("no longer served"));
+        assert_eq!(failed.progress.as_ref().map(|p| p.processed), Some(10));
+        let run = run_of(&failed);
+        assert_eq!(run, Run { succeeded: false, failed: 0, listed_from_start: false });
+    }
+
+    #[test]
+    fn a_completed_run_from_the_start_establishes_what_pruning_needs() {
+        let target = MigrationTarget::default();
+        let start = start_point(&migration(None), None);
+        let started = started(None, &target, &start, now());
+        let done = completed(Some(&started), &target, &progress(0), now());
+        assert_eq!(run_of(&done), Run { succeeded: true, failed: 0, listed_from_start: true });
+        let with_failures = completed(Some(&started), &target, &progress(2), now());
+        assert_eq!(
+            run_of(&with_failures),
+            Run { succeeded: false, failed: 2, listed_from_start: true }
+        );
     }
 
     #[test]

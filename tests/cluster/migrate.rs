@@ -51,14 +51,17 @@ async fn stored_versions(client: &Client, widgets: &WidgetCrd) -> Vec<String> {
     crd.status.and_then(|s| s.stored_versions).unwrap_or_default()
 }
 
+/// A private control plane (its own etcd: tests count keys), and a directory for checkpoints.
+async fn private() -> (ControlPlane, tempfile::TempDir) {
+    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
+    (control_plane, tempfile::tempdir().expect("a directory"))
+}
+
 #[tokio::test]
 async fn migrates_and_prunes_without_the_controller_and_says_what_failed() {
-    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
-    let client = control_plane.client().await;
-    let etcd = control_plane.etcd();
-    let state = tempfile::tempdir().expect("a directory");
-    let state = state.path();
-    let admin = control_plane.kubeconfig();
+    let (control_plane, state) = private().await;
+    let (client, etcd) = (control_plane.client().await, control_plane.etcd());
+    let (state, admin) = (state.path(), control_plane.kubeconfig());
 
     // Success: every object rewritten in etcd, storedVersions pruned, exit 0.
     let widgets = WidgetCrd::stale(&client, "migrate-ok", 120).await;
@@ -167,12 +170,9 @@ async fn migrates_and_prunes_without_the_controller_and_says_what_failed() {
 
 #[tokio::test]
 async fn sigint_stops_cleanly_and_the_next_run_resumes_from_the_checkpoint() {
-    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
-    let client = control_plane.client().await;
-    let etcd = control_plane.etcd();
-    let state = tempfile::tempdir().expect("a directory");
-    let state = state.path();
-    let admin = control_plane.kubeconfig();
+    let (control_plane, state) = private().await;
+    let (client, etcd) = (control_plane.client().await, control_plane.etcd());
+    let (state, admin) = (state.path(), control_plane.kubeconfig());
     let widgets = WidgetCrd::stale(&client, "migrate-resume", 1500).await;
     let name = widgets.name();
 
