@@ -3,7 +3,7 @@
 //! refuses, and SIGINT followed by a run that resumes from the checkpoint.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -34,15 +34,26 @@ fn command(kubeconfig: &Path, state: &Path, args: &[&str]) -> Command {
     command
 }
 
+/// Runs `kube-svm migrate <args>` to the end; its exit code and what it printed, standard output
+/// and standard error interleaved as on a terminal (also printed, for `--nocapture`).
 fn migrate(kubeconfig: &Path, state: &Path, args: &[&str]) -> (Option<i32>, String) {
-    let Output { status, stdout, stderr } =
-        command(kubeconfig, state, args).output().expect("kube-svm runs");
-    let text = format!(
-        "{}\n--- stderr ---\n{}",
-        String::from_utf8_lossy(&stdout),
-        String::from_utf8_lossy(&stderr)
-    );
+    let log = tempfile::NamedTempFile::new().expect("a log file");
+    let out = log.reopen().expect("the log file");
+    let status = command(kubeconfig, state, args)
+        .stdout(out.try_clone().expect("the log file"))
+        .stderr(out)
+        .status()
+        .expect("kube-svm runs");
+    let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+    println!("$ kube-svm migrate {}  # exit {:?}\n{text}", args.join(" "), status.code());
     (status.code(), text)
+}
+
+/// The line of `out` that says how the migration of `resource` ended.
+fn result_line<'a>(out: &'a str, resource: &str) -> &'a str {
+    let ended = [format!("{resource}: Succeeded"), format!("{resource}: FAILED")];
+    let line = out.lines().find(|l| ended.iter().any(|e| l.starts_with(e.as_str())));
+    line.unwrap_or_else(|| panic!("no result for {resource} in {out}"))
 }
 
 async fn stored_versions(client: &Client, widgets: &WidgetCrd) -> Vec<String> {
@@ -68,7 +79,7 @@ async fn migrates_and_prunes_without_the_controller_and_says_what_failed() {
     let name = widgets.name();
     let (code, out) = migrate(admin, state, &[&name]);
     assert_eq!(code, Some(0), "{out}");
-    let line = out.lines().find(|l| l.starts_with(&format!("{name}: "))).expect("a result");
+    let line = result_line(&out, &name);
     assert!(line.contains("Succeeded: 120 objects (120 rewritten"), "{out}");
     assert!(line.contains(r#"storedVersions set to ["v2"] (was ["v1", "v2"])"#), "{out}");
     widgets.assert_all_stored_as(&etcd, "v2", 120).await;
@@ -89,7 +100,7 @@ async fn migrates_and_prunes_without_the_controller_and_says_what_failed() {
     let rejected = guarded.name();
     let (code, out) = migrate(admin, state, &[&rejected, "nosuchthings"]);
     assert_eq!(code, Some(1), "{out}");
-    let line = out.lines().find(|l| l.starts_with(&format!("{rejected}: "))).expect("a result");
+    let line = result_line(&out, &rejected);
     assert!(line.contains("FAILED: 1 of 30 objects could not be migrated"), "{out}");
     assert!(line.contains("w-7") && line.contains(message), "{out}");
     assert!(
@@ -197,6 +208,7 @@ async fn sigint_stops_cleanly_and_the_next_run_resumes_from_the_checkpoint() {
         std::thread::sleep(Duration::from_millis(50));
     };
     let text = std::fs::read_to_string(&log).unwrap_or_default();
+    println!("$ kube-svm migrate {}  # SIGINT, exit {:?}\n{text}", slow.join(" "), status.code());
     assert_eq!(status.code(), Some(130), "{text}");
     assert!(text.contains(&format!("{name}: interrupted: ")), "{text}");
     assert!(text.contains("To resume, run the same command again"), "{text}");
