@@ -13,6 +13,7 @@ pub mod controller;
 pub mod encoding;
 pub mod engine;
 pub mod fence;
+pub mod in_tree;
 pub mod leader;
 pub mod metrics;
 pub mod plan;

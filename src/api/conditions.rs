@@ -101,6 +101,8 @@ pub mod events {
     pub const ENCODING_UNCONFIRMED: &str = "EncodingUnconfirmed";
     /// The apiserver was unreachable; the migration waited for it.
     pub const APISERVER_UNAVAILABLE: &str = "ApiserverUnavailable";
+    /// The in-tree migrator is migrating the same resource; the migration waits for it.
+    pub const WAITING_FOR_IN_TREE: &str = "WaitingForInTreeMigrator";
 }
 
 /// Which of the three states a migration is in, from its first condition.

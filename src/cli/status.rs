@@ -9,17 +9,15 @@ use anyhow::Context;
 use clap::Args;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
-use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::core::DynamicObject;
 use kube::{Api, Client};
 use serde::Serialize;
 
 use super::kube::KubeArgs;
 use super::table::{self, Output};
+use crate::api::conditions::SUCCEEDED;
 use crate::api::{GroupResource, Phase, StorageVersionMigration};
-
-/// The in-tree migrator's API (kube-controller-manager, GA in Kubernetes 1.37).
-const IN_TREE_GROUP: &str = "storagemigration.k8s.io";
-const IN_TREE_VERSION: &str = "v1";
+use crate::in_tree;
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
@@ -97,19 +95,9 @@ pub(super) async fn gather(client: &Client) -> anyhow::Result<Vec<Row>> {
             return Err(error).context("failed to list migration.k8s.io StorageVersionMigrations");
         }
     }
-    let gvk = GroupVersionKind::gvk(IN_TREE_GROUP, IN_TREE_VERSION, "StorageVersionMigration");
-    let in_tree = ApiResource::from_gvk_with_plural(&gvk, "storageversionmigrations");
-    match Api::<DynamicObject>::all_with(client.clone(), &in_tree)
-        .list(&ListParams::default())
-        .await
-    {
-        Ok(list) => rows.extend(list.items.iter().map(|m| in_tree_row(m, now))),
-        // Not served (before 1.37, or turned off): there is nothing of it to show.
-        Err(kube::Error::Api(status)) if status.code == 404 => {}
-        Err(error) => {
-            return Err(error).context("failed to list storagemigration.k8s.io migrations");
-        }
-    }
+    let in_tree =
+        in_tree::list(client).await.context("failed to list storagemigration.k8s.io migrations")?;
+    rows.extend(in_tree.iter().map(|m| in_tree_row(m, now)));
     Ok(rows)
 }
 
@@ -158,18 +146,13 @@ pub fn row(migration: &StorageVersionMigration, now: Timestamp) -> Row {
 
 /// An in-tree migration: it reports no counts, only its conditions.
 fn in_tree_row(migration: &DynamicObject, now: Timestamp) -> Row {
-    let spec = &migration.data["spec"]["resource"];
-    let text = |value: &serde_json::Value| value.as_str().unwrap_or_default().to_owned();
-    let conditions = migration.data["status"]["conditions"].as_array().cloned().unwrap_or_default();
-    let holds =
-        |type_: &str| conditions.iter().any(|c| c["type"] == type_ && c["status"] == "True");
-    let phase = ["Succeeded", "Failed", "Running"].into_iter().find(|t| holds(t)).unwrap_or("New");
+    let phase = in_tree::phase(migration);
     Row {
         name: migration.metadata.name.clone().unwrap_or_default(),
         migrator: "in-tree".into(),
-        resource: resource_name(&text(&spec["group"]), &text(&spec["resource"])),
+        resource: in_tree::resource(migration).name(),
         phase: phase.into(),
-        progress_percent: (phase == "Succeeded").then_some(100),
+        progress_percent: (phase == SUCCEEDED).then_some(100),
         age_seconds: age(migration.metadata.creation_timestamp.as_ref().map(|t| t.0), now),
         ..Row::default()
     }

@@ -16,15 +16,18 @@ use kube::{Api, Resource as _, ResourceExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, instrument, warn};
+use tracing::{debug, info, instrument, warn};
 
 use super::Context;
 use super::status::{self, Start};
 use super::status_writer::{self, StatusWriter};
 use crate::api::conditions::{FAILED, STATUS_TRUE, SUCCEEDED, events, reasons};
-use crate::api::{MigrationTarget, StorageVersionMigration, StorageVersionMigrationStatus};
+use crate::api::{
+    GroupResource, MigrationTarget, StorageVersionMigration, StorageVersionMigrationStatus,
+};
 use crate::engine::{Finished, Job, Progress, Resource};
 use crate::fence::bounded;
+use crate::in_tree;
 use crate::metrics::{UNRESOLVED_RESOURCE, resource_label};
 use crate::steps;
 
@@ -44,6 +47,8 @@ pub(super) enum Ended {
     DiscoveryFailed,
     /// The migration's status could not be written; take it up again later.
     Unrecorded,
+    /// The in-tree migrator is migrating the same resource; take it up again later.
+    Deferred,
 }
 
 #[instrument(skip_all, fields(migration = %migration.name_any(), resource = %migration.spec.resource.resource))]
@@ -83,6 +88,9 @@ struct Task<'a> {
 impl Task<'_> {
     /// The steps of a migration, in order.
     async fn migrate(&self, discovery_failures: u32) -> Ended {
+        if self.in_tree_migrating().await {
+            return Ended::Deferred;
+        }
         let api: Api<StorageVersionMigration> = Api::all(self.context.client.clone());
         let mut writer = StatusWriter::new(
             api,
@@ -115,6 +123,33 @@ impl Task<'_> {
             self.settle_stored_versions(&resource, &target, &mut done).await;
         }
         self.record_end(&mut writer, &resource, &progress, done).await
+    }
+
+    /// Step 0: at most one migration per resource at a time, whoever runs it: while the in-tree
+    /// migrator is migrating the same resource, this migration waits for it (an Event says so).
+    /// An in-tree API that cannot be read holds nothing back: two migrators writing the same
+    /// objects waste work, but prove nothing false.
+    async fn in_tree_migrating(&self) -> bool {
+        let spec = &self.migration.spec.resource;
+        let resource = GroupResource { group: spec.group.clone(), resource: spec.resource.clone() };
+        let timeout = self.context.settings.request_timeout;
+        let running = in_tree::running_for(&self.context.client, &resource);
+        match bounded(&self.context.fence, timeout, running).await {
+            Ok(Some(other)) => {
+                info!(in_tree = other, "the in-tree migrator is migrating this resource; waiting");
+                let note = format!(
+                    "the in-tree migrator's StorageVersionMigration {other} (storagemigration.k8s.io) is migrating {} now; this migration starts once it has ended",
+                    resource.name()
+                );
+                self.publish(EventType::Normal, events::WAITING_FOR_IN_TREE, note).await;
+                true
+            }
+            Ok(None) => false,
+            Err(error) => {
+                debug!(error = %crate::error_chain(&error), "cannot read the in-tree migrator's migrations");
+                false
+            }
+        }
     }
 
     /// Step 1: the resource, through discovery, and the CRD behind it. A resource that cannot

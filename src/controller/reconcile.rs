@@ -29,6 +29,10 @@ fn retry_delay(failures: u32) -> Duration {
     doubled.min(Duration::from_secs(60))
 }
 
+/// Wait before looking again whether the in-tree migrator's migration of the same resource has
+/// ended: it migrates at most a few hundred objects a second, so seconds matter little.
+const IN_TREE_WAIT: Duration = Duration::from_secs(10);
+
 /// Wait before taking up again a migration whose status could not be written.
 const UNRECORDED_RETRY: Duration = Duration::from_secs(30);
 
@@ -122,6 +126,11 @@ pub(super) async fn reconcile(
                         now.and_then(|m| m.metadata.resource_version.clone()).unwrap_or_default()
                     });
                     let retrying = Retrying { failures, unrecorded, next, given_up_at };
+                    context.retries().insert(uid, retrying);
+                }
+                Ended::Deferred => {
+                    let next = Instant::now() + IN_TREE_WAIT;
+                    let retrying = Retrying { failures, unrecorded, next, given_up_at: None };
                     context.retries().insert(uid, retrying);
                 }
                 Ended::Done => {

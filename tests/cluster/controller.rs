@@ -7,13 +7,15 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Patch, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::core::DynamicObject;
 use kube::{Api, Client};
 use kube_svm::api::Phase;
 use kube_svm::api::{
     GroupVersionResource, StorageVersionMigration, StorageVersionMigrationSpec,
     WRITE_TO_STATUS_ANNOTATION,
 };
+use serde_json::json;
 
 use crate::engine::reject_updates_of_frozen;
 use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds};
@@ -452,4 +454,59 @@ async fn a_checkpoint_of_another_storage_version_is_forgotten() {
     .await;
     assert_eq!((progress(&done).processed, progress(&done).rewritten), (400, 400));
     widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 400).await;
+}
+
+/// At most one migration per resource, whoever runs it: while the in-tree migrator (nothing runs
+/// it here; its object's status says Running) migrates the same resource, kube-svm's migration
+/// waits, says why in an Event, and writes nothing; once the in-tree one ends, it runs.
+#[tokio::test]
+async fn waits_while_the_in_tree_migrator_migrates_the_same_resource() {
+    let (control_plane, client, widgets) = setup(20).await;
+    let in_tree: Api<DynamicObject> =
+        Api::all_with(client.clone(), &kube_svm::in_tree::api_resource());
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "storagemigration.k8s.io/v1",
+        "kind": "StorageVersionMigration",
+        "metadata": { "name": "in-tree-widgets" },
+        "spec": { "resource": { "group": widgets.group, "resource": "widgets" } },
+    }))
+    .expect("a valid object");
+    in_tree.create(&PostParams::default(), &object).await.expect("created");
+    let conditions = |running: &str, succeeded: &str| {
+        let condition = |type_: &str, status: &str| {
+            json!({
+                "type": type_, "status": status, "reason": type_, "message": "set by a test",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            })
+        };
+        json!({ "status": { "conditions": [
+            condition("Running", running), condition("Succeeded", succeeded),
+        ]}})
+    };
+    let params = PatchParams::default();
+    in_tree
+        .patch_status("in-tree-widgets", &params, &Patch::Merge(&conditions("True", "False")))
+        .await
+        .expect("status written");
+
+    let controller = KubeSvm::start(&control_plane, "controller", &["controller"]).await;
+    create_migration(&client, "after-in-tree", &widgets.group, "widgets").await;
+    assert!(
+        has_event(&client, "after-in-tree", "WaitingForInTreeMigrator").await,
+        "{}",
+        controller.logs()
+    );
+    let api: Api<StorageVersionMigration> = Api::all(client.clone());
+    let waiting = api.get("after-in-tree").await.expect("the migration");
+    assert_eq!(Phase::of(&waiting), Phase::New);
+    let etcd = control_plane.etcd();
+    assert_eq!(Census::of(&etcd, &widgets).await.count(&widgets.api_version("v1")), 20);
+
+    in_tree
+        .patch_status("in-tree-widgets", &params, &Patch::Merge(&conditions("False", "True")))
+        .await
+        .expect("status written");
+    let timeout = Duration::from_secs(60);
+    wait_for(&client, "after-in-tree", timeout, &[&controller], phase_is(Phase::Succeeded)).await;
+    widgets.assert_all_stored_as(&etcd, "v2", 20).await;
 }
