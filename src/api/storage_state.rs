@@ -56,6 +56,14 @@ pub struct GroupResource {
 }
 
 impl GroupResource {
+    /// A resource as kubectl takes it, `resource[.group]`: `widgets.example.com` is resource
+    /// `widgets` in group `example.com`, `secrets` is in the core group. Case does not matter.
+    pub fn parse(argument: &str) -> GroupResource {
+        let argument = argument.to_ascii_lowercase();
+        let (resource, group) = argument.split_once('.').unwrap_or((&argument, ""));
+        GroupResource { group: group.to_owned(), resource: resource.to_owned() }
+    }
+
     /// `<resource>.<group>`, or `<resource>` for the core group: how kubectl names it, and
     /// the name of its StorageState.
     pub fn name(&self) -> String {
@@ -80,4 +88,19 @@ pub struct StorageStateStatus {
     /// When the discovery trigger last checked this resource.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat_time: Option<Time>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resources_are_named_as_kubectl_names_them() {
+        let secrets = GroupResource { group: String::new(), resource: "secrets".into() };
+        assert_eq!(GroupResource::parse("secrets"), secrets);
+        assert_eq!(secrets.name(), "secrets");
+        let widgets = GroupResource { group: "example.com".into(), resource: "widgets".into() };
+        assert_eq!(GroupResource::parse("Widgets.Example.com"), widgets);
+        assert_eq!(widgets.name(), "widgets.example.com");
+    }
 }

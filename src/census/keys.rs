@@ -8,6 +8,8 @@
 //! (`apiregistration.k8s.io`) are kept under `<group>/<resource>`. A cluster that overrides
 //! prefixes (`--etcd-prefix`, `--etcd-servers-overrides`) needs the key prefix given directly.
 
+use crate::api::GroupResource;
+
 /// The API groups whose resources kube-apiserver 1.37 stores under the resource name alone
 /// (`kubectl api-resources` on a plain kube-apiserver, minus the groups nothing is stored for).
 const BUILT_IN_GROUPS: &[&str] = &[
@@ -76,8 +78,8 @@ pub fn locate(etcd_prefix: &str, argument: &str) -> Located {
         let key_prefix = format!("{}/", argument.trim_end_matches('/'));
         return Located { group: None, resource: String::new(), key_prefix };
     }
-    let argument = argument.to_ascii_lowercase();
-    let (resource, group) = argument.split_once('.').unwrap_or((&argument, ""));
+    let GroupResource { group, resource } = GroupResource::parse(argument);
+    let (group, resource) = (group.as_str(), resource.as_str());
     let etcd_prefix = etcd_prefix.trim_end_matches('/');
     let special = SPECIAL_PREFIXES.iter().find(|(g, r, _)| *g == group && *r == resource);
     let key_prefix = match special {

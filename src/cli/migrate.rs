@@ -100,7 +100,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     let built = engine.build(config.clone(), metrics)?;
     let client = Client::try_from(built.requests.clone()).context("failed to create a client")?;
 
-    let mut names: Vec<GroupResource> = resources.iter().map(|r| parse(r)).collect();
+    let mut names: Vec<GroupResource> = resources.iter().map(|r| GroupResource::parse(r)).collect();
     if all_stale {
         names.extend(stale_crds(&client).await?);
     }
@@ -159,13 +159,6 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
     }
-}
-
-/// `widgets.example.com` as group `example.com`, resource `widgets`; `secrets` in the core group.
-fn parse(argument: &str) -> GroupResource {
-    let argument = argument.to_ascii_lowercase();
-    let (resource, group) = argument.split_once('.').unwrap_or((&argument, ""));
-    GroupResource { group: group.to_owned(), resource: resource.to_owned() }
 }
 
 /// Every CRD whose `storedVersions` lists more than its storage version.
@@ -607,19 +600,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn resources_are_named_as_kubectl_names_them() {
-        let secrets = GroupResource { group: String::new(), resource: "secrets".into() };
-        assert_eq!(parse("secrets"), secrets);
-        let widgets = GroupResource { group: "example.com".into(), resource: "widgets".into() };
-        assert_eq!(parse("Widgets.Example.com"), widgets);
-    }
-
-    #[test]
     fn checkpoints_are_kept_apart_by_cluster() {
         let dir = PathBuf::from("/state");
         let a = Checkpoints::new(Some(dir.clone()), "https://a.example:6443/");
         let b = Checkpoints::new(Some(dir), "https://b.example:6443/");
-        let widgets = parse("widgets.example.com");
+        let widgets = GroupResource::parse("widgets.example.com");
         assert_ne!(a.path(&widgets), b.path(&widgets));
         let file = a.path(&widgets).map(|p| p.display().to_string()).unwrap_or_default();
         assert!(file.starts_with("/state/widgets.example.com@"), "{file}");

@@ -93,8 +93,8 @@ pub async fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     }
 
     for argument in &resources {
-        let argument = argument.to_ascii_lowercase();
-        let (resource, group) = argument.split_once('.').unwrap_or((&argument, ""));
+        let GroupResource { group, resource } = GroupResource::parse(argument);
+        let (group, resource) = (group.as_str(), resource.as_str());
         let resolved = resolve(&client, group, resource)
             .await
             .with_context(|| format!("cannot plan {argument}"))?;
