@@ -79,6 +79,15 @@ pub struct AuditEvent {
     pub object_ref: Option<AuditObject>,
     /// When the apiserver began to handle the request.
     pub request_received_timestamp: String,
+    /// The apiserver's answer.
+    #[serde(default)]
+    pub response_status: Option<AuditStatus>,
+}
+
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct AuditStatus {
+    #[serde(default)]
+    pub code: u16,
 }
 
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -96,6 +105,11 @@ pub struct AuditObject {
 }
 
 impl AuditEvent {
+    /// The HTTP code of the answer.
+    pub fn code(&self) -> Option<u16> {
+        self.response_status.as_ref().map(|s| s.code)
+    }
+
     /// Whether the request changes something.
     pub fn writes(&self) -> bool {
         matches!(self.verb.as_str(), "create" | "update" | "patch" | "delete" | "deletecollection")

@@ -10,7 +10,7 @@ pub mod migrations;
 pub mod process;
 mod secure_etcd;
 
-pub use control_plane::{CONTROLLER_NAMESPACE, ControlPlane, asset, shared};
+pub use control_plane::{AuditEvent, CONTROLLER_NAMESPACE, ControlPlane, asset, shared};
 pub use etcd::{Etcd, KeyValue};
 pub use secure_etcd::SecureEtcd;
 
