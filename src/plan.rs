@@ -155,6 +155,7 @@ mod tests {
 
     fn crd(storage: &str, stored: &[&str]) -> CrdState {
         CrdState {
+            uid: None,
             generation: 1,
             storage_version: storage.into(),
             stored_versions: stored.iter().map(|s| s.to_string()).collect(),

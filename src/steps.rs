@@ -109,6 +109,7 @@ pub async fn target_of(
         Some(storage_version_hash(&resource.group, &state.storage_version, &resource.kind));
     target.storage_version = Some(state.storage_version);
     target.crd_generation = Some(state.generation);
+    target.crd_uid = state.uid;
     target.encoding_confirmed = Some(confirmed);
     target.encoding_evidence = Some(evidence);
     target
@@ -174,6 +175,12 @@ pub async fn changed_since_start(
             return Some((reasons::DISCOVERY_FAILED, why));
         }
     };
+    // A target recorded before the uid was (an older kube-svm) is left to the prune's own check.
+    if target.crd_uid.is_some() && crd.metadata.uid != target.crd_uid {
+        let why =
+            format!("the CRD of {resource} was deleted and created again while the migration ran");
+        return Some((reasons::RESOURCE_NOT_SERVED, why));
+    }
     let storage_now = CrdState::of(&crd).map(|state| state.storage_version);
     (storage_now.as_deref() != Some(started_in)).then(|| {
         let why = format!(
@@ -198,7 +205,8 @@ pub async fn settle_stored_versions(
     else {
         return None;
     };
-    let started = CrdState { generation, storage_version, stored_versions: Vec::new() };
+    let uid = target.crd_uid.clone();
+    let started = CrdState { uid, generation, storage_version, stored_versions: Vec::new() };
     let encoding = match (target.encoding_confirmed, &target.encoding_evidence) {
         (Some(true), evidence) => Encoding::Confirmed { by: evidence.clone().unwrap_or_default() },
         (_, evidence) => Encoding::Unconfirmed(evidence.clone().unwrap_or_default()),

@@ -31,6 +31,8 @@ pub struct Run {
 /// A CRD's state, as far as pruning is concerned.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CrdState {
+    /// `metadata.uid`: tells a CRD from one deleted and created again under its name.
+    pub uid: Option<String>,
     pub generation: i64,
     pub storage_version: String,
     pub stored_versions: Vec<String>,
@@ -40,6 +42,7 @@ impl CrdState {
     pub fn of(crd: &CustomResourceDefinition) -> Option<CrdState> {
         let storage_version = crd.spec.versions.iter().find(|v| v.storage)?.name.clone();
         Some(CrdState {
+            uid: crd.metadata.uid.clone(),
             generation: crd.metadata.generation.unwrap_or_default(),
             storage_version,
             stored_versions: crd
@@ -68,6 +71,7 @@ pub enum Refusal {
     MigrationFailed { failed: u64 },
     PartialListing,
     GenerationChanged { started: i64, now: i64 },
+    CrdReplaced,
     StorageVersionChanged { started: String, now: String },
     EncodingUnconfirmed(String),
     StorageVersionNotStored(String),
@@ -79,7 +83,7 @@ impl Refusal {
         match self {
             Refusal::MigrationFailed { .. } => reasons::MIGRATION_FAILED,
             Refusal::PartialListing => reasons::PARTIAL_LISTING,
-            Refusal::GenerationChanged { .. } => reasons::CRD_CHANGED,
+            Refusal::GenerationChanged { .. } | Refusal::CrdReplaced => reasons::CRD_CHANGED,
             Refusal::StorageVersionChanged { .. } => reasons::STORAGE_VERSION_CHANGED,
             Refusal::EncodingUnconfirmed(_) => reasons::ENCODING_UNCONFIRMED,
             Refusal::StorageVersionNotStored(_) => reasons::STORAGE_VERSION_NOT_STORED,
@@ -110,6 +114,10 @@ impl fmt::Display for Refusal {
                 f,
                 "the CRD changed while the migration ran (generation {started} then {now}); migrate again"
             ),
+            Refusal::CrdReplaced => write!(
+                f,
+                "the CRD is not the one the migration started with (deleted and created again, or its uid was not recorded then); migrate again"
+            ),
             Refusal::StorageVersionChanged { started, now } => write!(
                 f,
                 "the storage version changed from {started} to {now} while the migration ran; migrate again"
@@ -132,6 +140,9 @@ pub fn decide(run: &Run, started: &CrdState, now: &CrdState, encoding: &Encoding
     }
     if !run.listed_from_start {
         return Decision::Keep(Refusal::PartialListing);
+    }
+    if started.uid.is_none() || started.uid != now.uid {
+        return Decision::Keep(Refusal::CrdReplaced);
     }
     if started.generation != now.generation {
         return Decision::Keep(Refusal::GenerationChanged {
@@ -197,6 +208,7 @@ mod tests {
 
     fn crd(generation: i64, storage: &str, stored: &[&str]) -> CrdState {
         CrdState {
+            uid: Some("crd-uid".into()),
             generation,
             storage_version: storage.into(),
             stored_versions: stored.iter().map(|v| v.to_string()).collect(),
@@ -254,6 +266,19 @@ mod tests {
             matches!(decision, Decision::Keep(Refusal::StorageVersionChanged { .. })),
             "{decision:?}"
         );
+    }
+
+    #[test]
+    fn never_prunes_a_crd_created_again_under_the_same_name() {
+        let started = crd(2, "v2", &["v1", "v2"]);
+        let replaced = CrdState { uid: Some("another".into()), ..started.clone() };
+        let decision = decide(&SUCCEEDED, &started, &replaced, &confirmed());
+        assert_eq!(decision, Decision::Keep(Refusal::CrdReplaced));
+        assert_eq!(Refusal::CrdReplaced.reason(), "CRDChanged");
+        // A target recorded before the uid was: not proven to be the same CRD.
+        let unrecorded = CrdState { uid: None, ..started.clone() };
+        let decision = decide(&SUCCEEDED, &unrecorded, &started, &confirmed());
+        assert_eq!(decision, Decision::Keep(Refusal::CrdReplaced));
     }
 
     #[test]

@@ -216,6 +216,10 @@ pub struct MigrationTarget {
     /// `metadata.generation` of the CustomResourceDefinition, for CRD-backed resources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crd_generation: Option<i64>,
+    /// `metadata.uid` of the CustomResourceDefinition: a CRD deleted and created again under the
+    /// same name is another CRD, whose objects this migration may never have listed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crd_uid: Option<String>,
     /// Whether, before the migration started, the apiservers were proven to encode in the
     /// storage version; `status.storedVersions` of the CRD is pruned only then.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -188,27 +188,7 @@ async fn sigint_stops_cleanly_and_the_next_run_resumes_from_the_checkpoint() {
     let name = widgets.name();
 
     let slow = [name.as_str(), "--page-size=20", "--writes-in-flight=1", "--kube-api-qps=100"];
-    let log = control_plane.path("migrate-interrupted.log");
-    let out = std::fs::File::create(&log).expect("a log file");
-    let mut child = command(admin, state, &slow)
-        .stdout(out.try_clone().expect("a log file"))
-        .stderr(out)
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("kube-svm starts");
-    let checkpoint = wait_for_checkpoint(state, 200, Duration::from_secs(60));
-    let signal = Command::new("kill").arg("-INT").arg(child.id().to_string()).status();
-    assert!(signal.is_ok_and(|s| s.success()));
-    let exited = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        assert!(exited.elapsed() < Duration::from_secs(20), "no exit after SIGINT");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
-    println!("$ kube-svm migrate {}  # SIGINT, exit {:?}\n{text}", slow.join(" "), status.code());
+    let (status, text, checkpoint) = interrupted(&control_plane, state, &slow, 200);
     assert_eq!(status.code(), Some(130), "{text}");
     assert!(text.contains(&format!("{name}: interrupted: ")), "{text}");
     assert!(text.contains("To resume, run the same command again"), "{text}");
@@ -227,6 +207,70 @@ async fn sigint_stops_cleanly_and_the_next_run_resumes_from_the_checkpoint() {
     widgets.assert_all_stored_as(&etcd, "v2", 1500).await;
     assert_eq!(stored_versions(&client, &widgets).await, ["v2"]);
     assert!(!checkpoint.exists(), "the checkpoint outlived the migration");
+}
+
+/// A CRD deleted and created again under its name (same versions, same generation, same storage
+/// version hash) while a run was interrupted is another CRD: the resumed run does not claim it,
+/// and storedVersions is kept, though v1 objects of the new CRD were never listed.
+#[tokio::test]
+async fn a_crd_created_again_under_its_name_is_not_the_one_a_checkpoint_was_for() {
+    let (control_plane, state) = private().await;
+    let (client, etcd) = (control_plane.client().await, control_plane.etcd());
+    let (state, admin) = (state.path(), control_plane.kubeconfig());
+    let widgets = WidgetCrd::stale(&client, "migrate-replaced", 600).await;
+    let name = widgets.name();
+    let slow = [name.as_str(), "--page-size=20", "--writes-in-flight=1", "--kube-api-qps=100"];
+    let (status, text, _) = interrupted(&control_plane, state, &slow, 100);
+    assert_eq!(status.code(), Some(130), "{text}");
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.delete(&name, &Default::default()).await.expect("the CRD is deleted");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while crds.get_opt(&name).await.expect("read").is_some() {
+        assert!(Instant::now() < deadline, "the CRD was never deleted");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    widgets.create(&client, "v1").await;
+    widgets.seed(&client, "v1", &[None], 50).await;
+    widgets.set_storage_version(&client, "v2").await;
+
+    let (code, out) = migrate(admin, state, &[&name]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("was deleted and created again while the migration ran"), "{out}");
+    assert_eq!(stored_versions(&client, &widgets).await, ["v1", "v2"]);
+    assert_eq!(stored_as(&etcd, &widgets, "v1").await, 50, "the new CRD's objects were claimed");
+}
+
+/// Runs `kube-svm migrate <args>` and sends it SIGINT once its checkpoint records `processed`
+/// objects; its exit status, what it printed, and the checkpoint file.
+fn interrupted(
+    control_plane: &ControlPlane,
+    state: &Path,
+    args: &[&str],
+    processed: u64,
+) -> (std::process::ExitStatus, String, std::path::PathBuf) {
+    let log = control_plane.path("migrate-interrupted.log");
+    let out = std::fs::File::create(&log).expect("a log file");
+    let mut child = command(control_plane.kubeconfig(), state, args)
+        .stdout(out.try_clone().expect("a log file"))
+        .stderr(out)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("kube-svm starts");
+    let checkpoint = wait_for_checkpoint(state, processed, Duration::from_secs(60));
+    let signal = Command::new("kill").arg("-INT").arg(child.id().to_string()).status();
+    assert!(signal.is_ok_and(|s| s.success()));
+    let exited = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(exited.elapsed() < Duration::from_secs(20), "no exit after SIGINT");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    println!("$ kube-svm migrate {}  # SIGINT, exit {:?}\n{text}", args.join(" "), status.code());
+    (status, text, checkpoint)
 }
 
 /// Waits for a checkpoint file in `state` recording at least `processed` objects.
