@@ -11,11 +11,11 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::Args;
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::{Api, Client};
-use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -97,7 +97,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     } = args;
     let config = kube.config().await?;
     let metrics = Arc::new(Metrics::new().context("failed to register the metrics")?);
-    let built = engine.build(config.clone(), metrics)?;
+    let built = engine.build(config, metrics)?;
     let client = Client::try_from(built.requests.clone()).context("failed to create a client")?;
 
     let mut names: Vec<GroupResource> = resources.iter().map(|r| GroupResource::parse(r)).collect();
@@ -116,6 +116,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("name the resources to migrate (resource[.group]), or pass --all-stale");
     }
 
+    let checkpoints = Checkpoints::new(checkpoint_dir, cluster_identity(&client).await);
     let stop = CancellationToken::new();
     tokio::spawn(cancel_on_signal(stop.clone()));
     let migrator = Migrator {
@@ -123,7 +124,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
         built,
         observer: Observer::default(),
         fence: Fence::open(),
-        checkpoints: Checkpoints::new(checkpoint_dir, &config.cluster_url.to_string()),
+        checkpoints,
         restart,
         wait_for_others,
         show: progress,
@@ -512,26 +513,41 @@ fn describe(progress: &Progress, done: &StorageVersionMigrationStatus) -> Outcom
     }
 }
 
+/// What tells this cluster from any other, for checkpoints: the uid of its `kube-system`
+/// namespace (a cluster created again at the same address has another). `None`, said once,
+/// when it cannot be read: then nothing is checkpointed, as nothing could be resumed safely.
+async fn cluster_identity(client: &Client) -> Option<String> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    match namespaces.get_metadata("kube-system").await {
+        Ok(namespace) => namespace.metadata.uid,
+        Err(error) => {
+            warn!(%error, "cannot read the kube-system namespace to tell this cluster apart; an interrupted run will start over");
+            None
+        }
+    }
+}
+
 /// Checkpoint files, one per resource and cluster: the migration's status as the controller
 /// would have recorded it.
 struct Checkpoints {
     dir: Option<PathBuf>,
-    /// Tells the clusters apart: the first hex digits of the SHA-256 of the apiserver's URL.
+    /// Tells the clusters apart (see [`cluster_identity`]).
     cluster: String,
     /// Whether saving failed already (said once, not on every page).
     failed: std::sync::atomic::AtomicBool,
 }
 
 impl Checkpoints {
-    fn new(dir: Option<PathBuf>, cluster_url: &str) -> Checkpoints {
+    fn new(dir: Option<PathBuf>, cluster: Option<String>) -> Checkpoints {
+        let Some(cluster) = cluster else {
+            return Checkpoints { dir: None, cluster: String::new(), failed: Default::default() };
+        };
         let dir = dir.or_else(|| {
             let state = std::env::var_os("XDG_STATE_HOME").map(PathBuf::from).or_else(|| {
                 std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".local/state"))
             })?;
             Some(state.join("kube-svm/migrate"))
         });
-        let digest = Sha256::digest(cluster_url.as_bytes());
-        let cluster = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
         Checkpoints { dir, cluster, failed: Default::default() }
     }
 
@@ -602,11 +618,13 @@ mod tests {
     #[test]
     fn checkpoints_are_kept_apart_by_cluster() {
         let dir = PathBuf::from("/state");
-        let a = Checkpoints::new(Some(dir.clone()), "https://a.example:6443/");
-        let b = Checkpoints::new(Some(dir), "https://b.example:6443/");
+        let a = Checkpoints::new(Some(dir.clone()), Some("uid-a".into()));
+        let b = Checkpoints::new(Some(dir.clone()), Some("uid-b".into()));
+        let unknown = Checkpoints::new(Some(dir), None);
         let widgets = GroupResource::parse("widgets.example.com");
         assert_ne!(a.path(&widgets), b.path(&widgets));
         let file = a.path(&widgets).map(|p| p.display().to_string()).unwrap_or_default();
-        assert!(file.starts_with("/state/widgets.example.com@"), "{file}");
+        assert_eq!(file, "/state/widgets.example.com@uid-a.json");
+        assert_eq!(unknown.path(&widgets), None, "a cluster not told apart is not checkpointed");
     }
 }
