@@ -15,7 +15,7 @@ use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::storage_state::{self, Guard};
 use super::{Clients, TRIGGER_LABEL, Unanswered, bounded};
@@ -79,19 +79,17 @@ pub async fn run(
 ) {
     let mut guard = Guard::default();
     loop {
-        let waiting = match poll(&clients, &settings, &fence, &mut guard).await {
-            Ok(waiting) => waiting,
+        let due = match poll(&clients, &settings, &fence, &mut guard).await {
+            Ok(due) => due,
             Err(error) => {
                 warn!(error = %crate::error_chain(&error), "discovery trigger poll failed");
-                false
+                None
             }
         };
         // A hash waiting to be trusted, or a migration the trigger waits on, is looked at
-        // again soon.
-        let wait = match waiting || guard.pending() {
-            true => settings.window.max(MIN_FOLLOW_UP).min(settings.interval),
-            false => settings.interval,
-        };
+        // again soon; a failing resource when its retry is due.
+        let soon = guard.pending().then(|| follow_up(&settings));
+        let wait = [due, soon].into_iter().flatten().fold(settings.interval, Duration::min);
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(wait) => {}
@@ -100,13 +98,19 @@ pub async fn run(
     }
 }
 
-/// One poll; returns whether some resource still waits for a migration.
+/// How soon a poll that waits on something looks again.
+fn follow_up(settings: &Settings) -> Duration {
+    settings.window.max(MIN_FOLLOW_UP).min(settings.interval)
+}
+
+/// One poll; returns how soon something it waits on (a migration running, a failed one to try
+/// again) should be looked at again.
 async fn poll(
     clients: &Clients,
     settings: &Settings,
     fence: &crate::fence::Fence,
     guard: &mut Guard,
-) -> Result<bool, Error> {
+) -> Result<Option<Duration>, Error> {
     let (discovered, unexamined) = discover(&clients.config).await?;
     if !unexamined.is_empty() {
         warn!(
@@ -131,7 +135,8 @@ async fn poll(
         .items;
 
     let now = Instant::now();
-    let mut waiting = false;
+    let mut due: Option<Duration> = None;
+    let mut look_again = |after: Duration| due = Some(due.map_or(after, |d| d.min(after)));
     let stale_after = settings.interval * 2 + settings.window;
     for Discovered { resource, version, hash } in &discovered {
         let name = resource.name();
@@ -141,33 +146,73 @@ async fn poll(
         let Some(current) = guard.observe(resource, hash, recorded, now, settings.window) else {
             continue;
         };
-        let since = state
+        let recorded_since = state
             .and_then(|s| s.metadata.annotations.as_ref())
             .and_then(|a| a.get(PERSISTED_SINCE_ANNOTATION))
             .and_then(|t| t.parse::<Timestamp>().ok());
-        let proven =
-            existing_migrations.iter().any(|m| storage_state::proves(m, resource, &current, since));
+        // A state without that time (kube-storage-version-migrator's, or one whose annotation
+        // was lost) gets it now: no migration that began earlier proves anything about it.
+        let since = recorded_since.unwrap_or_else(Timestamp::now);
+        let proven = existing_migrations
+            .iter()
+            .any(|m| storage_state::proves(m, resource, &current, Some(since)));
         let next =
             storage_state::next_status(status, &current, proven, Timestamp::now(), stale_after);
-        if storage_state::worth_writing(status, &next, settings.interval / 2) {
-            write_state(fence, &states, &name, resource, state.is_some(), &next).await?;
+        let stamp = next.persisted_changed || recorded_since.is_none();
+        if stamp || storage_state::worth_writing(status, &next, settings.interval / 2) {
+            let written =
+                write_state(fence, &states, &name, resource, state.is_some(), &next, stamp);
+            if let Err(error) = written.await {
+                skip_or_stop(error)?;
+                continue;
+            }
         }
 
-        let busy = existing_migrations.iter().any(|m| {
-            m.spec.resource.group == resource.group
-                && m.spec.resource.resource == resource.resource
-                && !Phase::of(m).is_terminal()
-        });
-        if storage_state::needs_migration(&next.status, &current) {
-            waiting = true;
-            if !busy {
-                create_migration(fence, &migrations, resource, version, &current).await?;
+        if !storage_state::needs_migration(&next.status, &current) {
+            continue;
+        }
+        let of_resource: Vec<&StorageVersionMigration> = existing_migrations
+            .iter()
+            .filter(|m| {
+                m.spec.resource.group == resource.group
+                    && m.spec.resource.resource == resource.resource
+            })
+            .collect();
+        let busy = of_resource.iter().any(|m| !Phase::of(m).is_terminal());
+        let (failures, last_failure) = storage_state::failures(&of_resource);
+        let retry = storage_state::retry_after(failures, follow_up(settings), settings.interval);
+        let since_failure =
+            last_failure.map(|ended| Timestamp::now().duration_since(ended).unsigned_abs());
+        let retry_in = since_failure.and_then(|elapsed| retry.checked_sub(elapsed));
+        match (busy, retry_in) {
+            (true, _) => look_again(follow_up(settings)),
+            // A failing resource is tried again at the regular polls, not at every follow-up.
+            (false, Some(wait)) => {
+                look_again(wait);
+                debug!(resource = %name, failures, ?wait, "its migrations failed; trying again later");
+            }
+            (false, None) => {
+                let created = create_migration(fence, &migrations, resource, version, &current);
+                if let Err(error) = created.await {
+                    skip_or_stop(error)?;
+                }
+                look_again(follow_up(settings));
             }
         }
     }
     let seen: Vec<GroupResource> = discovered.into_iter().map(|d| d.resource).collect();
     guard.retain(&seen);
-    Ok(waiting)
+    Ok(due)
+}
+
+/// A write for one resource that failed is said and skipped: the others go on. A closed fence
+/// ends the poll, as nothing more may be written.
+fn skip_or_stop(error: Error) -> Result<(), Error> {
+    if let Error::Unanswered(Unanswered::Fenced) = error {
+        return Err(error);
+    }
+    warn!(error = %crate::error_chain(&error), "discovery trigger: skipped one resource this poll");
+    Ok(())
 }
 
 /// Every migratable resource discovery shows, read through a new connection (so that, behind a
@@ -224,9 +269,10 @@ async fn write_state(
     resource: &GroupResource,
     exists: bool,
     next: &storage_state::Next,
+    stamp: bool,
 ) -> Result<(), Error> {
     let failed = |e| Error::Write(name.to_owned(), e);
-    let since = next.persisted_changed.then(|| Timestamp::now().to_string());
+    let since = stamp.then(|| Timestamp::now().to_string());
     if !exists {
         let state = StorageState {
             metadata: ObjectMeta {

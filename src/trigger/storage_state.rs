@@ -76,7 +76,8 @@ pub struct Next {
 /// - new, empty, or its heartbeat older than `stale_after` (the trigger was down and anything
 ///   may have been written meanwhile): `["Unknown"]`;
 /// - a hash not yet persisted is appended;
-/// - `proven` (a migration proved every object is stored in `current`): `[current]`.
+/// - `proven` (a migration proved every object is stored in `current`): `[current]`, unless the
+///   state was stale: what was written while nobody watched is not covered by that proof.
 pub fn next_status(
     status: Option<&StorageStateStatus>,
     current: &str,
@@ -96,7 +97,7 @@ pub fn next_status(
     if !persisted.iter().any(|h| h == current) {
         persisted.push(current.to_owned());
     }
-    if proven {
+    if proven && !stale {
         persisted = vec![current.to_owned()];
     }
     Next {
@@ -131,7 +132,8 @@ pub fn needs_migration(status: &StorageStateStatus, current: &str) -> bool {
 /// Whether `migration` proves every object of `resource` is stored in `current`: it
 /// succeeded, listed the resource from its first object, targeted `current` (what it recorded
 /// at its start, not what the hash is now: a late success of an older target proves nothing
-/// about the current one), and started after the persisted hashes last changed.
+/// about the current one), was not found to start before the apiservers encoded in it, and
+/// started after the persisted hashes last changed.
 pub fn proves(
     migration: &StorageVersionMigration,
     resource: &GroupResource,
@@ -144,15 +146,41 @@ pub fn proves(
     }
     let Some(status) = migration.status.as_ref() else { return false };
     let targeted = status.target.as_ref().and_then(|t| t.storage_version_hash.as_deref());
+    let unconfirmed = status.target.as_ref().and_then(|t| t.encoding_confirmed) == Some(false);
     let started = status.start_time.as_ref().map(|t| t.0);
     Phase::of(migration) == Phase::Succeeded
         && status.listed_from_start == Some(true)
         && targeted == Some(current)
+        && !unconfirmed
         && match (persisted_since, started) {
             (None, _) => true,
             (Some(since), Some(started)) => started >= since,
             (Some(_), None) => false,
         }
+}
+
+/// How many migrations of a resource failed since the last one that did not, and when the
+/// last of them ended.
+pub fn failures(migrations: &[&StorageVersionMigration]) -> (u32, Option<Timestamp>) {
+    let mut ended: Vec<(Timestamp, bool)> = migrations
+        .iter()
+        .filter(|m| Phase::of(m).is_terminal())
+        .filter_map(|m| {
+            let at = m.status.as_ref()?.completion_time.as_ref()?.0;
+            Some((at, Phase::of(m) == Phase::Failed))
+        })
+        .collect();
+    ended.sort_by_key(|(at, _)| *at);
+    let failed = ended.iter().rev().take_while(|(_, failed)| *failed).count();
+    let last = ended.last().filter(|(_, failed)| *failed).map(|(at, _)| *at);
+    (u32::try_from(failed).unwrap_or(u32::MAX), last)
+}
+
+/// How long after its last failure a resource whose migrations keep failing is tried again:
+/// `first` after one failure, doubling with each further one, at most `longest`.
+pub fn retry_after(failures: u32, first: Duration, longest: Duration) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    first.saturating_mul(1 << doublings).min(longest)
 }
 
 #[cfg(test)]
@@ -243,6 +271,9 @@ mod tests {
 
         let stale = next_status(Some(&status(&["A"], 0)), "A", false, ts(1201), STALE);
         assert_eq!(stale.status.persisted_storage_version_hashes, ["Unknown", "A"]);
+        // A proof does not cover what was written while the trigger was away.
+        let stale = next_status(Some(&status(&["A"], 0)), "A", true, ts(1201), STALE);
+        assert_eq!(stale.status.persisted_storage_version_hashes, ["Unknown", "A"]);
     }
 
     fn migration(
@@ -293,6 +324,33 @@ mod tests {
         assert!(proves(&migration("B", "Succeeded", true, 50), &widgets(), "B", None));
         let other = GroupResource { group: "example.com".into(), resource: "gadgets".into() };
         assert!(!proves(&migration("B", "Succeeded", true, 200), &other, "B", since));
+        // A run that began before the apiservers were shown to encode in the target.
+        let mut unconfirmed = migration("B", "Succeeded", true, 200);
+        if let Some(target) = unconfirmed.status.as_mut().and_then(|s| s.target.as_mut()) {
+            target.encoding_confirmed = Some(false);
+        }
+        assert!(!proves(&unconfirmed, &widgets(), "B", since));
+    }
+
+    #[test]
+    fn failing_resources_are_tried_again_less_and_less_often() {
+        let first = Duration::from_secs(10);
+        let longest = Duration::from_secs(600);
+        assert_eq!(retry_after(1, first, longest), first);
+        assert_eq!(retry_after(3, first, longest), Duration::from_secs(40));
+        assert_eq!(retry_after(30, first, longest), longest);
+        let ended = |phase: &str, at: i64| {
+            let mut m = migration("B", phase, true, at - 1);
+            if let Some(status) = m.status.as_mut() {
+                status.completion_time = Some(Time(ts(at)));
+            }
+            m
+        };
+        let (ok, failed1, failed2) =
+            (ended("Succeeded", 10), ended("Failed", 20), ended("Failed", 30));
+        assert_eq!(failures(&[&failed2, &ok, &failed1]), (2, Some(ts(30))));
+        let after = ended("Succeeded", 40);
+        assert_eq!(failures(&[&failed1, &failed2, &after]), (0, None));
     }
 
     #[test]
