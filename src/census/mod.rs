@@ -164,18 +164,20 @@ pub fn matches(selector: &str, stored: &Stored) -> bool {
 
 /// Counts `scope` under `etcd_prefix` at one revision, calling `visit` with each key and how it
 /// is stored (values are dropped page by page). Starts over at a new revision when etcd
-/// compacts the one being read, at most [`COMPACTED_RETRIES`] times.
+/// compacts the one being read, at most [`COMPACTED_RETRIES`] times; `visit` is told which
+/// attempt a key belongs to (only the last attempt's keys make the census).
 pub async fn take(
     reader: &EtcdReader,
     etcd_prefix: &str,
     scope: &Scope,
-    mut visit: impl FnMut(&[u8], &Stored),
+    mut visit: impl FnMut(u32, &[u8], &Stored),
 ) -> Result<Report> {
-    let etcd_prefix = format!("/{}", etcd_prefix.trim_matches('/'));
+    let etcd_prefix = etcd_prefix.trim_end_matches('/');
     let mut attempt = 0;
     loop {
         attempt += 1;
-        match take_once(reader, &etcd_prefix, scope, &mut visit).await {
+        let mut visit_attempt = |key: &[u8], stored: &Stored| visit(attempt, key, stored);
+        match take_once(reader, etcd_prefix, scope, &mut visit_attempt).await {
             Err(Error::Read { source: etcd::Error::Compacted { .. }, .. })
                 if attempt < COMPACTED_RETRIES =>
             {

@@ -41,6 +41,26 @@ impl EtcdArgs {
             cert: etcd_cert,
             key: etcd_key,
         });
-        (connection, etcd_prefix)
+        // As kube-apiserver takes it: `registry`, `/registry` and `/registry/` are one prefix.
+        (connection, format!("/{}", etcd_prefix.trim_matches('/')))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_prefix_is_taken_as_kube_apiserver_takes_it() {
+        for given in ["registry", "/registry", "/registry/", "registry/"] {
+            let args = EtcdArgs {
+                etcd_endpoints: Vec::new(),
+                etcd_ca: None,
+                etcd_cert: None,
+                etcd_key: None,
+                etcd_prefix: given.into(),
+            };
+            assert_eq!(args.connection().1, "/registry", "{given}");
+        }
     }
 }

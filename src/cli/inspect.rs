@@ -42,27 +42,37 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<()> {
         ),
     };
 
-    let mut stdout = std::io::stdout().lock();
-    let mut write_error = None;
-    let report = census::take(&reader, &etcd_prefix, &scope, |key, stored| {
+    // Listed keys are printed once the census is whole: a census started over (etcd compacted
+    // the revision it read) lists its keys again, at the new revision.
+    let mut listed: Vec<Vec<u8>> = Vec::new();
+    let mut listed_in = 0;
+    let report = census::take(&reader, &etcd_prefix, &scope, |attempt, key, stored| {
         if let Some(selector) = &list
-            && write_error.is_none()
             && census::matches(selector, stored)
         {
-            let mut line = key.to_vec();
-            line.push(b'\n');
-            write_error = stdout.write_all(&line).err();
+            if attempt != listed_in {
+                listed.clear();
+                listed_in = attempt;
+            }
+            listed.push(key.to_vec());
         }
     })
     .await?;
-    if let Some(error) = write_error {
-        return Err(error).context("failed to write the keys");
-    }
+    let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
     if list.is_some() {
-        return Ok(());
+        for key in &listed {
+            stdout
+                .write_all(key)
+                .and_then(|()| stdout.write_all(b"\n"))
+                .context("failed to write the keys")?;
+        }
+        return stdout.flush().context("failed to write the keys");
     }
     let text = output.format(&report, table)?;
-    stdout.write_all(text.as_bytes()).context("failed to write the census")
+    stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+        .context("failed to write the census")
 }
 
 /// One block of lines per resource: its stored versions and encryption keys side by side.

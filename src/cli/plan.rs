@@ -127,7 +127,7 @@ pub async fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
             .map(|e| census::keys::locate(&etcd_prefix, &display(&e.group, &e.resource)))
             .collect();
         let report =
-            census::take(&reader, &etcd_prefix, &Scope::Resources(located), |_, _| {}).await?;
+            census::take(&reader, &etcd_prefix, &Scope::Resources(located), |_, _, _| {}).await?;
         for (entry, census) in plan.resources.iter_mut().zip(report.resources) {
             let facts = known.get(&(entry.group.clone(), entry.resource.clone()));
             let resolved = facts.and_then(|f| f.resolved.as_ref());

@@ -92,7 +92,7 @@ impl Etcd {
     pub async fn census(&self, key_prefix: &str) -> anyhow::Result<census::ResourceCensus> {
         let located = census::keys::locate("/registry", key_prefix);
         let mut report =
-            census::take(&self.reader, "/registry", &Scope::Resources(vec![located]), |_, _| {})
+            census::take(&self.reader, "/registry", &Scope::Resources(vec![located]), |_, _, _| {})
                 .await?;
         Ok(report.resources.remove(0))
     }
