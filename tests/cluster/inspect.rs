@@ -222,6 +222,12 @@ async fn counts_secrets_by_encryption_key() {
     assert_eq!(listed.lines().collect::<Vec<_>>(), expected);
     let table = stdout(inspect(&[&keys, "--etcd-endpoints", etcd.url()]));
     assert!(!table.contains("value-"), "a value leaked: {table}");
+    // The README's command, whose output it shows (`--nocapture`).
+    let named = ["secrets", "configmaps", "deployments.apps", "--etcd-endpoints", etcd.url()];
+    let table = stdout(inspect(&named));
+    println!("$ kube-svm inspect {}\n{table}", named.join(" "));
+    let secrets = table.lines().find(|l| l.starts_with("secrets ")).expect("a secrets row");
+    assert!(secrets.contains("aescbc:key1 6"), "{table}");
 
     let all = Api::<Secret>::all(client).list(&Default::default()).await.expect("listed");
     let whole = json_report(&["secrets", "--etcd-endpoints", etcd.url()]);

@@ -121,6 +121,11 @@ async fn plans_stale_crds_storage_states_and_named_resources() {
     let configmaps = entry(&found, "configmaps", "").expect("listed");
     assert_eq!(configmaps["staleObjects"], 0, "{configmaps:#}");
 
+    // The README's command, whose output it shows (`--nocapture`).
+    let with_etcd = plan(&control_plane, &["secrets", "--etcd-endpoints", etcd.url()]);
+    let text = String::from_utf8_lossy(&with_etcd.stdout);
+    println!("$ kube-svm plan secrets --etcd-endpoints {}\n{text}", etcd.url());
+    assert!(text.contains("widgets-plan (New)") && text.contains("\nAfterwards:\n"), "{text}");
     let table = plan(&control_plane, &["secrets"]);
     let text = String::from_utf8_lossy(&table.stdout);
     let line = text.lines().find(|l| l.starts_with(&stale.name())).expect("a row");
