@@ -216,6 +216,7 @@ pub async fn run(
                 interval,
                 window: context.settings.storage_version_settle,
                 poke: Arc::new(tokio::sync::Notify::new()),
+                request_timeout: context.settings.request_timeout,
             }
         });
         let settings = crate::trigger::crd::Settings {
@@ -224,6 +225,7 @@ pub async fn run(
             settle: context.settings.storage_version_settle,
             wait: context.settings.storage_version_wait,
             poke: discovery.as_ref().map(|d| d.poke.clone()),
+            request_timeout: context.settings.request_timeout,
         };
         let crd = crate::trigger::crd::run(
             clients.clone(),

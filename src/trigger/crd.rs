@@ -24,12 +24,13 @@ use tracing::{debug, info, warn};
 use sha2::{Digest, Sha256};
 
 pub use super::TRIGGER_LABEL;
-use super::{Clients, Unanswered, bounded};
+use super::{Clients, Requests, is_code};
 use crate::api::{
     GroupVersionResource, Phase, StorageVersionMigration, StorageVersionMigrationSpec,
 };
 use crate::encoding::{Check, Observer};
 use crate::fence::Fence;
+use crate::fence::RequestError;
 
 /// Annotation on a CRD: `"false"` keeps kube-svm from migrating it on its own.
 pub const OPT_OUT_ANNOTATION: &str = "kube-svm.io/auto-migrate";
@@ -44,11 +45,9 @@ const NAME_HASH_DIGITS: usize = 10;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("failed to list StorageVersionMigrations")]
-    List(#[source] kube::Error),
+    List(#[source] RequestError),
     #[error("failed to create StorageVersionMigration {0}")]
-    Create(String, #[source] kube::Error),
-    #[error(transparent)]
-    Unanswered(#[from] Unanswered),
+    Create(String, #[source] RequestError),
 }
 
 /// `<plural>.<group>-<storage version>-<generation>`, or, when that is too long for a name, its
@@ -103,6 +102,8 @@ pub struct Settings {
     pub wait: Duration,
     /// Told of every CRD change (the discovery trigger polls then).
     pub poke: Option<Arc<tokio::sync::Notify>>,
+    /// Longest time one request may go unanswered.
+    pub request_timeout: Duration,
 }
 
 /// The encoding check a CRD with stale `storedVersions` needs before it can be pruned.
@@ -172,8 +173,8 @@ async fn reconcile(
         return Ok(Action::await_change());
     }
     let api: Api<StorageVersionMigration> = Api::all(context.client.clone());
-    let existing =
-        bounded(&context.fence, api.list(&Default::default())).await?.map_err(Error::List)?;
+    let requests = Requests { fence: &context.fence, timeout: context.settings.request_timeout };
+    let existing = requests.send(api.list(&Default::default())).await.map_err(Error::List)?;
     let busy = existing.items.iter().any(|m| {
         m.spec.resource.group == target.group
             && m.spec.resource.resource == target.resource
@@ -191,13 +192,13 @@ async fn reconcile(
         spec: StorageVersionMigrationSpec { resource: target, continue_token: None },
         status: None,
     };
-    match bounded(&context.fence, api.create(&PostParams::default(), &migration)).await? {
+    match requests.send(api.create(&PostParams::default(), &migration)).await {
         Ok(_) => info!(
             crd = crd.name_any(),
             migration = name,
             "created a migration for stale storedVersions"
         ),
-        Err(kube::Error::Api(status)) if status.code == 409 => {
+        Err(error) if is_code(&error, 409) => {
             debug!(migration = name, "a migration for this CRD state exists already");
         }
         Err(error) => return Err(Error::Create(name, error)),

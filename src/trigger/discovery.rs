@@ -18,11 +18,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::storage_state::{self, Guard};
-use super::{Clients, TRIGGER_LABEL, Unanswered, bounded};
+use super::{Clients, Requests, TRIGGER_LABEL, is_code};
 use crate::api::{
     GroupResource, GroupVersionResource, PERSISTED_SINCE_ANNOTATION, Phase, StorageState,
     StorageStateSpec, StorageVersionMigration, StorageVersionMigrationSpec,
 };
+use crate::fence::RequestError;
 
 /// Annotation on the migrations this trigger creates: the storage version hash it saw when it
 /// created them (the hash a migration really targeted is in `status.target`).
@@ -43,13 +44,11 @@ pub enum Error {
     #[error("failed to read discovery")]
     Discovery(#[source] kube::Error),
     #[error("failed to list {0}")]
-    List(&'static str, #[source] kube::Error),
+    List(&'static str, #[source] RequestError),
     #[error("failed to write StorageState {0}")]
-    Write(String, #[source] kube::Error),
+    Write(String, #[source] RequestError),
     #[error("failed to create a migration of {0}")]
-    Create(String, #[source] kube::Error),
-    #[error(transparent)]
-    Unanswered(#[from] Unanswered),
+    Create(String, #[source] RequestError),
 }
 
 #[derive(Clone)]
@@ -60,6 +59,8 @@ pub struct Settings {
     pub window: Duration,
     /// Fired when a CRD changes: poll now.
     pub poke: Arc<Notify>,
+    /// Longest time one request may go unanswered.
+    pub request_timeout: Duration,
 }
 
 /// A resource discovery says can be migrated.
@@ -118,19 +119,21 @@ async fn poll(
             "discovery failed for some API groups; their resources were not examined"
         );
     }
+    let requests = Requests { fence, timeout: settings.request_timeout };
     let client = &clients.requests;
     let states: Api<StorageState> = Api::all(client.clone());
     let migrations: Api<StorageVersionMigration> = Api::all(client.clone());
-    let existing_states: BTreeMap<String, StorageState> =
-        bounded(fence, states.list(&Default::default()))
-            .await?
-            .map_err(|e| Error::List("StorageStates", e))?
-            .items
-            .into_iter()
-            .map(|s| (s.metadata.name.clone().unwrap_or_default(), s))
-            .collect();
-    let existing_migrations = bounded(fence, migrations.list(&Default::default()))
-        .await?
+    let existing_states: BTreeMap<String, StorageState> = requests
+        .send(states.list(&Default::default()))
+        .await
+        .map_err(|e| Error::List("StorageStates", e))?
+        .items
+        .into_iter()
+        .map(|s| (s.metadata.name.clone().unwrap_or_default(), s))
+        .collect();
+    let existing_migrations = requests
+        .send(migrations.list(&Default::default()))
+        .await
         .map_err(|e| Error::List("StorageVersionMigrations", e))?
         .items;
 
@@ -161,7 +164,7 @@ async fn poll(
         let stamp = next.persisted_changed || recorded_since.is_none();
         if stamp || storage_state::worth_writing(status, &next, settings.interval / 2) {
             let written =
-                write_state(fence, &states, &name, resource, state.is_some(), &next, stamp);
+                write_state(requests, &states, &name, resource, state.is_some(), &next, stamp);
             if let Err(error) = written.await {
                 skip_or_stop(error)?;
                 continue;
@@ -192,7 +195,7 @@ async fn poll(
                 debug!(resource = %name, failures, ?wait, "its migrations failed; trying again later");
             }
             (false, None) => {
-                let created = create_migration(fence, &migrations, resource, version, &current);
+                let created = create_migration(requests, &migrations, resource, version, &current);
                 if let Err(error) = created.await {
                     skip_or_stop(error)?;
                 }
@@ -208,7 +211,10 @@ async fn poll(
 /// A write for one resource that failed is said and skipped: the others go on. A closed fence
 /// ends the poll, as nothing more may be written.
 fn skip_or_stop(error: Error) -> Result<(), Error> {
-    if let Error::Unanswered(Unanswered::Fenced) = error {
+    if let Error::List(_, RequestError::Fenced)
+    | Error::Write(_, RequestError::Fenced)
+    | Error::Create(_, RequestError::Fenced) = error
+    {
         return Err(error);
     }
     warn!(error = %crate::error_chain(&error), "discovery trigger: skipped one resource this poll");
@@ -263,7 +269,7 @@ async fn discover(config: &kube::Config) -> Result<(Vec<Discovered>, Vec<String>
 }
 
 async fn write_state(
-    fence: &crate::fence::Fence,
+    requests: Requests<'_>,
     states: &Api<StorageState>,
     name: &str,
     resource: &GroupResource,
@@ -285,21 +291,23 @@ async fn write_state(
             spec: StorageStateSpec { resource: resource.clone() },
             status: None,
         };
-        match bounded(fence, states.create(&PostParams::default(), &state)).await? {
+        match requests.send(states.create(&PostParams::default(), &state)).await {
             Ok(_) => {}
             // Created meanwhile (by another trigger): its status is written below all the same.
-            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(error) if is_code(&error, 409) => {}
             Err(error) => return Err(failed(error)),
         }
     } else if let Some(since) = since {
         let annotate = serde_json::json!({ "metadata": { "annotations": { PERSISTED_SINCE_ANNOTATION: since } } });
-        bounded(fence, states.patch(name, &PatchParams::default(), &Patch::Merge(&annotate)))
-            .await?
+        requests
+            .send(states.patch(name, &PatchParams::default(), &Patch::Merge(&annotate)))
+            .await
             .map_err(failed)?;
     }
     let status = serde_json::json!({ "status": next.status });
-    bounded(fence, states.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)))
-        .await?
+    requests
+        .send(states.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)))
+        .await
         .map_err(failed)?;
     if next.persisted_changed {
         info!(
@@ -312,7 +320,7 @@ async fn write_state(
 }
 
 async fn create_migration(
-    fence: &crate::fence::Fence,
+    requests: Requests<'_>,
     migrations: &Api<StorageVersionMigration>,
     resource: &GroupResource,
     version: &str,
@@ -336,8 +344,9 @@ async fn create_migration(
         },
         status: None,
     };
-    let created = bounded(fence, migrations.create(&PostParams::default(), &migration))
-        .await?
+    let created = requests
+        .send(migrations.create(&PostParams::default(), &migration))
+        .await
         .map_err(|e| Error::Create(name.clone(), e))?;
     info!(
         migration = created.metadata.name.as_deref().unwrap_or_default(),

@@ -13,27 +13,31 @@ use std::time::Duration;
 
 use kube::Client;
 
-use crate::fence::Fence;
+use crate::fence::{Fence, RequestError, bounded};
 
 /// Label on the migrations a trigger creates: `crd` or `discovery`.
 pub const TRIGGER_LABEL: &str = "kube-svm.io/trigger";
 
-/// How long one request of a trigger may take.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Why a trigger's request got no answer.
-#[derive(Debug, thiserror::Error)]
-pub enum Unanswered {
-    #[error("no answer within {0:?}")]
-    TimedOut(Duration),
-    #[error("this process may no longer write: its leadership ended")]
-    Fenced,
+/// A trigger's requests: each inside the leader's term, given at most `timeout`
+/// (`--request-timeout`).
+#[derive(Clone, Copy)]
+pub struct Requests<'a> {
+    pub fence: &'a Fence,
+    pub timeout: Duration,
 }
 
-/// Runs `request` inside the leader's term, giving it at most [`REQUEST_TIMEOUT`].
-async fn bounded<T>(fence: &Fence, request: impl Future<Output = T>) -> Result<T, Unanswered> {
-    let limit = fence.deadline(REQUEST_TIMEOUT).ok_or(Unanswered::Fenced)?;
-    tokio::time::timeout(limit, request).await.map_err(|_| Unanswered::TimedOut(limit))
+impl Requests<'_> {
+    async fn send<T>(
+        self,
+        request: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, RequestError> {
+        bounded(self.fence, self.timeout, request).await
+    }
+}
+
+/// Whether `error` is an answer with HTTP `code`.
+fn is_code(error: &RequestError, code: u16) -> bool {
+    matches!(error, RequestError::Api(kube::Error::Api(status)) if status.code == code)
 }
 
 /// The clients a trigger talks through.
