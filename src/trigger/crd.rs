@@ -129,6 +129,8 @@ struct Context {
     config: kube::Config,
     fence: Fence,
     settings: Settings,
+    /// The generation each CRD (by uid) had when the discovery trigger was last told of it.
+    told: std::sync::Mutex<std::collections::HashMap<String, i64>>,
 }
 
 /// Runs until `stop` fires; creates nothing once `fence` closes.
@@ -148,7 +150,11 @@ pub async fn run(clients: Clients, settings: Settings, fence: Fence, stop: Cance
     controller
         .watches(migrations, watcher::Config::default(), crd_of)
         .graceful_shutdown_on(async move { stop.cancelled().await })
-        .run(reconcile, error_policy, Arc::new(Context { client, config, fence, settings }))
+        .run(
+            reconcile,
+            error_policy,
+            Arc::new(Context { client, config, fence, settings, told: Default::default() }),
+        )
         .for_each(|result| async move {
             if let Err(error) = result {
                 warn!(error = %crate::error_chain(&error), "CRD trigger failed");
@@ -161,8 +167,15 @@ async fn reconcile(
     crd: Arc<CustomResourceDefinition>,
     context: Arc<Context>,
 ) -> Result<Action, Error> {
+    // The discovery trigger polls when a CRD is new or its spec changed (a storage switch, a
+    // version served or not): not for every status write or migration checkpoint.
     if let Some(poke) = &context.settings.poke {
-        poke.notify_one();
+        let uid = crd.metadata.uid.clone().unwrap_or_default();
+        let generation = crd.metadata.generation.unwrap_or_default();
+        let mut told = context.told.lock().unwrap_or_else(|p| p.into_inner());
+        if told.insert(uid, generation) != Some(generation) {
+            poke.notify_one();
+        }
     }
     // Whoever creates the migration, the encoding check starts now, at the storage switch.
     if let Some(check) = encoding_check(&crd, &context.settings) {
