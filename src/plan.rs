@@ -73,15 +73,27 @@ impl Plan {
                     self.resources.push(Entry {
                         group: group.to_owned(),
                         resource: resource.to_owned(),
-                        afterwards:
-                            "nothing beyond the rewrite: no stored versions are left to prune"
-                                .into(),
+                        afterwards: NOTHING_AFTERWARDS.into(),
                         ..Entry::default()
                     });
                     self.resources.len() - 1
                 }
             };
         &mut self.resources[index]
+    }
+}
+
+/// What a migration of a resource with nothing to prune leads to.
+const NOTHING_AFTERWARDS: &str = "nothing beyond the rewrite: no stored versions are left to prune";
+
+impl Entry {
+    /// Adds what a successful migration leads to (a CRD's prune, a StorageState narrowed):
+    /// each reason for the entry brings its own.
+    pub fn add_afterwards(&mut self, what: String) {
+        match self.afterwards.as_str() {
+            NOTHING_AFTERWARDS => self.afterwards = what,
+            _ => self.afterwards = format!("{}; {what}", self.afterwards),
+        }
     }
 }
 
@@ -160,6 +172,16 @@ mod tests {
             storage_version: storage.into(),
             stored_versions: stored.iter().map(|s| s.to_string()).collect(),
         }
+    }
+
+    #[test]
+    fn each_reason_says_what_follows_a_success() {
+        let mut plan = Plan::default();
+        let entry = plan.entry("example.com", "widgets");
+        assert_eq!(entry.afterwards, NOTHING_AFTERWARDS);
+        entry.add_afterwards("storedVersions pruned".into());
+        entry.add_afterwards("its StorageState narrowed".into());
+        assert_eq!(entry.afterwards, "storedVersions pruned; its StorageState narrowed");
     }
 
     #[test]

@@ -61,7 +61,7 @@ pub async fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         let (group, resource) = (crd.spec.group.clone(), crd.spec.names.plural.clone());
         let entry = plan.entry(&group, &resource);
         entry.reasons.push(reason);
-        entry.afterwards = afterwards;
+        entry.add_afterwards(afterwards);
         known.entry((group, resource)).or_default().storage_version = Some(state.storage_version);
     }
 
@@ -84,10 +84,10 @@ pub async fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         if let Some(reason) = plan::storage_state_reason(&persisted, current) {
             let entry = plan.entry(&group, &resource);
             entry.reasons.push(reason);
-            entry.afterwards = format!(
+            entry.add_afterwards(format!(
                 "its StorageState's persistedStorageVersionHashes becomes [{:?}] once a migration that targeted that hash succeeds",
                 current.unwrap_or_default()
-            );
+            ));
         }
         known.entry((group, resource)).or_default().resolved = Some(resolved);
     }
