@@ -44,7 +44,9 @@ pub enum Error {
     NoEndpoint,
     #[error("failed to build the HTTP client")]
     Client(#[source] reqwest::Error),
-    #[error("no etcd endpoint answered (last tried {endpoint})")]
+    #[error(
+        "no etcd endpoint answered (last tried {endpoint}): no connection, or the TLS handshake failed"
+    )]
     Unreachable {
         endpoint: String,
         #[source]
@@ -52,8 +54,16 @@ pub enum Error {
     },
     #[error("etcd at {endpoint} refused the read (HTTP {status}): {message}")]
     Refused { endpoint: String, status: u16, message: String },
-    #[error("revision {revision} was compacted while it was being read")]
+    #[error(
+        "revision {revision} was compacted while it was being read (kube-apiserver compacts every 5 minutes by default)"
+    )]
     Compacted { revision: i64 },
+    #[error("etcd at {endpoint} stopped answering in the middle of a response")]
+    Interrupted {
+        endpoint: String,
+        #[source]
+        source: reqwest::Error,
+    },
     #[error("etcd at {endpoint} answered with a body that is not a range response")]
     Decode {
         endpoint: String,
@@ -184,7 +194,7 @@ async fn read_response(
     let body = response
         .bytes()
         .await
-        .map_err(|source| Error::Unreachable { endpoint: endpoint.to_owned(), source })?;
+        .map_err(|source| Error::Interrupted { endpoint: endpoint.to_owned(), source })?;
     if !status.is_success() {
         let failure: GatewayError = serde_json::from_slice(&body).unwrap_or_default();
         if failure.code == GRPC_OUT_OF_RANGE {
