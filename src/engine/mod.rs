@@ -42,7 +42,7 @@ use request::Reply;
 
 pub use pager::Listed;
 pub use rate_limit::RateLimiter;
-pub use resource::{ResolveError, Resource};
+pub use resource::{ResolveError, Resource, migratable};
 pub use retry::{Backoff, Failure, Retry};
 use window::Window;
 pub use writer::{NAMESPACE_GONE, ObjectFailure, Outcome};

@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResource;
 use kube::Client;
 
 use crate::api::GroupVersionResource;
@@ -54,6 +55,13 @@ impl ResolveError {
 
 /// Verbs every migrated resource must support.
 const REQUIRED_VERBS: [&str; 2] = ["list", "patch"];
+
+/// Whether a discovery entry is a resource that can be migrated: not a subresource, and with
+/// the verbs migration needs.
+pub fn migratable(entry: &APIResource) -> bool {
+    !entry.name.contains('/')
+        && REQUIRED_VERBS.iter().all(|verb| entry.verbs.iter().any(|v| v == verb))
+}
 
 impl Resource {
     /// Looks the resource up in discovery. An empty version means the group's preferred version.

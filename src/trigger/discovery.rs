@@ -36,9 +36,6 @@ const MIN_FOLLOW_UP: Duration = Duration::from_secs(2);
 /// hold up the others for a whole request timeout.
 const GROUP_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Verbs a resource needs to be migrated, and so to be tracked.
-const REQUIRED_VERBS: [&str; 2] = ["list", "patch"];
-
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("failed to read discovery")]
@@ -254,8 +251,7 @@ async fn discover(config: &kube::Config) -> Result<(Vec<Discovered>, Vec<String>
         .into_iter()
         .flat_map(|(group, version, list)| {
             list.resources.into_iter().filter_map(move |r| {
-                let migratable = !r.name.contains('/')
-                    && REQUIRED_VERBS.iter().all(|verb| r.verbs.iter().any(|v| v == verb));
+                let migratable = crate::engine::migratable(&r);
                 let hash = r.storage_version_hash.filter(|_| migratable)?;
                 Some(Discovered {
                     resource: GroupResource { group: group.clone(), resource: r.name },
