@@ -18,6 +18,7 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::api::GroupResource;
 use crate::storage_hash::storage_version_hash;
 
 /// What was established about the apiservers' encoding.
@@ -298,7 +299,7 @@ impl Settle {
                 "the apiservers were not seen encoding {} of {} ({}) for {:.0} s in a row within {:.0} s; last seen: {}. \
                  If the apiserver's hash formula changed, or discovery never settles, check etcd and vouch for the encoding with the annotation {}: \"true\" on a new migration",
                 self.expected_version,
-                display(&self.check),
+                GroupResource::name_of(&self.check.group, &self.check.plural),
                 self.expected_hash,
                 self.settle.as_secs_f64(),
                 self.check.wait.as_secs_f64(),
@@ -323,13 +324,6 @@ async fn published_hash(config: &kube::Config, check: &Check) -> Result<Option<S
         .into_iter()
         .find(|r| r.name == check.plural)
         .and_then(|r| r.storage_version_hash))
-}
-
-fn display(check: &Check) -> String {
-    match check.group.as_str() {
-        "" => check.plural.clone(),
-        group => format!("{}.{group}", check.plural),
-    }
 }
 
 /// What the StorageVersion API says about a resource.

@@ -67,9 +67,14 @@ impl GroupResource {
     /// `<resource>.<group>`, or `<resource>` for the core group: how kubectl names it, and
     /// the name of its StorageState.
     pub fn name(&self) -> String {
-        match self.group.as_str() {
-            "" => self.resource.clone(),
-            group => format!("{}.{group}", self.resource),
+        GroupResource::name_of(&self.group, &self.resource)
+    }
+
+    /// [`GroupResource::name`] of `resource` in `group`.
+    pub fn name_of(group: &str, resource: &str) -> String {
+        match group {
+            "" => resource.to_owned(),
+            group => format!("{resource}.{group}"),
         }
     }
 }

@@ -74,7 +74,7 @@ pub async fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
             Err(error) => {
                 plan.unexamined.push(format!(
                     "{}: {}",
-                    display(&group, &resource),
+                    GroupResource::name_of(&group, &resource),
                     crate::error_chain(&error)
                 ));
                 continue;
@@ -124,7 +124,9 @@ pub async fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         let located = plan
             .resources
             .iter()
-            .map(|e| census::keys::locate(&etcd_prefix, &display(&e.group, &e.resource)))
+            .map(|e| {
+                census::keys::locate(&etcd_prefix, &GroupResource::name_of(&e.group, &e.resource))
+            })
             .collect();
         let report =
             census::take(&reader, &etcd_prefix, &Scope::Resources(located), |_, _, _| {}).await?;
@@ -206,10 +208,6 @@ fn existing(
     })
 }
 
-fn display(group: &str, resource: &str) -> String {
-    GroupResource { group: group.to_owned(), resource: resource.to_owned() }.name()
-}
-
 fn render(plan: &Plan) -> String {
     if plan.resources.is_empty() {
         let mut out = "Nothing needs migrating.\n".to_owned();
@@ -241,7 +239,7 @@ fn render(plan: &Plan) -> String {
         for (i, reason) in reasons.iter().enumerate() {
             let first = i == 0;
             rows.push([
-                if first { display(group, resource) } else { String::new() },
+                if first { GroupResource::name_of(group, resource) } else { String::new() },
                 if first { objects.clone() } else { String::new() },
                 if first { stale.clone() } else { String::new() },
                 if first { migration.clone() } else { String::new() },
@@ -254,7 +252,7 @@ fn render(plan: &Plan) -> String {
     for entry in &plan.resources {
         out.push_str(&format!(
             "  {}: {}\n",
-            display(&entry.group, &entry.resource),
+            GroupResource::name_of(&entry.group, &entry.resource),
             entry.afterwards
         ));
     }

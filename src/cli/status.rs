@@ -132,7 +132,10 @@ pub fn row(migration: &StorageVersionMigration, now: Timestamp) -> Row {
     Row {
         name: migration.metadata.name.clone().unwrap_or_default(),
         migrator: "kube-svm".into(),
-        resource: resource_name(&migration.spec.resource.group, &migration.spec.resource.resource),
+        resource: GroupResource::name_of(
+            &migration.spec.resource.group,
+            &migration.spec.resource.resource,
+        ),
         phase: format!("{phase:?}"),
         progress_percent,
         processed: progress.processed,
@@ -156,10 +159,6 @@ fn in_tree_row(migration: &DynamicObject, now: Timestamp) -> Row {
         age_seconds: age(migration.metadata.creation_timestamp.as_ref().map(|t| t.0), now),
         ..Row::default()
     }
-}
-
-fn resource_name(group: &str, resource: &str) -> String {
-    GroupResource { group: group.to_owned(), resource: resource.to_owned() }.name()
 }
 
 fn age(created: Option<Timestamp>, now: Timestamp) -> u64 {

@@ -5,7 +5,7 @@ use std::fmt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResource;
 use kube::Client;
 
-use crate::api::GroupVersionResource;
+use crate::api::{GroupResource, GroupVersionResource};
 
 /// A resource that discovery says can be listed and patched.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -104,7 +104,7 @@ impl Resource {
             .into_iter()
             .filter(|verb| !found.verbs.iter().any(|v| v == verb))
             .collect();
-        let display = display_name(group, resource);
+        let display = GroupResource::name_of(group, resource);
         if !missing.is_empty() {
             return Err(ResolveError::MissingVerbs { resource: display, missing });
         }
@@ -157,14 +157,7 @@ impl Resource {
 impl fmt::Display for Resource {
     /// `plural.group`, or `plural` for the core group, as kubectl names resources.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&display_name(&self.group, &self.plural))
-    }
-}
-
-fn display_name(group: &str, resource: &str) -> String {
-    match group {
-        "" => resource.to_owned(),
-        group => format!("{resource}.{group}"),
+        f.write_str(&GroupResource::name_of(&self.group, &self.plural))
     }
 }
 
