@@ -58,6 +58,15 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<()> {
         }
     })
     .await?;
+    // A named resource with no key at all may be a typo, or kept elsewhere: say so, aside.
+    if !resources.is_empty() {
+        for empty in report.resources.iter().filter(|r| r.objects == 0) {
+            eprintln!(
+                "note: etcd holds no key under {} (a misspelt resource, or one kept under another prefix or etcd?)",
+                empty.key_prefix
+            );
+        }
+    }
     let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
     if list.is_some() {
         for key in &listed {

@@ -174,6 +174,11 @@ async fn mistakes_are_named() {
         message.contains("etcd holds no key under /nothing/: is --etcd-prefix right?"),
         "{message}"
     );
+    // A misspelt resource is no error (an empty resource is not either), but it is noted.
+    let misspelt = inspect(&["deployment.apps", "--etcd-endpoints", etcd.url()]);
+    let note = String::from_utf8_lossy(&misspelt.stderr);
+    assert!(misspelt.status.success(), "{note}");
+    assert!(note.contains("note: etcd holds no key under /registry/deployment/"), "{note}");
     let message = failure(inspect(&["secrets", "--etcd-endpoints", "http://127.0.0.1:1"]));
     assert!(
         message.contains("no etcd endpoint answered (last tried http://127.0.0.1:1)"),
