@@ -115,17 +115,109 @@ pub async fn target_of(
     target
 }
 
+/// How often a running migration of a CRD-backed resource reads its CRD to see whether its
+/// target still holds. Objects written through the old target meanwhile are written again by
+/// the run that starts over, so this bounds wasted work, not safety.
+const GUARD_INTERVAL: Duration = Duration::from_secs(2);
+
+/// A change to the resource that voids a run's writes so far.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    /// The Failed condition's reason, should the migration end on it.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Change {
+    fn new(reason: &'static str, message: String) -> Change {
+        Change { reason, message }
+    }
+
+    /// Whether the migration can start over from the first object with the new target (its
+    /// storage version changed), rather than end (the resource or its CRD is gone).
+    pub fn starts_over(&self) -> bool {
+        self.reason == reasons::STORAGE_VERSION_CHANGED
+    }
+}
+
+/// What changed about a CRD-backed `resource`'s CRD (`now`, `None` when deleted) since `target`
+/// was recorded: deleted, replaced, its storage version switched, or its generation moved (any
+/// spec change; a storage switch there and back leaves the same storage version and a newer
+/// generation). `None` when nothing changed or the resource is not CRD-backed. Pure.
+pub fn crd_change(
+    resource: &Resource,
+    target: &MigrationTarget,
+    now: Option<&CustomResourceDefinition>,
+) -> Option<Change> {
+    let (Some(generation), Some(storage)) = (target.crd_generation, &target.storage_version) else {
+        return None;
+    };
+    let Some(crd) = now else {
+        let why = format!("the CRD of {resource} was deleted while the migration ran");
+        return Some(Change::new(reasons::RESOURCE_NOT_SERVED, why));
+    };
+    // A target recorded before the uid was (an older kube-svm) is left to the prune's own check.
+    if target.crd_uid.is_some() && crd.metadata.uid != target.crd_uid {
+        let why =
+            format!("the CRD of {resource} was deleted and created again while the migration ran");
+        return Some(Change::new(reasons::RESOURCE_NOT_SERVED, why));
+    }
+    let state = CrdState::of(crd);
+    let storage_now = state.as_ref().map(|s| s.storage_version.as_str());
+    if storage_now != Some(storage.as_str()) {
+        let why = format!(
+            "the storage version of {resource} changed from {storage} to {}",
+            storage_now.unwrap_or("none")
+        );
+        return Some(Change::new(reasons::STORAGE_VERSION_CHANGED, why));
+    }
+    let generation_now = state.map_or(generation, |s| s.generation);
+    (generation_now != generation).then(|| {
+        let why = format!(
+            "the CRD of {resource} changed (generation {generation} then {generation_now}): its storage version may have been switched and switched back"
+        );
+        Change::new(reasons::STORAGE_VERSION_CHANGED, why)
+    })
+}
+
+/// Whether the CRD behind `resource` still is what `target` recorded, read now: `None` when it
+/// is (or cannot be read: the guard asks again, the end of the run decides).
+pub async fn target_changed(
+    cluster: &Cluster<'_>,
+    resource: &Resource,
+    target: &MigrationTarget,
+) -> Option<Change> {
+    target.crd_generation?;
+    let crd = crd_of(cluster, resource).await.ok()?;
+    crd_change(resource, target, crd.as_ref())
+}
+
+/// Resolves once the CRD behind `resource` no longer is what `target` recorded, reading it every
+/// [`GUARD_INTERVAL`]; never for a resource no CRD serves (the end of the run checks those).
+pub async fn guard(cluster: &Cluster<'_>, resource: &Resource, target: &MigrationTarget) -> Change {
+    if target.crd_generation.is_none() {
+        return std::future::pending().await;
+    }
+    loop {
+        tokio::time::sleep(GUARD_INTERVAL).await;
+        if let Some(change) = target_changed(cluster, resource, target).await {
+            return change;
+        }
+    }
+}
+
 /// What changed about the resource since the migration started, if anything.
 ///
 /// A run that completed proves nothing if the resource stopped being served, or its storage
-/// version changed, while it ran: then objects written earlier may be stored in the old version.
+/// version (or for a CRD, anything of its spec) changed, while it ran: then objects written
+/// earlier may be stored in the old version.
 pub async fn changed_since_start(
     cluster: &Cluster<'_>,
     spec: &GroupVersionResource,
     requires_status: bool,
     resource: &Resource,
     target: &MigrationTarget,
-) -> Option<(&'static str, String)> {
+) -> Option<Change> {
     let mut attempts = 0;
     let now = loop {
         match Resource::resolve(cluster.client, spec, requires_status).await {
@@ -139,56 +231,38 @@ pub async fn changed_since_start(
                     "could not confirm that {resource} was still served at the end: {}",
                     crate::error_chain(&error)
                 );
-                return Some((reasons::DISCOVERY_FAILED, why));
+                return Some(Change::new(reasons::DISCOVERY_FAILED, why));
             }
             Err(error) => {
                 let why = format!(
                     "{resource} stopped being served while the migration ran: {}",
                     crate::error_chain(&error)
                 );
-                return Some((reasons::RESOURCE_NOT_SERVED, why));
+                return Some(Change::new(reasons::RESOURCE_NOT_SERVED, why));
             }
         }
     };
     // For a CRD the CRD itself says (below); discovery may lag behind it.
-    let crd_backed = target.crd_generation.is_some();
-    if !crd_backed && now.storage_version_hash != resource.storage_version_hash {
-        let why = format!(
-            "the storage version hash of {resource} changed from {} to {} while the migration ran",
-            resource.storage_version_hash.as_deref().unwrap_or("none"),
-            now.storage_version_hash.as_deref().unwrap_or("none")
-        );
-        return Some((reasons::STORAGE_VERSION_CHANGED, why));
+    if target.crd_generation.is_none() {
+        return (now.storage_version_hash != resource.storage_version_hash).then(|| {
+            let why = format!(
+                "the storage version hash of {resource} changed from {} to {} while the migration ran",
+                resource.storage_version_hash.as_deref().unwrap_or("none"),
+                now.storage_version_hash.as_deref().unwrap_or("none")
+            );
+            Change::new(reasons::STORAGE_VERSION_CHANGED, why)
+        });
     }
-    let started_in = target.storage_version.as_deref()?;
-    let crd = match crd_of(cluster, resource).await {
-        Ok(Some(crd)) => crd,
-        Ok(None) => {
-            let why = format!("the CRD of {resource} was deleted while the migration ran");
-            return Some((reasons::RESOURCE_NOT_SERVED, why));
-        }
+    match crd_of(cluster, resource).await {
+        Ok(crd) => crd_change(resource, target, crd.as_ref()),
         Err(error) => {
             let why = format!(
                 "could not read the CRD of {resource} at the end: {}",
                 crate::error_chain(&error)
             );
-            return Some((reasons::DISCOVERY_FAILED, why));
+            Some(Change::new(reasons::DISCOVERY_FAILED, why))
         }
-    };
-    // A target recorded before the uid was (an older kube-svm) is left to the prune's own check.
-    if target.crd_uid.is_some() && crd.metadata.uid != target.crd_uid {
-        let why =
-            format!("the CRD of {resource} was deleted and created again while the migration ran");
-        return Some((reasons::RESOURCE_NOT_SERVED, why));
     }
-    let storage_now = CrdState::of(&crd).map(|state| state.storage_version);
-    (storage_now.as_deref() != Some(started_in)).then(|| {
-        let why = format!(
-            "the storage version of {resource} changed from {started_in} to {} while the migration ran",
-            storage_now.as_deref().unwrap_or("none")
-        );
-        (reasons::STORAGE_VERSION_CHANGED, why)
-    })
 }
 
 /// Decides on `storedVersions` after `run`, prunes when allowed (reading the CRD again and
@@ -280,7 +354,7 @@ fn condition(pruned: bool, reason: &str, message: String) -> MigrationCondition 
         status: if pruned { STATUS_TRUE } else { STATUS_FALSE }.to_owned(),
         last_update_time: Some(Time(Timestamp::now())),
         reason: Some(reason.to_owned()),
-        message: Some(message),
+        message: Some(crate::api::cut(&message, crate::api::CONDITION_MESSAGE_LIMIT)),
     }
 }
 
@@ -340,4 +414,73 @@ async fn set_condition(
     });
     bounded(fence, timeout, crds.replace_status(name, &PostParams::default(), &crd)).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn widgets() -> Resource {
+        Resource {
+            group: "example.com".into(),
+            version: "v1".into(),
+            plural: "widgets".into(),
+            kind: "Widget".into(),
+            namespaced: false,
+            storage_version_hash: None,
+            patchable_status: false,
+        }
+    }
+
+    fn crd(uid: &str, generation: i64, storage: &str) -> CustomResourceDefinition {
+        let versions: Vec<_> = ["v1", "v2"]
+            .iter()
+            .map(|v| serde_json::json!({ "name": v, "served": true, "storage": *v == storage }))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "widgets.example.com", "uid": uid, "generation": generation },
+            "spec": {
+                "group": "example.com", "scope": "Cluster",
+                "names": { "kind": "Widget", "plural": "widgets" },
+                "versions": versions,
+            },
+        }))
+        .expect("a CRD")
+    }
+
+    fn target() -> MigrationTarget {
+        MigrationTarget {
+            storage_version: Some("v2".into()),
+            crd_generation: Some(4),
+            crd_uid: Some("u1".into()),
+            ..MigrationTarget::default()
+        }
+    }
+
+    #[test]
+    fn an_unchanged_crd_is_no_change() {
+        assert_eq!(crd_change(&widgets(), &target(), Some(&crd("u1", 4, "v2"))), None);
+        let built_in = MigrationTarget::default();
+        assert_eq!(crd_change(&widgets(), &built_in, None), None, "no CRD behind it");
+    }
+
+    #[test]
+    fn a_switch_or_any_spec_change_starts_over() {
+        let switched = crd_change(&widgets(), &target(), Some(&crd("u1", 5, "v1")));
+        let switched = switched.expect("a change");
+        assert!(switched.starts_over());
+        assert!(switched.message.contains("from v2 to v1"), "{}", switched.message);
+        // v2 -> v1 -> v2: the same storage version, two generations later.
+        let back = crd_change(&widgets(), &target(), Some(&crd("u1", 6, "v2"))).expect("a change");
+        assert!(back.starts_over());
+        assert!(back.message.contains("generation 4 then 6"), "{}", back.message);
+    }
+
+    #[test]
+    fn a_deleted_or_replaced_crd_ends_the_migration() {
+        let gone = crd_change(&widgets(), &target(), None).expect("a change");
+        assert_eq!((gone.reason, gone.starts_over()), (reasons::RESOURCE_NOT_SERVED, false));
+        let other = crd_change(&widgets(), &target(), Some(&crd("u2", 4, "v2"))).expect("a change");
+        assert!(!other.starts_over());
+    }
 }

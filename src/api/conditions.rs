@@ -47,6 +47,9 @@ pub mod reasons {
     pub const STORAGE_VERSION_CHANGED: &str = "StorageVersionChanged";
     /// The apiserver stayed unreachable longer than the migration may wait for it.
     pub const APISERVER_UNAVAILABLE: &str = "ApiserverUnavailable";
+    /// Object after object failed, none succeeding (an admission webhook that refuses or never
+    /// answers): the migration stopped early instead of holding its slot for hours.
+    pub const WRITES_FAILING: &str = "WritesFailing";
 }
 
 /// Reasons of the StoredVersionsPruned condition (and of the stored-versions metric).

@@ -102,6 +102,13 @@ pub struct StorageVersionMigrationStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listed_from_start: Option<bool>,
 
+    /// Times the migration started over from the first object because the resource's storage
+    /// version (or its CRD) changed after it had begun writing: objects written before such a
+    /// change may be stored in the version before it. After a few, the migration fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "int32"))]
+    pub restarts: Option<u32>,
+
     /// When kube-svm started the migration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,

@@ -44,6 +44,30 @@ pub const WRITE_TO_STATUS_ANNOTATION: &str = "kube-svm.io/write-to-status";
 /// `storedVersions` after the migration succeeds.
 pub const ENCODING_CONFIRMED_ANNOTATION: &str = "kube-svm.io/encoding-confirmed";
 
+/// Longest message kept for one failed object, in bytes: webhook answers can be kilobytes, and a
+/// migration's status must stay well inside what the apiserver accepts (1.5 MB an object in
+/// etcd) whatever the input. 512 bytes keep any apiserver or webhook sentence seen in practice.
+pub const MESSAGE_LIMIT: usize = 512;
+
+/// Longest condition message, in bytes: counts and the first few failures.
+pub const CONDITION_MESSAGE_LIMIT: usize = 1024;
+
+/// Longest reason kept, in bytes: reasons are one CamelCase word, unless a webhook says otherwise.
+pub const REASON_LIMIT: usize = 128;
+
+/// `text` cut to at most `limit` bytes on a character boundary, with `…` saying it was cut.
+pub fn cut(text: &str, limit: usize) -> String {
+    if text.len() <= limit {
+        return text.to_owned();
+    }
+    const MARK: &str = "…";
+    let mut end = limit.saturating_sub(MARK.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{MARK}", &text[..end])
+}
+
 impl StorageVersionMigration {
     /// Whether this migration asks to be written through the `status` subresource.
     pub fn requests_status_writes(&self) -> bool {
@@ -105,6 +129,16 @@ fn to_yaml_stream(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_text_is_cut_on_a_character_boundary_and_says_so() {
+        assert_eq!(cut("short", 10), "short");
+        let long = "é".repeat(600);
+        let kept = cut(&long, MESSAGE_LIMIT);
+        assert!(kept.len() <= MESSAGE_LIMIT, "{}", kept.len());
+        assert!(kept.ends_with('…') && kept.starts_with("éé"));
+        assert_eq!(cut(&"x".repeat(MESSAGE_LIMIT), MESSAGE_LIMIT).len(), MESSAGE_LIMIT);
+    }
 
     /// The committed CRDs are what `kube-svm crds` prints; regenerate with `make crds`.
     #[test]

@@ -215,7 +215,9 @@ impl Migrator {
         }
     }
 
-    /// The steps of one resource's migration, as the controller takes them.
+    /// The steps of one resource's migration, as the controller takes them: a change of the
+    /// storage version (or of the CRD) after the first write starts the run over from the first
+    /// object, a bounded number of times.
     async fn migrate(&self, name: &GroupResource) -> Outcome {
         let spec = GroupVersionResource {
             group: name.group.clone(),
@@ -223,54 +225,106 @@ impl Migrator {
             resource: name.resource.clone(),
         };
         let cluster = self.cluster();
-        let resource = match Resource::resolve(&self.client, &spec, false).await {
-            Ok(resource) => resource,
-            Err(error) => return Outcome::Failed(crate::error_chain(&error)),
+        let (mut resource, mut crd) = match self.resolve(&spec).await {
+            Ok(resolved) => resolved,
+            Err(outcome) => return outcome,
         };
         if let Err(outcome) = self.wait_for_others(name).await {
             return outcome;
         }
-        let crd = match steps::crd_of(&cluster, &resource).await {
-            Ok(crd) => crd,
-            Err(error) => {
-                let error = crate::error_chain(&error);
-                return Outcome::Failed(format!("failed to read the CRD of {resource}: {error}"));
-            }
-        };
         let migration = self.previous(name, spec);
-        let start = computed::start_point(&migration, resource.storage_version_hash.as_deref());
+        let hash = resource.storage_version_hash.as_deref();
+        let crd_now = crd.as_ref().map(computed::CrdNow::of);
+        let mut start = computed::start_point(&migration, hash, crd_now.as_ref());
         if start.keeps_target {
             let done = start.progress.processed();
             eprintln!("{}: resuming from the checkpoint after {done} objects", name.name());
         }
-        let target = tokio::select! {
-            target = self.target(&cluster, &migration, &resource, crd.as_ref(), &start) => target,
-            () = self.stop.cancelled() => {
-                return Outcome::Interrupted("stopped before the first write".into());
-            }
-        };
-        let previous = migration.status.as_ref();
-        let current = computed::started(previous, &target, &start, Timestamp::now());
-        self.checkpoints.save(name, &migration, &current);
+        let mut last = migration.status.clone();
         let by = format!("kube-svm migrate (pid {})", std::process::id());
-        let marked = target.crd_generation.is_some();
-        if marked {
-            steps::mark_migrating(&cluster, &resource, true, &by).await;
-        }
-        let outcome = self.run_engine(name, &migration, &resource, &target, start, current).await;
-        let outcome = match outcome {
-            Ended::Done(progress, done) => {
-                let spec = &migration.spec.resource;
-                let done = self.settle(&cluster, spec, &resource, &target, *done).await;
-                self.checkpoints.remove(name);
-                describe(&progress, &done)
+        let mut marked = None;
+        let mut retargets = 0;
+        let outcome = loop {
+            let target = tokio::select! {
+                target = self.target(&cluster, last.as_ref(), &resource, crd.as_ref(), &start) => target,
+                () = self.stop.cancelled() => {
+                    break Outcome::Interrupted("stopped before the first write".into());
+                }
+            };
+            if let Some(change) = steps::target_changed(&cluster, &resource, &target).await {
+                retargets += 1;
+                eprintln!(
+                    "{}: {}; before the first write, so only the target changes",
+                    name.name(),
+                    change.message
+                );
+                if retargets > computed::MAX_RETARGETS {
+                    let done = computed::kept_changing(last.as_ref(), &change, Timestamp::now());
+                    break describe(&Progress::default(), &done);
+                }
+            } else {
+                let current = computed::started(last.as_ref(), &target, &start, Timestamp::now());
+                self.checkpoints.save(name, &migration, &current);
+                if target.crd_generation.is_some() && marked.is_none() {
+                    steps::mark_migrating(&cluster, &resource, true, &by).await;
+                    marked = Some(resource.clone());
+                }
+                let ran =
+                    self.run_engine(name, &migration, &resource, &target, start.clone(), current);
+                let (change, current) = match ran.await {
+                    Ended::Interrupted(how) => break Outcome::Interrupted(how),
+                    Ended::Changed(change, current) => (change, *current),
+                    Ended::Done(progress, done) => {
+                        let spec = &migration.spec.resource;
+                        match self.verify(&cluster, spec, &resource, &target, *done).await {
+                            Verified::StartOver(change, current) => (change, current),
+                            Verified::Done(done) => {
+                                let done = self.settle(&cluster, &resource, &target, done).await;
+                                self.checkpoints.remove(name);
+                                break describe(&progress, &done);
+                            }
+                        }
+                    }
+                };
+                let restarts = start.restarts + 1;
+                match computed::restart(&current, &change, restarts, Timestamp::now()) {
+                    Ok(next) => {
+                        eprintln!("{}: {}", name.name(), next.note);
+                        (start, last) = (next, Some(current));
+                    }
+                    Err(failed) => {
+                        self.checkpoints.remove(name);
+                        break describe(&Progress::default(), &failed);
+                    }
+                }
             }
-            Ended::Interrupted(how) => Outcome::Interrupted(how),
+            (resource, crd) = match self.resolve(&migration.spec.resource).await {
+                Ok(resolved) => resolved,
+                Err(outcome) => break outcome,
+            };
         };
-        if marked {
+        if let Some(resource) = marked {
             steps::mark_migrating(&cluster, &resource, false, &by).await;
         }
         outcome
+    }
+
+    /// The resource through discovery, and the CRD behind it.
+    async fn resolve(
+        &self,
+        spec: &GroupVersionResource,
+    ) -> Result<(Resource, Option<CustomResourceDefinition>), Outcome> {
+        let resource = match Resource::resolve(&self.client, spec, false).await {
+            Ok(resource) => resource,
+            Err(error) => return Err(Outcome::Failed(crate::error_chain(&error))),
+        };
+        match steps::crd_of(&self.cluster(), &resource).await {
+            Ok(crd) => Ok((resource, crd)),
+            Err(error) => {
+                let error = crate::error_chain(&error);
+                Err(Outcome::Failed(format!("failed to read the CRD of {resource}: {error}")))
+            }
+        }
     }
 
     /// The migration a checkpoint file left for `name`, or a new one.
@@ -345,12 +399,11 @@ impl Migrator {
     async fn target(
         &self,
         cluster: &Cluster<'_>,
-        migration: &StorageVersionMigration,
+        previous: Option<&StorageVersionMigrationStatus>,
         resource: &Resource,
         crd: Option<&CustomResourceDefinition>,
         start: &Start,
     ) -> MigrationTarget {
-        let previous = migration.status.as_ref();
         let hash = resource.storage_version_hash.as_deref();
         let known = computed::known_target(previous, start, hash, crd.is_some());
         let crd = match (known, crd) {
@@ -395,8 +448,13 @@ impl Migrator {
             fence: self.fence.clone(),
         };
         let engine: &Engine = &self.built.engine;
-        let run = engine.run(job, &report, &self.stop);
+        // This run only: a change of the target stops it, and the migration goes on.
+        let cancel = self.stop.child_token();
+        let run = engine.run(job, &report, &cancel);
         tokio::pin!(run);
+        let cluster = self.cluster();
+        let guard = steps::guard(&cluster, resource, target);
+        tokio::pin!(guard);
         let finished = loop {
             tokio::select! {
                 finished = &mut run => break finished,
@@ -405,6 +463,14 @@ impl Migrator {
                     display.update(&progress);
                     let checkpoint = computed::running(Some(&current), target, &progress, Timestamp::now());
                     self.checkpoints.save(name, migration, &checkpoint);
+                }
+                change = &mut guard => {
+                    cancel.cancel();
+                    let _ = (&mut run).await;
+                    display.finish();
+                    let progress = updates.borrow().clone();
+                    let current = computed::running(Some(&current), target, &progress, Timestamp::now());
+                    return Ended::Changed(change, Box::new(current));
                 }
             }
         };
@@ -439,27 +505,46 @@ impl Migrator {
         }
     }
 
-    /// The checks at the end of a completed run, then `storedVersions`, as the controller does.
-    async fn settle(
+    /// The check at the end of a completed run, as the controller makes it: a change of the
+    /// resource's storage version (or of its CRD) starts the run over; the resource no longer
+    /// served fails it.
+    async fn verify(
         &self,
         cluster: &Cluster<'_>,
         spec: &GroupVersionResource,
         resource: &Resource,
         target: &MigrationTarget,
+        done: StorageVersionMigrationStatus,
+    ) -> Verified {
+        if done.conditions.first().map(|c| c.type_.as_str()) != Some(SUCCEEDED) {
+            return Verified::Done(done);
+        }
+        match steps::changed_since_start(cluster, spec, false, resource, target).await {
+            None => Verified::Done(done),
+            Some(change) if change.starts_over() => Verified::StartOver(change, done),
+            Some(change) => {
+                let message = format!(
+                    "{}; objects written before the change may be stored in the old version: migrate again",
+                    change.message
+                );
+                Verified::Done(computed::failed(
+                    Some(&done),
+                    change.reason,
+                    message,
+                    Timestamp::now(),
+                ))
+            }
+        }
+    }
+
+    /// `storedVersions` after a run, as the controller decides it.
+    async fn settle(
+        &self,
+        cluster: &Cluster<'_>,
+        resource: &Resource,
+        target: &MigrationTarget,
         mut done: StorageVersionMigrationStatus,
     ) -> StorageVersionMigrationStatus {
-        let succeeded = |done: &StorageVersionMigrationStatus| {
-            done.conditions.first().map(|c| c.type_.as_str()) == Some(SUCCEEDED)
-        };
-        if succeeded(&done)
-            && let Some((reason, message)) =
-                steps::changed_since_start(cluster, spec, false, resource, target).await
-        {
-            let message = format!(
-                "{message}; objects written before the change may be stored in the old version: migrate again"
-            );
-            done = computed::failed(Some(&done), reason, message, Timestamp::now());
-        }
         let run = computed::run_of(&done);
         if let Some(pruned) = steps::settle_stored_versions(cluster, resource, target, &run).await {
             done.conditions.retain(|c| c.type_ != pruned.type_);
@@ -473,7 +558,17 @@ impl Migrator {
 enum Ended {
     /// Completed or failed, with the status it leads to.
     Done(Progress, Box<StorageVersionMigrationStatus>),
+    /// The target changed under the run; the status with its progress then.
+    Changed(steps::Change, Box<StorageVersionMigrationStatus>),
     Interrupted(String),
+}
+
+/// What the check at the end of a completed run found.
+enum Verified {
+    /// Nothing changed (or the run failed): this is the status.
+    Done(StorageVersionMigrationStatus),
+    /// The target changed while the run went on: start over.
+    StartOver(steps::Change, StorageVersionMigrationStatus),
 }
 
 /// The operator's summary of a finished migration. A CRD whose `storedVersions` was kept has not

@@ -25,7 +25,7 @@ use crate::api::conditions::{FAILED, STATUS_TRUE, SUCCEEDED, events, reasons};
 use crate::api::{
     GroupResource, MigrationTarget, StorageVersionMigration, StorageVersionMigrationStatus,
 };
-use crate::engine::{Finished, Job, Progress, Resource};
+use crate::engine::{self, Job, Progress, Resource};
 use crate::fence::bounded;
 use crate::in_tree;
 use crate::metrics::{UNRESOLVED_RESOURCE, resource_label};
@@ -86,7 +86,10 @@ struct Task<'a> {
 }
 
 impl Task<'_> {
-    /// The steps of a migration, in order.
+    /// The steps of a migration, in order. A change of the resource's storage version (or of
+    /// its CRD) after the first write voids the writes so far: the run starts over from the
+    /// first object with the new target, a bounded number of times; a change seen before the
+    /// first write only retargets.
     async fn migrate(&self, discovery_failures: u32) -> Ended {
         if self.in_tree_migrating().await {
             return Ended::Deferred;
@@ -98,31 +101,110 @@ impl Task<'_> {
             self.context.fence.clone(),
             self.context.settings.request_timeout,
         );
-        let (resource, crd) = match self.resolve(&mut writer, discovery_failures).await {
+        let (mut resource, mut crd) = match self.resolve(&mut writer, discovery_failures).await {
             Ok(resolved) => resolved,
             Err(ended) => return ended,
         };
-        let start = status::start_point(self.migration, resource.storage_version_hash.as_deref());
+        let hash = resource.storage_version_hash.as_deref();
+        let crd_now = crd.as_ref().map(status::CrdNow::of);
+        let mut start = status::start_point(self.migration, hash, crd_now.as_ref());
+        let mut last = self.previous().cloned();
+        let mut retargets = 0;
+        loop {
+            let attempt = self.attempt(&mut writer, &resource, crd.as_ref(), &start, last.as_ref());
+            match attempt.await {
+                Attempt::Ended(ended) => return ended,
+                Attempt::Finished(finished) => {
+                    let Finished { target, progress, mut done } = *finished;
+                    if crd.is_some() {
+                        self.settle_stored_versions(&resource, &target, &mut done).await;
+                    }
+                    return self.record_end(&mut writer, &resource, &progress, done).await;
+                }
+                Attempt::Retarget(change) => {
+                    retargets += 1;
+                    info!(change = change.message, "the target changed before the first write");
+                    if retargets > status::MAX_RETARGETS {
+                        let done = status::kept_changing(last.as_ref(), &change, Timestamp::now());
+                        let progress = start.progress.clone();
+                        return self.record_end(&mut writer, &resource, &progress, done).await;
+                    }
+                }
+                Attempt::StartOver { change, current } => {
+                    let restarts = start.restarts + 1;
+                    warn!(
+                        change = change.message,
+                        restarts, "the target changed mid-run; starting over"
+                    );
+                    match status::restart(&current, &change, restarts, Timestamp::now()) {
+                        Ok(next) => (start, last) = (next, Some(*current)),
+                        Err(failed) => {
+                            let progress = Progress::default();
+                            return self
+                                .record_end(&mut writer, &resource, &progress, *failed)
+                                .await;
+                        }
+                    }
+                }
+            }
+            (resource, crd) = match self.resolve(&mut writer, 0).await {
+                Ok(resolved) => resolved,
+                Err(ended) => return ended,
+            };
+        }
+    }
+
+    /// One run from `start`, after `last` (the status last written): target, start, engine and
+    /// the check at the end.
+    async fn attempt(
+        &self,
+        writer: &mut StatusWriter,
+        resource: &Resource,
+        crd: Option<&CustomResourceDefinition>,
+        start: &Start,
+        last: Option<&StorageVersionMigrationStatus>,
+    ) -> Attempt {
         // The encoding check may wait minutes: a stopping controller does not wait for it.
         let target = tokio::select! {
-            target = self.target(&resource, crd.as_ref(), &start) => target,
-            () = self.cancel.cancelled() => return Ended::Done,
+            target = self.target(resource, crd, start, last) => target,
+            () = self.cancel.cancelled() => return Attempt::Ended(Ended::Done),
         };
-        let current = match self.record_start(&mut writer, &resource, &target, &start).await {
+        let cluster = self.context.cluster();
+        if let Some(change) = steps::target_changed(&cluster, resource, &target).await {
+            return Attempt::Retarget(change);
+        }
+        let current = match self.record_start(writer, resource, &target, start, last).await {
             Ok(current) => current,
-            Err(ended) => return ended,
+            Err(ended) => return Attempt::Ended(ended),
         };
-        let finished = self.run_engine(&mut writer, &resource, &target, start, current).await;
-        let Some((progress, mut done)) = finished else { return Ended::Done };
-        tokio::select! {
-            () = self.verify(&resource, &target, &progress, &mut done) => {}
+        let (progress, mut done) =
+            match self.run_engine(writer, resource, &target, start.clone(), current).await {
+                Ran::Stopped => return Attempt::Ended(Ended::Done),
+                Ran::Changed { change, current } => {
+                    return Attempt::StartOver { change, current: Box::new(current) };
+                }
+                Ran::Finished { progress, done } => (progress, done),
+            };
+        let change = tokio::select! {
+            change = self.verify(resource, &target, &done) => change,
             // Stopping: the next leader runs the migration again from its last checkpoint.
-            () = self.cancel.cancelled() => return Ended::Done,
+            () = self.cancel.cancelled() => return Attempt::Ended(Ended::Done),
+        };
+        match change {
+            Some(change) if change.starts_over() => {
+                return Attempt::StartOver { change, current: Box::new(done) };
+            }
+            Some(change) => {
+                let message = format!(
+                    "{}; {} objects were processed, but those written before the change may be stored in the old version: migrate again",
+                    change.message,
+                    progress.processed()
+                );
+                done = status::failed(Some(&done), change.reason, message, Timestamp::now());
+            }
+            None => {}
         }
-        if crd.is_some() {
-            self.settle_stored_versions(&resource, &target, &mut done).await;
-        }
-        self.record_end(&mut writer, &resource, &progress, done).await
+        Attempt::Finished(Box::new(Finished { target, progress, done }))
     }
 
     /// Step 0: at most one migration per resource at a time, whoever runs it: while the in-tree
@@ -211,9 +293,10 @@ impl Task<'_> {
         resource: &Resource,
         crd: Option<&CustomResourceDefinition>,
         start: &Start,
+        last: Option<&StorageVersionMigrationStatus>,
     ) -> MigrationTarget {
         let hash = resource.storage_version_hash.as_deref();
-        let known = status::known_target(self.previous(), start, hash, crd.is_some());
+        let known = status::known_target(last, start, hash, crd.is_some());
         let crd = match (known, crd) {
             (None, Some(crd)) => crd,
             (known, _) => return known.unwrap_or_default(),
@@ -242,8 +325,9 @@ impl Task<'_> {
         resource: &Resource,
         target: &MigrationTarget,
         start: &Start,
+        last: Option<&StorageVersionMigrationStatus>,
     ) -> Result<StorageVersionMigrationStatus, Ended> {
-        let current = status::started(self.previous(), target, start, Timestamp::now());
+        let current = status::started(last, target, start, Timestamp::now());
         if let Err(error) = writer.write_within(&current, RECORD_PATIENCE).await {
             return Err(give_up(&error));
         }
@@ -257,7 +341,8 @@ impl Task<'_> {
     }
 
     /// Step 4: the engine, with progress checkpointed into status beside it (never pausing
-    /// it). Returns the final progress and the status it leads to, or `None` when the task
+    /// it), and the resource's CRD watched for a change of the target. Returns the final
+    /// progress and the status it leads to; or the change that voided the run; or that the task
     /// stopped: deleted, the controller stopping (after a checkpoint), the leader deposed, or
     /// the migration finished by someone else.
     async fn run_engine(
@@ -267,8 +352,10 @@ impl Task<'_> {
         target: &MigrationTarget,
         start: Start,
         mut current: StorageVersionMigrationStatus,
-    ) -> Option<(Progress, StorageVersionMigrationStatus)> {
+    ) -> Ran {
         let context = self.context;
+        // This run only: a change of the target stops it, and the migration goes on.
+        let cancel = self.cancel.child_token();
         let (report, updates) = watch::channel(start.progress.clone());
         let write_to_status = self.migration.requests_status_writes()
             || (context.settings.write_to_status && resource.patchable_status);
@@ -279,13 +366,22 @@ impl Task<'_> {
             fence: context.fence.clone(),
         };
         let latest = updates.clone();
-        let run = context.engine.run(job, &report, self.cancel);
+        let run = context.engine.run(job, &report, &cancel);
         tokio::pin!(run);
+        let cluster = context.cluster();
         let stopped = {
             let checkpoints = Box::pin(checkpoint(context, writer, &mut current, target, updates));
             tokio::select! {
                 finished = &mut run => Ok(finished),
                 stop = checkpoints => Err(stop),
+                change = steps::guard(&cluster, resource, target) => {
+                    cancel.cancel();
+                    let _ = (&mut run).await;
+                    let progress = latest.borrow().clone();
+                    let now = Timestamp::now();
+                    let current = status::running(Some(&current), target, &progress, now);
+                    return Ran::Changed { change, current };
+                }
             }
         };
         let finished = match stopped {
@@ -299,16 +395,16 @@ impl Task<'_> {
                 if !matches!(stop, status_writer::Error::Fenced) {
                     self.unmark_crd().await;
                 }
-                return None;
+                return Ran::Stopped;
             }
         };
         let now = Timestamp::now();
         match finished {
-            Ok(Finished::Completed(progress)) => {
+            Ok(engine::Finished::Completed(progress)) => {
                 let done = status::completed(Some(&current), target, &progress, now);
-                Some((progress, done))
+                Ran::Finished { progress, done }
             }
-            Ok(Finished::Cancelled(progress)) => {
+            Ok(engine::Finished::Cancelled(progress)) => {
                 // The controller is stopping while still leading: leave the migration Running
                 // with its checkpoint for the next leader. A deposed leader's fence refuses.
                 if context.stopping.is_cancelled() && context.fence.holds() {
@@ -318,39 +414,32 @@ impl Task<'_> {
                         Err(error) => warn!(error = %crate::error_chain(&error), "no checkpoint"),
                     }
                 }
-                None
+                Ran::Stopped
             }
             Err(error) => {
                 let progress = latest.borrow().clone();
-                let failed = status::engine_failed(Some(&current), target, &progress, &error, now);
-                Some((progress, failed))
+                let done = status::engine_failed(Some(&current), target, &progress, &error, now);
+                Ran::Finished { progress, done }
             }
         }
     }
 
     /// Step 5: a run that completed proves nothing if the resource stopped being served, or
-    /// its storage version changed, while it ran: then objects written earlier may be stored in
-    /// the old version. Such a run ends Failed.
+    /// its storage version (or its CRD) changed, while it ran: then objects written earlier may
+    /// be stored in the old version. Returns the change, if any, for a Succeeded run.
     async fn verify(
         &self,
         resource: &Resource,
         target: &MigrationTarget,
-        progress: &Progress,
-        done: &mut StorageVersionMigrationStatus,
-    ) {
+        done: &StorageVersionMigrationStatus,
+    ) -> Option<steps::Change> {
         if done.conditions.first().map(|c| c.type_.as_str()) != Some(SUCCEEDED) {
-            return;
+            return None;
         }
         let spec = &self.migration.spec.resource;
         let requires_status = self.migration.requests_status_writes();
         let cluster = self.context.cluster();
-        let changed = steps::changed_since_start(&cluster, spec, requires_status, resource, target);
-        let Some((reason, message)) = changed.await else { return };
-        let message = format!(
-            "{message}; {} objects were processed, but those written before the change may be stored in the old version: migrate again",
-            progress.processed()
-        );
-        *done = status::failed(Some(done), reason, message, Timestamp::now());
+        steps::changed_since_start(&cluster, spec, requires_status, resource, target).await
     }
 
     /// Step 6: prune the CRD's `storedVersions` when that is proven safe; say what was done,
@@ -435,8 +524,8 @@ impl Task<'_> {
 
     /// Publishes an Event on the migration, inside the leader's term.
     async fn publish(&self, type_: EventType, reason: &str, note: String) {
-        // Event notes are limited to 1 kB.
-        let note: String = note.chars().take(1000).collect();
+        // The apiserver refuses Event notes longer than 1 kB.
+        let note = crate::api::cut(&note, 1024);
         let event = Event {
             type_,
             reason: reason.into(),
@@ -455,6 +544,35 @@ impl Task<'_> {
             warn!(%error, "failed to publish an event");
         }
     }
+}
+
+/// How one run of a migration ended.
+enum Attempt {
+    /// Nothing more to do now (see [`Ended`]).
+    Ended(Ended),
+    /// The target changed before the first write: work it out again.
+    Retarget(steps::Change),
+    /// The target changed after writes began (`current` is the status then): start over.
+    StartOver { change: steps::Change, current: Box<StorageVersionMigrationStatus> },
+    /// The run finished, Succeeded or Failed as its status says.
+    Finished(Box<Finished>),
+}
+
+/// A run that finished: its target, its progress, and the status it ends with.
+struct Finished {
+    target: MigrationTarget,
+    progress: Progress,
+    done: StorageVersionMigrationStatus,
+}
+
+/// How the engine's part of a run ended.
+enum Ran {
+    /// The task stopped (deleted, stopping, deposed, finished by someone else).
+    Stopped,
+    /// The resource's CRD changed under the run; `current` is the status with its progress.
+    Changed { change: steps::Change, current: StorageVersionMigrationStatus },
+    /// Completed or failed, with the status it leads to.
+    Finished { progress: Progress, done: StorageVersionMigrationStatus },
 }
 
 /// What a status write that failed for good means for the task.

@@ -1,19 +1,25 @@
 //! Computing a migration's status from engine progress, and where a migration starts. Pure: the
 //! controller sends what these functions return.
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::conditions::{FAILED, Phase, RUNNING, STATUS_TRUE, SUCCEEDED, events, reasons};
 use crate::api::{
-    Checkpoint, FailedObject, MigrationCondition, MigrationProgress, MigrationTarget,
-    StorageVersionMigration, StorageVersionMigrationStatus,
+    CONDITION_MESSAGE_LIMIT, Checkpoint, FailedObject, MigrationCondition, MigrationProgress,
+    MigrationTarget, StorageVersionMigration, StorageVersionMigrationStatus, cut,
 };
 use crate::engine::{self, ObjectFailure, Progress};
+use crate::steps::Change;
 use crate::storedversions::Run;
 
 /// Failures named in a Failed condition's message.
 const FAILURES_IN_MESSAGE: usize = 3;
+
+/// Bytes of each failure's message quoted in a Failed condition's message: three fit in
+/// [`CONDITION_MESSAGE_LIMIT`] with the counts; `failedObjects` keeps more of each.
+const FAILURE_IN_MESSAGE_LIMIT: usize = 240;
 
 /// Where a migration starts, and what kind of start it is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,21 +31,114 @@ pub struct Start {
     pub listed_from_start: bool,
     /// Whether the target recorded when the migration first started still holds.
     pub keeps_target: bool,
+    /// Times the migration has started over because its target changed mid-run.
+    pub restarts: u32,
     /// The Event reason saying what kind of start this is, and its note.
     pub event: &'static str,
     pub note: String,
 }
 
-/// Where `migration` starts, given the storage version hash discovery publishes now. It resumes
-/// from its own checkpoint when that was taken under the same storage version; otherwise it
-/// starts over, from upstream's `spec.continueToken` when there is one (then it did not list
+impl Start {
+    /// A start from the first object after the target changed mid-run (`why`), for the
+    /// `restarts`-th time.
+    pub fn over(why: &str, restarts: u32) -> Start {
+        Start {
+            progress: Progress::default(),
+            listed_from_start: true,
+            keeps_target: false,
+            restarts,
+            event: events::RESTARTED,
+            note: format!(
+                "migrating every object again from the first (restart {restarts} of at most {MAX_RESTARTS}): {why}"
+            ),
+        }
+    }
+}
+
+/// Times a migration starts over from the first object because its resource's storage version
+/// (or CRD) changed after it began writing, before it fails saying so: a storage version
+/// switched back and forth a few times is followed; one that keeps changing is the operator's
+/// to settle first.
+pub const MAX_RESTARTS: u32 = 3;
+
+/// Times the target of a migration is worked out again because it changed before the first
+/// write, before the migration fails: a CRD edited a few times in a row settles; one edited
+/// without end does not.
+pub const MAX_RETARGETS: u32 = 10;
+
+/// Where a migration goes after `change` voided the run whose last status is `current`: the
+/// start of its `restarts`-th run, or past [`MAX_RESTARTS`], Failed.
+pub fn restart(
+    current: &StorageVersionMigrationStatus,
+    change: &Change,
+    restarts: u32,
+    now: Timestamp,
+) -> Result<Start, Box<StorageVersionMigrationStatus>> {
+    let processed = current.progress.as_ref().map_or(0, |p| p.processed);
+    if restarts > MAX_RESTARTS {
+        let message = format!(
+            "{}, after {processed} objects, and it had already changed {MAX_RESTARTS} times while the migration ran: objects may be stored in any of those versions; settle the storage version, then migrate again",
+            change.message
+        );
+        return Err(Box::new(failed(Some(current), change.reason, message, now)));
+    }
+    Ok(Start::over(&format!("{}, after {processed} objects", change.message), restarts))
+}
+
+/// The status of a migration whose target kept changing before its first write.
+pub fn kept_changing(
+    previous: Option<&StorageVersionMigrationStatus>,
+    change: &Change,
+    now: Timestamp,
+) -> StorageVersionMigrationStatus {
+    let message = format!(
+        "the target kept changing before the first write ({MAX_RETARGETS} times; the last: {}); settle the storage version, then migrate again",
+        change.message
+    );
+    failed(previous, change.reason, message, now)
+}
+
+/// What a CRD-backed resource's CRD is now, as far as resuming a checkpoint goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CrdNow {
+    pub uid: Option<String>,
+    pub generation: i64,
+}
+
+impl CrdNow {
+    pub fn of(crd: &CustomResourceDefinition) -> CrdNow {
+        CrdNow {
+            uid: crd.metadata.uid.clone(),
+            generation: crd.metadata.generation.unwrap_or_default(),
+        }
+    }
+}
+
+/// Where `migration` starts, given the storage version hash discovery publishes now and, for a
+/// CRD-backed resource, its CRD now. It resumes from its own checkpoint when that was taken
+/// under the same storage version and the same CRD generation (any change of the CRD since,
+/// even a storage switch there and back, may have left objects in another version); otherwise
+/// it starts over, from upstream's `spec.continueToken` when there is one (then it did not list
 /// from the start), or from the first object.
-pub fn start_point(migration: &StorageVersionMigration, current_hash: Option<&str>) -> Start {
+pub fn start_point(
+    migration: &StorageVersionMigration,
+    current_hash: Option<&str>,
+    crd: Option<&CrdNow>,
+) -> Start {
     let status = migration.status.clone().unwrap_or_default();
-    let recorded_hash = status.target.as_ref().and_then(|t| t.storage_version_hash.as_deref());
+    let recorded = status.target.clone().unwrap_or_default();
+    let recorded_hash = recorded.storage_version_hash.as_deref();
     let checkpoint = status.checkpoint.map(|c| c.continue_token).filter(|t| !t.is_empty());
     let running = Phase::of(migration) == Phase::Running;
-    let same_target = recorded_hash == current_hash;
+    let restarts = status.restarts.unwrap_or(0);
+    let crd_changed = match (recorded.crd_generation, crd) {
+        (Some(generation), Some(now)) => (generation != now.generation
+            || recorded.crd_uid != now.uid)
+            .then(|| format!("generation {generation} then {}", now.generation)),
+        (Some(generation), None) => Some(format!("generation {generation}, then no CRD")),
+        (None, _) => None,
+    };
+    let same_target = recorded_hash == current_hash && crd_changed.is_none();
     if let (true, Some(continue_token), true) = (running, &checkpoint, same_target) {
         let counts = status.progress.unwrap_or_default();
         return Start {
@@ -57,13 +156,17 @@ pub fn start_point(migration: &StorageVersionMigration, current_hash: Option<&st
             // A checkpoint written before kube-svm recorded this is not trusted for pruning.
             listed_from_start: status.listed_from_start.unwrap_or(false),
             keeps_target: true,
+            restarts,
             event: events::RESUMED,
             note: "resuming from the checkpoint".to_owned(),
         };
     }
-    let (event, why) = match (running, same_target) {
-        (false, _) => (events::STARTED, String::new()),
-        (true, false) => (
+    let (event, why) = match (running, same_target, crd_changed) {
+        (false, _, _) => (events::STARTED, String::new()),
+        (true, false, Some(changed)) => {
+            (events::RESTARTED, format!(" again: the CRD changed since the checkpoint ({changed})"))
+        }
+        (true, false, None) => (
             events::RESTARTED,
             format!(
                 " again: the storage version hash changed from {} to {} since the migration started",
@@ -71,7 +174,7 @@ pub fn start_point(migration: &StorageVersionMigration, current_hash: Option<&st
                 current_hash.unwrap_or("none")
             ),
         ),
-        (true, true) => {
+        (true, true, _) => {
             (events::RESTARTED, " again: there was no checkpoint to resume from".into())
         }
     };
@@ -85,6 +188,7 @@ pub fn start_point(migration: &StorageVersionMigration, current_hash: Option<&st
         progress: Progress { continue_token: upstream, ..Progress::default() },
         listed_from_start,
         keeps_target: false,
+        restarts,
         event,
         note: format!("migrating every object {from}{why}"),
     }
@@ -99,6 +203,7 @@ pub fn started(
 ) -> StorageVersionMigrationStatus {
     let mut status = running(previous, target, &start.progress, now);
     status.listed_from_start = Some(start.listed_from_start);
+    status.restarts = Some(start.restarts).filter(|n| *n > 0);
     status
 }
 
@@ -113,6 +218,7 @@ pub fn running(
     let message = format!("{} objects processed", progress.processed());
     StorageVersionMigrationStatus {
         listed_from_start: previous.listed_from_start,
+        restarts: previous.restarts,
         conditions: conditions(&previous, RUNNING, reasons::MIGRATING, message, now),
         progress: Some(counts(progress)),
         checkpoint: Some(Checkpoint {
@@ -186,6 +292,7 @@ pub fn engine_failed(
     let reason = match error {
         engine::Error::NotServed { .. } => reasons::RESOURCE_NOT_SERVED,
         engine::Error::ApiserverUnavailable { .. } => reasons::APISERVER_UNAVAILABLE,
+        engine::Error::WritesFailing { .. } => reasons::WRITES_FAILING,
         _ => reasons::LIST_FAILED,
     };
     let with_progress = running(previous, target, progress, now);
@@ -231,7 +338,7 @@ fn conditions(
         status: STATUS_TRUE.to_owned(),
         last_update_time: Some(Time(now)),
         reason: Some(reason.to_owned()),
-        message: Some(message),
+        message: Some(cut(&message, CONDITION_MESSAGE_LIMIT)),
     };
     let others = previous
         .conditions
@@ -251,7 +358,12 @@ fn failed_message(progress: &Progress) -> String {
                 "" => f.name.clone(),
                 namespace => format!("{namespace}/{}", f.name),
             };
-            format!("{name}: {} {}: {}", f.code, f.reason, f.message)
+            format!(
+                "{name}: {} {}: {}",
+                f.code,
+                f.reason,
+                cut(&f.message, FAILURE_IN_MESSAGE_LIMIT)
+            )
         })
         .collect();
     format!(
@@ -326,7 +438,7 @@ mod tests {
 
     #[test]
     fn a_target_is_known_when_resumed_or_when_no_crd_is_behind_the_resource() {
-        let fresh = start_point(&migration(None), Some("new"));
+        let fresh = start_point(&migration(None), Some("new"), None);
         let plain = known_target(None, &fresh, Some("new"), false);
         assert_eq!(plain.and_then(|t| t.storage_version_hash), Some("new".into()));
         assert_eq!(known_target(None, &fresh, Some("new"), true), None);
@@ -339,7 +451,8 @@ mod tests {
         let mut checkpointed = running(None, &recorded, &progress(0), now());
         let checkpoint = Checkpoint { continue_token: "t".into(), time: None };
         checkpointed.checkpoint = Some(checkpoint);
-        let resumed = start_point(&migration(Some(checkpointed.clone())), Some("new"));
+        let crd = CrdNow { uid: None, generation: 3 };
+        let resumed = start_point(&migration(Some(checkpointed.clone())), Some("new"), Some(&crd));
         assert!(resumed.keeps_target);
         let kept = known_target(Some(&checkpointed), &resumed, Some("new"), true);
         assert_eq!(kept, Some(recorded));
@@ -369,7 +482,7 @@ mod tests {
     #[test]
     fn a_completed_run_from_the_start_establishes_what_pruning_needs() {
         let target = MigrationTarget::default();
-        let start = start_point(&migration(None), None);
+        let start = start_point(&migration(None), None, None);
         let started = started(None, &target, &start, now());
         let done = completed(Some(&started), &target, &progress(0), now());
         assert_eq!(run_of(&done), Run { succeeded: true, failed: 0, listed_from_start: true });
@@ -446,13 +559,13 @@ mod tests {
 
     #[test]
     fn a_new_migration_lists_from_the_start_unless_upstream_left_a_token() {
-        let fresh = start_point(&migration(None), Some("h2"));
+        let fresh = start_point(&migration(None), Some("h2"), None);
         assert_eq!((fresh.progress, fresh.listed_from_start), (Progress::default(), true));
         assert_eq!((fresh.keeps_target, fresh.event), (false, events::STARTED));
 
         let mut upstream = migration(None);
         upstream.spec.continue_token = Some("upstream-token".into());
-        let start = start_point(&upstream, Some("h2"));
+        let start = start_point(&upstream, Some("h2"), None);
         assert_eq!(start.progress.continue_token.as_deref(), Some("upstream-token"));
         assert!(
             !start.listed_from_start,
@@ -463,38 +576,94 @@ mod tests {
 
     #[test]
     fn resumes_from_its_own_checkpoint_of_the_same_target() {
-        let start = start_point(&checkpointed("own-token", "h2", Some(true)), Some("h2"));
+        let start = start_point(&checkpointed("own-token", "h2", Some(true)), Some("h2"), None);
         assert_eq!(start.progress.continue_token.as_deref(), Some("own-token"));
         let counts = &start.progress;
         assert_eq!((counts.rewritten, counts.failed, counts.failures.len()), (7, 1, 1));
         assert_eq!((start.listed_from_start, start.keeps_target), (true, true));
         assert_eq!(start.event, events::RESUMED);
         // A run that began at a foreign token stays partial when resumed.
-        let partial = start_point(&checkpointed("own-token", "h2", Some(false)), Some("h2"));
+        let partial = start_point(&checkpointed("own-token", "h2", Some(false)), Some("h2"), None);
         assert!(!partial.listed_from_start);
         // A checkpoint that never said is not trusted.
-        assert!(!start_point(&checkpointed("own-token", "h2", None), Some("h2")).listed_from_start);
+        assert!(
+            !start_point(&checkpointed("own-token", "h2", None), Some("h2"), None)
+                .listed_from_start
+        );
     }
 
     #[test]
     fn starts_over_when_the_storage_version_changed_since_the_checkpoint() {
-        let start = start_point(&checkpointed("own-token", "h1", Some(true)), Some("h2"));
+        let start = start_point(&checkpointed("own-token", "h1", Some(true)), Some("h2"), None);
         assert_eq!((start.progress, start.listed_from_start), (Progress::default(), true));
         assert_eq!((start.keeps_target, start.event), (false, events::RESTARTED));
         assert!(start.note.contains("changed from h1 to h2"), "{}", start.note);
     }
 
     #[test]
+    fn starts_over_when_the_crd_changed_since_the_checkpoint() {
+        let mut migration = checkpointed("own-token", "h2", Some(true));
+        if let Some(target) = migration.status.as_mut().and_then(|s| s.target.as_mut()) {
+            target.crd_generation = Some(4);
+            target.crd_uid = Some("u1".into());
+        }
+        let same = CrdNow { uid: Some("u1".into()), generation: 4 };
+        assert!(start_point(&migration, Some("h2"), Some(&same)).keeps_target);
+        // v2 -> v1 -> v2 while no controller ran: the same hash, a newer generation.
+        let flipped = CrdNow { uid: Some("u1".into()), generation: 6 };
+        let start = start_point(&migration, Some("h2"), Some(&flipped));
+        assert_eq!((start.progress, start.listed_from_start), (Progress::default(), true));
+        assert_eq!((start.keeps_target, start.event), (false, events::RESTARTED));
+        assert!(start.note.contains("generation 4 then 6"), "{}", start.note);
+        let replaced = CrdNow { uid: Some("u2".into()), generation: 4 };
+        assert!(!start_point(&migration, Some("h2"), Some(&replaced)).keeps_target);
+        assert!(!start_point(&migration, Some("h2"), None).keeps_target, "the CRD is gone");
+    }
+
+    #[test]
+    fn a_change_after_the_first_write_starts_over_a_few_times_then_fails() {
+        let change = Change {
+            reason: reasons::STORAGE_VERSION_CHANGED,
+            message: "the storage version of widgets.example.com changed from v2 to v1".into(),
+        };
+        let current = running(None, &target("h2"), &progress(0), now());
+        let next = restart(&current, &change, 1, now()).expect("starts over");
+        assert_eq!((next.restarts, next.listed_from_start), (1, true));
+        assert!(next.note.contains("after 10 objects"), "{}", next.note);
+        assert!(restart(&current, &change, MAX_RESTARTS, now()).is_ok());
+        let failed = restart(&current, &change, MAX_RESTARTS + 1, now()).expect_err("fails");
+        let condition = &failed.conditions[0];
+        assert_eq!(
+            (condition.type_.as_str(), condition.reason.as_deref()),
+            (FAILED, Some(reasons::STORAGE_VERSION_CHANGED))
+        );
+        assert!(condition.message.as_deref().unwrap_or_default().contains("changed 3 times"));
+        assert_eq!(Phase::of(&migration(Some(*failed))), Phase::Failed);
+    }
+
+    #[test]
+    fn a_restart_lists_from_the_first_object_and_is_counted() {
+        let start = Start::over("the storage version changed from v2 to v1", 2);
+        assert_eq!((&start.progress, start.listed_from_start), (&Progress::default(), true));
+        assert_eq!((start.restarts, start.event), (2, events::RESTARTED));
+        let status = started(None, &target("h2"), &start, now());
+        assert_eq!(status.restarts, Some(2));
+        let later = running(Some(&status), &target("h2"), &progress(0), now());
+        assert_eq!(later.restarts, Some(2), "kept while it runs");
+        assert!(start.note.contains("restart 2 of at most 3"), "{}", start.note);
+    }
+
+    #[test]
     fn starts_over_without_a_checkpoint_token() {
         // Killed after the last page but before completing: start over, counts from zero.
-        let start = start_point(&checkpointed("", "h2", Some(true)), Some("h2"));
+        let start = start_point(&checkpointed("", "h2", Some(true)), Some("h2"), None);
         assert_eq!((start.progress, start.listed_from_start), (Progress::default(), true));
         assert_eq!(start.event, events::RESTARTED);
     }
 
     #[test]
     fn the_start_records_whether_the_listing_is_whole_and_later_statuses_keep_it() {
-        let start = start_point(&migration(None), Some("h2"));
+        let start = start_point(&migration(None), Some("h2"), None);
         let first = started(None, &target("h2"), &start, now());
         assert_eq!(first.listed_from_start, Some(true));
         let later = running(Some(&first), &target("h2"), &progress(0), now());

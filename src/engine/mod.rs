@@ -15,6 +15,7 @@
 //! - [`retry`], [`rate_limit`]: backoff decisions and the client-side rate limit.
 
 mod denial;
+mod failing;
 mod outage;
 mod pager;
 mod pipeline;
@@ -40,6 +41,7 @@ use outage::{Availability, Verdict};
 pub use request::NoReply;
 use request::Reply;
 
+pub use failing::KeepFailing;
 pub use pager::Listed;
 pub use rate_limit::RateLimiter;
 pub use resource::{ResolveError, Resource, migratable};
@@ -153,6 +155,15 @@ pub enum Error {
     ListTransport(String, #[source] NoReply),
     #[error("failed to list {0}: continue tokens kept expiring, or the apiserver offered no other")]
     ListExpired(String),
+    #[error(
+        "failed to list {0}: the apiserver handed out a continue token it had handed out before, so the list would never end"
+    )]
+    ListLoops(String),
+    #[error(
+        "writes to {resource} keep failing: the last {} objects failed and none succeeded for {} s; the last failure: {}",
+        .failing.objects, .failing.for_seconds, describe(&.failing.last)
+    )]
+    WritesFailing { resource: String, failing: Box<KeepFailing> },
     #[error("failed to decode the list of {0}")]
     Decode(String, #[source] serde_json::Error),
     #[error(
@@ -164,6 +175,15 @@ pub enum Error {
     /// The leader's term ended; not an error of the migration.
     #[error("this process may no longer write: its leadership ended")]
     Fenced,
+}
+
+/// One failure in words: `namespace/name: code reason: message`.
+pub fn describe(failure: &ObjectFailure) -> String {
+    let ObjectFailure { namespace, name, code, reason, message } = failure;
+    match namespace.as_str() {
+        "" => format!("{name}: {code} {reason}: {message}"),
+        namespace => format!("{namespace}/{name}: {code} {reason}: {message}"),
+    }
 }
 
 /// What a run's concurrent requests share: counts kept while a page is in flight, the window

@@ -16,6 +16,8 @@ use super::{Attempts, Engine, Error, Failed, Next, Resource, RunState};
 pub struct Listed {
     pub namespace: String,
     pub name: String,
+    /// Tells the object from one deleted and created again under its name.
+    pub uid: String,
     pub resource_version: String,
 }
 
@@ -39,7 +41,7 @@ struct MetadataList {
     items: Vec<MetadataItem>,
 }
 
-fn null_as_empty<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+pub(super) fn null_as_empty<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
     deserializer: D,
 ) -> Result<Vec<T>, D::Error> {
     Ok(Option::<Vec<T>>::deserialize(deserializer)?.unwrap_or_default())
@@ -64,6 +66,8 @@ struct ObjectMeta {
     #[serde(default)]
     namespace: String,
     name: String,
+    #[serde(default)]
+    uid: String,
     resource_version: String,
 }
 
@@ -165,6 +169,7 @@ fn parse_page(resource: &Resource, reply: &Reply) -> Result<Page, Error> {
         .map(|item| Listed {
             namespace: item.metadata.namespace,
             name: item.metadata.name,
+            uid: item.metadata.uid,
             resource_version: item.metadata.resource_version,
         })
         .collect();
@@ -208,16 +213,22 @@ mod tests {
     fn a_page_keeps_identity_and_resource_version_and_the_next_token() {
         let parsed = page(
             r#"{"metadata":{"continue":"next","remainingItemCount":7},"items":[
-                {"metadata":{"namespace":"ns","name":"a","resourceVersion":"11"}},
-                {"metadata":{"name":"b","resourceVersion":"12"}}]}"#,
+                {"metadata":{"namespace":"ns","name":"a","uid":"u-a","resourceVersion":"11"}},
+                {"metadata":{"name":"b","uid":"u-b","resourceVersion":"12"}}]}"#,
         );
         assert_eq!(
             parsed.items,
             [
-                Listed { namespace: "ns".into(), name: "a".into(), resource_version: "11".into() },
+                Listed {
+                    namespace: "ns".into(),
+                    name: "a".into(),
+                    uid: "u-a".into(),
+                    resource_version: "11".into()
+                },
                 Listed {
                     namespace: String::new(),
                     name: "b".into(),
+                    uid: "u-b".into(),
                     resource_version: "12".into()
                 },
             ]

@@ -5,14 +5,18 @@
 //! of a page (and of every page before it) is done, so the continue token a checkpoint records
 //! never skips an object that was not written.
 
-use std::collections::VecDeque;
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashSet, VecDeque};
+use std::hash::{Hash, Hasher};
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, instrument};
 
+use super::failing::FailingWrites;
 use super::pager::{Listed, Page};
 use super::writer::Halt;
 use super::{Engine, Error, Finished, Job, ObjectFailure, Outcome, Progress, RunState};
@@ -78,9 +82,13 @@ impl Engine {
         let (pages_tx, mut pages) = mpsc::channel::<Result<Page, Error>>(1);
         let lister = async {
             let mut token = first;
+            let mut tokens = Tokens::default();
             loop {
-                let page = self.list_page(&resource, token.as_deref(), &run).await;
+                let mut page = self.list_page(&resource, token.as_deref(), &run).await;
                 let next = page.as_ref().ok().and_then(|p| p.continue_token.clone());
+                if next.as_deref().is_some_and(|next| !tokens.first_time(next)) {
+                    page = Err(Error::ListLoops(resource.to_string()));
+                }
                 let failed = page.is_err();
                 if pages_tx.send(page).await.is_err() || failed || next.is_none() {
                     break;
@@ -101,6 +109,7 @@ impl Engine {
             let mut current: Option<(u64, std::vec::IntoIter<Listed>)> = None;
             let mut lister_done = false;
             let mut writes = FuturesUnordered::new();
+            let mut failing = FailingWrites::new(Instant::now());
             loop {
                 // Dispatch as long as there is room.
                 while writes.len() < max_outstanding {
@@ -147,10 +156,16 @@ impl Engine {
                         let page = usize::try_from(seq - front_seq).ok().and_then(|i| pending.get_mut(i));
                         let Some(page) = page else { continue };
                         page.unfinished -= 1;
-                        match outcome {
-                            Ok(outcome) => page.tally.record(outcome, failures_kept),
+                        let outcome = match outcome {
+                            Ok(outcome) => outcome,
                             Err(halt) => return halted(halt, &resource, &run, progress),
+                        };
+                        if let Some(failing) = failing.record(&outcome, Instant::now()) {
+                            let resource = resource.to_string();
+                            let failing = Box::new(failing);
+                            return Err(Error::WritesFailing { resource, failing });
                         }
+                        page.tally.record(outcome, failures_kept);
                     }
                     page = pages.recv(), if wants_page => match page {
                         None => lister_done = true,
@@ -179,6 +194,21 @@ impl Engine {
             finished = dispatcher => finished,
             () = lister => unreachable!("the lister never ends on its own"),
         }
+    }
+}
+
+/// The continue tokens one run was handed, to catch an apiserver (or a proxy) that hands out
+/// one it handed out before: following it would list the same pages forever. Kept as hashes, so
+/// memory stays small however long the list.
+#[derive(Default)]
+struct Tokens(HashSet<u64>);
+
+impl Tokens {
+    /// Whether `token` was not handed out before in this run.
+    fn first_time(&mut self, token: &str) -> bool {
+        let mut hasher = DefaultHasher::new();
+        token.hash(&mut hasher);
+        self.0.insert(hasher.finish())
     }
 }
 
@@ -233,6 +263,14 @@ mod tests {
             unfinished: 0,
             tally: Tally::default(),
         }
+    }
+
+    #[test]
+    fn a_continue_token_handed_out_twice_is_caught() {
+        let mut tokens = Tokens::default();
+        assert!(tokens.first_time("a") && tokens.first_time("b"));
+        assert!(!tokens.first_time("a"), "a loop back to an earlier page");
+        assert!(!tokens.first_time("b"), "the same token again");
     }
 
     #[test]

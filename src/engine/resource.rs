@@ -4,6 +4,7 @@ use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResource;
 use kube::Client;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 use crate::api::{GroupResource, GroupVersionResource};
 
@@ -145,6 +146,7 @@ impl Resource {
         if !self.namespaced || namespace.is_empty() {
             return self.collection_path();
         }
+        let namespace = segment(namespace);
         match self.group.as_str() {
             "" => format!("/api/{}/namespaces/{namespace}/{}", self.version, self.plural),
             group => {
@@ -152,6 +154,25 @@ impl Resource {
             }
         }
     }
+
+    /// The URL path of one object, with `/<subresource>` when given.
+    pub fn object_path(&self, namespace: &str, name: &str, subresource: Option<&str>) -> String {
+        let collection = self.namespaced_path(namespace);
+        match subresource {
+            Some(subresource) => format!("{collection}/{}/{subresource}", segment(name)),
+            None => format!("{collection}/{}", segment(name)),
+        }
+    }
+}
+
+/// What a path segment built from a name must escape: everything but RFC 3986's unreserved
+/// characters. Object names may hold `#`, `?`, `%`, spaces and more (a ClusterRole named `x#y`
+/// is valid); unescaped, they end the path or change it.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+/// `name` as one URL path segment.
+fn segment(name: &str) -> String {
+    utf8_percent_encode(name, SEGMENT).to_string()
 }
 
 impl fmt::Display for Resource {
@@ -216,6 +237,30 @@ mod tests {
         assert_eq!(
             resource("example.com", false).namespaced_path(""),
             "/apis/example.com/v1/widgets"
+        );
+    }
+
+    #[test]
+    fn names_are_escaped_as_one_path_segment() {
+        let clusterroles = Resource {
+            group: "rbac.authorization.k8s.io".into(),
+            plural: "clusterroles".into(),
+            ..resource("", false)
+        };
+        let base = "/apis/rbac.authorization.k8s.io/v1/clusterroles";
+        for (name, escaped) in [
+            ("x#y", "x%23y"),
+            ("q?z", "q%3Fz"),
+            ("a b", "a%20b"),
+            ("100%", "100%25"),
+            ("system:node", "system%3Anode"),
+            ("w-1.a_b~c", "w-1.a_b~c"),
+        ] {
+            assert_eq!(clusterroles.object_path("", name, None), format!("{base}/{escaped}"));
+        }
+        assert_eq!(
+            resource("example.com", true).object_path("ns", "x#y", Some("status")),
+            "/apis/example.com/v1/namespaces/ns/widgets/x%23y/status"
         );
     }
 

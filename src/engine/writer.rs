@@ -2,6 +2,7 @@
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
+use kube::api::ListParams;
 use serde::Deserialize;
 use tokio::time::Instant;
 use tracing::debug;
@@ -150,7 +151,7 @@ impl Engine {
                 _ => Signal::Neutral,
             });
             let failed = match result {
-                Ok(reply) => match self.classify(resource, object, &reply).await? {
+                Ok(reply) => match self.classify(resource, object, &reply, run).await? {
                     Some(outcome) => return Ok(outcome),
                     None => Failed::Answer(reply),
                 },
@@ -192,9 +193,8 @@ impl Engine {
         to_status: bool,
         body: &[u8],
     ) -> Result<http::Request<Vec<u8>>, http::Error> {
-        let path = resource.namespaced_path(&object.namespace);
-        let status = if to_status { "/status" } else { "" };
-        http::Request::patch(format!("{path}/{}{status}", object.name))
+        let subresource = to_status.then_some("status");
+        http::Request::patch(resource.object_path(&object.namespace, &object.name, subresource))
             .header(http::header::CONTENT_TYPE, "application/merge-patch+json")
             // Metadata only in the answer: the object itself is of no use here.
             .header(http::header::ACCEPT, METADATA_ONLY)
@@ -208,6 +208,7 @@ impl Engine {
         resource: &Resource,
         object: &Listed,
         reply: &Reply,
+        run: &RunState,
     ) -> Result<Option<Outcome>, Halt> {
         Ok(match reply.code {
             200..300 => Some(match serde_json::from_slice::<WrittenMeta>(&reply.body) {
@@ -222,20 +223,153 @@ impl Engine {
                     error.to_string(),
                 )),
             }),
-            409 => Some(Outcome::Conflict),
-            404 => {
+            // A 409 or a 404 may be an admission webhook's own answer, passed through with its
+            // code: believed only once the object's metadata, read again, bears it out.
+            409 | 404 => {
                 let status = reply.status();
-                if !names_the_object(&status, resource, object) {
+                if reply.code == 404 && !names_the_object(&status, resource, object) {
                     return Err(Halt::NotServed(status.message));
                 }
-                match resource.namespaced {
-                    true => Some(not_found(object, self.namespace_exists(&object.namespace).await)),
-                    false => Some(Outcome::Deleted),
+                let found = match self.read_again(resource, object, run).await {
+                    Ok(found) => found,
+                    Err(NoReread::Fenced) => return Err(Halt::Fenced),
+                    Err(error) => {
+                        return Ok(Some(Outcome::Failed(unchecked(object, reply, error))));
+                    }
+                };
+                match (recheck(object, found.as_ref()), resource.namespaced) {
+                    (Recheck::Written, _) => Some(Outcome::Conflict),
+                    (Recheck::Gone, true) => {
+                        Some(not_found(object, self.namespace_exists(&object.namespace).await))
+                    }
+                    (Recheck::Gone, false) => Some(Outcome::Deleted),
+                    // Unchanged since listed: the answer was a refusal, not a conflict or a
+                    // deletion. The object failed, with the refusal's own words.
+                    (Recheck::Unchanged, _) => Some(Outcome::Failed(refused(object, reply))),
                 }
             }
             _ => None,
         })
     }
+
+    /// Reads `object`'s metadata again, from a consistent list of the one name (so `list`,
+    /// which migration needs anyway, is the only permission it takes).
+    async fn read_again(
+        &self,
+        resource: &Resource,
+        object: &Listed,
+        run: &RunState,
+    ) -> Result<Option<Current>, NoReread> {
+        let params = ListParams::default()
+            .fields(&format!("metadata.name={}", escape_field_value(&object.name)));
+        let request = kube::core::Request::new(resource.namespaced_path(&object.namespace))
+            .list_metadata(&params)
+            .map_err(|error| NoReread::Request(error.to_string()))?;
+        let reply = match self.send(request, run).await {
+            Ok(reply) => reply,
+            Err(NoReply::Fenced) => return Err(NoReread::Fenced),
+            Err(error) => return Err(NoReread::NoAnswer(error.to_string())),
+        };
+        if !reply.is_success() {
+            let status = reply.status();
+            return Err(NoReread::Answer(reply.code, status.reason, status.message));
+        }
+        let list: CurrentList = serde_json::from_slice(&reply.body)
+            .map_err(|error| NoReread::Request(error.to_string()))?;
+        Ok(list.items.into_iter().map(|item| item.metadata).find(|meta| meta.name == object.name))
+    }
+}
+
+/// An object's metadata as read again after a 409 or a 404.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Current {
+    name: String,
+    #[serde(default)]
+    uid: String,
+    resource_version: String,
+}
+
+#[derive(Deserialize)]
+struct CurrentList {
+    #[serde(default, deserialize_with = "super::pager::null_as_empty")]
+    items: Vec<CurrentItem>,
+}
+
+#[derive(Deserialize)]
+struct CurrentItem {
+    metadata: Current,
+}
+
+/// Why an object's metadata could not be read again.
+#[derive(Debug, thiserror::Error)]
+enum NoReread {
+    #[error("this process may no longer write: its leadership ended")]
+    Fenced,
+    #[error("no answer: {0}")]
+    NoAnswer(String),
+    #[error("HTTP {0} {1}: {2}")]
+    Answer(u16, String, String),
+    #[error("{0}")]
+    Request(String),
+}
+
+/// What an object read again says about the 409 or 404 its write got.
+#[derive(Debug, PartialEq, Eq)]
+enum Recheck {
+    /// Written by someone else since it was listed: re-encoded, nothing left to do.
+    Written,
+    /// Deleted, or deleted and created again (another uid): nothing left to do.
+    Gone,
+    /// Exactly as listed: nobody wrote or deleted it, so the answer was a refusal.
+    Unchanged,
+}
+
+fn recheck(listed: &Listed, found: Option<&Current>) -> Recheck {
+    match found {
+        None => Recheck::Gone,
+        Some(found) if !listed.uid.is_empty() && found.uid != listed.uid => Recheck::Gone,
+        Some(found) if found.resource_version != listed.resource_version => Recheck::Written,
+        Some(_) => Recheck::Unchanged,
+    }
+}
+
+/// A field selector value with the characters the selector syntax gives a meaning escaped.
+fn escape_field_value(value: &str) -> String {
+    let mut escaped = String::with_capacity(value.len());
+    for c in value.chars() {
+        if matches!(c, '\\' | ',' | '=') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
+/// Reason recorded when a 409 or a 404 was not borne out: the object was neither written by
+/// anyone else nor deleted, so admission refused it.
+pub const REFUSED: &str = "Refused";
+
+/// Reason recorded when an object answered 409 or 404 could not be read again to tell why.
+pub const RECHECK_FAILED: &str = "RecheckFailed";
+
+fn refused(object: &Listed, reply: &Reply) -> ObjectFailure {
+    let status = reply.status();
+    let reason = if status.reason.is_empty() { REFUSED.to_owned() } else { status.reason };
+    let message = format!(
+        "answered {} but neither written by anyone else nor deleted since it was listed (resourceVersion {} unchanged): {}",
+        reply.code, object.resource_version, status.message
+    );
+    failure(object, reply.code, &reason, message)
+}
+
+fn unchecked(object: &Listed, reply: &Reply, error: NoReread) -> ObjectFailure {
+    let status = reply.status();
+    let message = format!(
+        "answered {} {} ({}), and reading it again to tell whether it was written or deleted failed: {error}",
+        reply.code, status.reason, status.message
+    );
+    failure(object, reply.code, RECHECK_FAILED, message)
 }
 
 /// Whether a 404 is about `object` (it was deleted), rather than about the resource: the
@@ -295,13 +429,15 @@ fn not_found(object: &Listed, namespace_exists: Result<bool, NamespaceUnread>) -
     }
 }
 
+/// A failure of `object`, its reason and message cut to a bounded size: they may come from an
+/// admission webhook, and a migration's status must stay small whatever the input.
 fn failure(object: &Listed, code: u16, reason: &str, message: String) -> ObjectFailure {
     ObjectFailure {
         namespace: object.namespace.clone(),
         name: object.name.clone(),
         code,
-        reason: reason.to_owned(),
-        message,
+        reason: crate::api::cut(reason, crate::api::REASON_LIMIT),
+        message: crate::api::cut(&message, crate::api::MESSAGE_LIMIT),
     }
 }
 
@@ -310,7 +446,12 @@ mod tests {
     use super::*;
 
     fn listed() -> Listed {
-        Listed { namespace: "gone".into(), name: "w".into(), resource_version: "7".into() }
+        Listed {
+            namespace: "gone".into(),
+            name: "w".into(),
+            uid: "u".into(),
+            resource_version: "7".into(),
+        }
     }
 
     #[test]
@@ -357,8 +498,12 @@ mod not_found_tests {
 
     #[test]
     fn a_404_naming_the_object_means_it_was_deleted() {
-        let object =
-            Listed { namespace: String::new(), name: "w-1".into(), resource_version: "5".into() };
+        let object = Listed {
+            namespace: String::new(),
+            name: "w-1".into(),
+            uid: "u".into(),
+            resource_version: "5".into(),
+        };
         let deleted = status(
             r#"{"kind":"Status","status":"Failure","reason":"NotFound","code":404,
                 "message":"widgets.example.com \"w-1\" not found",
@@ -369,8 +514,12 @@ mod not_found_tests {
 
     #[test]
     fn a_404_for_the_resource_is_not_a_deletion() {
-        let object =
-            Listed { namespace: String::new(), name: "w-1".into(), resource_version: "5".into() };
+        let object = Listed {
+            namespace: String::new(),
+            name: "w-1".into(),
+            uid: "u".into(),
+            resource_version: "5".into(),
+        };
         // What the apiserver answers for a version or CRD it does not serve.
         let unserved = status(
             r#"{"kind":"Status","status":"Failure","reason":"NotFound","code":404,
@@ -404,6 +553,7 @@ mod body_tests {
         let object = |namespace: &str| Listed {
             namespace: namespace.into(),
             name: "w-1".into(),
+            uid: "u".into(),
             resource_version: "42".into(),
         };
         let body: serde_json::Value =

@@ -25,6 +25,7 @@ use crate::support::migrations::{
     self, is_terminal, processed_at_least, progress, state, wait_for, wait_for_triggered,
 };
 use crate::support::process::KubeSvm;
+use crate::support::webhook::{Answer, Webhook};
 use crate::support::{AuditEvent, CONTROLLER_NAMESPACE, ControlPlane};
 
 /// How long any one migration of a scenario may take.
@@ -442,6 +443,134 @@ async fn a_refused_status_write_is_retried() {
     let (done, outcome) =
         finish(&plane.control_plane, &client, &widgets, &name, &[&plane.controller]).await;
     assert_migrated_and_pruned(&widgets, &done, &outcome, scale(100));
+}
+
+/// Installs a webhook on the widgets of `widgets` (allowing everything until told otherwise)
+/// and waits until the apiserver calls it.
+async fn webhook_on(client: &Client, widgets: &WidgetCrd, timeout_seconds: i32) -> Webhook {
+    let name = format!("hook-{}", widgets.group);
+    let webhook =
+        Webhook::install(client, &name, &widgets.group, &["widgets"], timeout_seconds).await;
+    // The apiserver calls a new webhook once its informers see it: wait for the first review.
+    let api = widgets.api(client, "v1", None);
+    let touch = json!({ "metadata": { "annotations": { "probe": "yes" } } });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while webhook.reviews() == 0 {
+        assert!(Instant::now() < deadline, "the apiserver never called the webhook");
+        let _ = api.patch("w-1", &PatchParams::default(), &Patch::Merge(&touch)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    webhook
+}
+
+/// A validating webhook answers some writes with its own 409 ("object is locked") and others
+/// with a 404 that names the object: the apiserver passes both through, code, reason and
+/// details. Neither is believed: those objects were not written by anyone else nor deleted, so
+/// they failed, with the webhook's words; the migration fails and storedVersions is kept, as
+/// etcd shows. Once the webhook goes, a new migration succeeds and prunes.
+#[tokio::test]
+async fn a_webhook_answering_409_or_404_is_not_believed() {
+    let plane = plane().await;
+    let client = plane.control_plane.client().await;
+    let count = scale(300);
+    let widgets = stale_widgets(&client, "lying", count, &[]).await;
+    let webhook = webhook_on(&client, &widgets, 5).await;
+    let locked: Vec<String> = (0..30).map(|i| format!("w-{}", i * 7 + 2)).collect();
+    let missing: Vec<String> = (0..10).map(|i| format!("w-{}", i * 7 + 5)).collect();
+    webhook.answer(
+        locked.clone(),
+        Answer::Deny { code: 409, reason: "Conflict".into(), message: "object is locked".into() },
+    );
+    webhook.answer(missing.clone(), Answer::NotFound);
+    let name = switch_and_wait_for_migration(&client, &widgets, &plane.controller).await;
+
+    let (done, outcome) =
+        finish(&plane.control_plane, &client, &widgets, &name, &[&plane.controller]).await;
+    assert_eq!(outcome.phase, Phase::Failed, "{:?}", done.status);
+    assert_eq!(outcome.stored_versions, ["v1", "v2"], "storedVersions kept");
+    let refused = locked.len() + missing.len();
+    assert_eq!(outcome.census.count(&widgets.api_version("v1")), refused, "{:?}", outcome.census);
+    assert_eq!(outcome.census.count(&widgets.api_version("v2")), count - refused);
+    let counts = progress(&done);
+    assert_eq!((counts.failed, counts.skipped), (refused as u64, 0), "{counts:?}");
+    let status = done.status.clone().expect("status");
+    let conflict = status.failed_objects.iter().find(|f| f.code == 409).expect("a 409 listed");
+    assert!(conflict.message.contains("object is locked"), "{conflict:?}");
+    assert!(
+        status.failed_objects.iter().all(|f| locked.contains(&f.name) || missing.contains(&f.name))
+    );
+
+    webhook.remove().await;
+    let again = unique("unlocked");
+    // The apiserver stops calling the webhook once its informers see it go.
+    let api = widgets.api(&client, "v1", None);
+    let touch = json!({ "metadata": { "annotations": { "unlocked": "yes" } } });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while api.patch(&locked[0], &PatchParams::default(), &Patch::Merge(&touch)).await.is_err() {
+        assert!(Instant::now() < deadline, "the webhook never went");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    migrations::create_migration(&client, &again, &widgets.group, "widgets").await;
+    let (done, outcome) =
+        finish(&plane.control_plane, &client, &widgets, &again, &[&plane.controller]).await;
+    assert_migrated_and_pruned(&widgets, &done, &outcome, count);
+}
+
+/// A webhook whose backend accepts connections and never answers (every write gets a 500 after
+/// the webhook's 2 s timeout): the migration does not hold its slot for hours spending five
+/// attempts on each object; it ends Failed, WritesFailing, saying what the apiserver answered,
+/// and prunes nothing.
+#[tokio::test]
+async fn a_webhook_that_never_answers_ends_the_migration_early() {
+    let plane = plane().await;
+    let client = plane.control_plane.client().await;
+    let count = scale(400);
+    let widgets = stale_widgets(&client, "hanging", count, &[]).await;
+    let webhook = webhook_on(&client, &widgets, 2).await;
+    webhook.answer_all(Answer::Hang);
+    let name = switch_and_wait_for_migration(&client, &widgets, &plane.controller).await;
+
+    // Before, after twelve minutes it had processed none of 400 objects; now a few minutes.
+    let done =
+        wait_for(&client, &name, Duration::from_secs(360), &[&plane.controller], is_terminal).await;
+    let outcome = invariant::check(&client, &plane.control_plane.etcd(), &widgets, &name).await;
+    let (phase, reason, message) = state(&done);
+    assert_eq!((phase.as_str(), reason.as_str()), ("Failed", "WritesFailing"), "{message}");
+    assert!(message.contains("keep failing") && message.contains("500"), "{message}");
+    assert_eq!(outcome.stored_versions, ["v1", "v2"]);
+    assert_eq!(outcome.census.count(&widgets.api_version("v1")), count, "nothing was written");
+    webhook.remove().await;
+}
+
+/// Webhook answers can be kilobytes: refusals with 100 KB messages for 25 objects must not make
+/// the migration's status outgrow what the apiserver stores (it would stay Running forever).
+/// Every message kept is cut, the migration ends Failed, and the status stays small.
+#[tokio::test]
+async fn huge_refusals_keep_the_status_small() {
+    let plane = plane().await;
+    let client = plane.control_plane.client().await;
+    let count = scale(100);
+    let widgets = stale_widgets(&client, "huge", count, &[]).await;
+    let webhook = webhook_on(&client, &widgets, 5).await;
+    let refused: Vec<String> = (0..25).map(|i| format!("w-{}", i * 4)).collect();
+    let message = format!("refused: {}", "a very long explanation ".repeat(4_400));
+    webhook.answer(refused.clone(), Answer::Deny { code: 422, reason: "Invalid".into(), message });
+    let name = switch_and_wait_for_migration(&client, &widgets, &plane.controller).await;
+
+    let (done, outcome) =
+        finish(&plane.control_plane, &client, &widgets, &name, &[&plane.controller]).await;
+    assert_eq!(outcome.phase, Phase::Failed, "{:?}", done.status);
+    assert_eq!(progress(&done).failed, refused.len() as u64);
+    assert_eq!(outcome.census.count(&widgets.api_version("v1")), refused.len());
+    let status = done.status.clone().expect("status");
+    assert!(!status.failed_objects.is_empty());
+    for failed in &status.failed_objects {
+        assert!(failed.message.len() <= 512, "{} bytes kept", failed.message.len());
+        assert!(failed.message.contains("refused: a very long"), "{}", failed.message);
+    }
+    let size = serde_json::to_vec(&status).expect("serializes").len();
+    assert!(size < 32 * 1024, "the status takes {size} bytes");
+    webhook.remove().await;
 }
 
 // ---- Scenarios with a control plane of their own ----------------------------------------

@@ -179,6 +179,50 @@ async fn migrates_and_prunes_without_the_controller_and_says_what_failed() {
     busy.assert_all_stored_as(&etcd, "v2", 10).await;
 }
 
+/// Names may hold any character a path segment allows: ClusterRoles `x#y`, `a b` and `q?z` are
+/// written to their own paths (escaped), not to `x` or an invalid URL, so the run succeeds; etcd
+/// shows each re-encrypted with the new key.
+#[tokio::test]
+async fn names_that_need_escaping_are_migrated() {
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+    use kube::api::PostParams;
+
+    use crate::support::fixtures::{KEY1, KEY2, encrypt};
+    let (control_plane, state) = private().await;
+    let clusterroles = ["clusterroles.rbac.authorization.k8s.io"];
+    control_plane
+        .restart_apiserver(&[&encrypt(&control_plane, &clusterroles, &[KEY1])])
+        .await
+        .expect("restarts with key1");
+    let client = control_plane.client().await;
+    let names = ["x#y", "a b", "q?z", "100%", "plain"];
+    let api: Api<ClusterRole> = Api::all(client.clone());
+    for name in names {
+        let role: ClusterRole = serde_json::from_value(json!({ "metadata": { "name": name } }))
+            .expect("a valid ClusterRole");
+        api.create(&PostParams::default(), &role).await.expect("created");
+    }
+    control_plane
+        .restart_apiserver(&[&encrypt(&control_plane, &clusterroles, &[KEY2, KEY1])])
+        .await
+        .expect("restarts with key2 first");
+
+    let (code, out) = migrate(control_plane.kubeconfig(), state.path(), &[clusterroles[0]]);
+    assert_eq!(code, Some(0), "{out}");
+    let succeeded = format!("{}: Succeeded", clusterroles[0]);
+    assert!(result_line(&out, clusterroles[0]).starts_with(&succeeded), "{out}");
+    let etcd = control_plane.etcd();
+    for name in names {
+        let stored = etcd.get(&format!("/registry/clusterroles/{name}")).await.expect("etcd");
+        let stored = stored.unwrap_or_else(|| panic!("{name} is in etcd")).stored();
+        let key2 = kube_svm::census::stored::Stored::Encrypted {
+            provider: "aescbc".into(),
+            key_name: "key2".into(),
+        };
+        assert_eq!(stored, key2, "{name} is re-encrypted with key2");
+    }
+}
+
 #[tokio::test]
 async fn sigint_stops_cleanly_and_the_next_run_resumes_from_the_checkpoint() {
     let (control_plane, state) = private().await;

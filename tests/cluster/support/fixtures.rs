@@ -337,15 +337,23 @@ pub const KEY2: (&str, &str) = ("key2", "YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXoxMjM
 /// Writes an EncryptionConfiguration that encrypts Secrets with `keys` (the first writes, all
 /// read) and returns the kube-apiserver flag that loads it.
 pub fn encrypt_secrets(control_plane: &ControlPlane, keys: &[(&str, &str)]) -> String {
+    encrypt(control_plane, &["secrets"], keys)
+}
+
+/// Writes an EncryptionConfiguration that encrypts `resources` (`secrets`,
+/// `clusterroles.rbac.authorization.k8s.io`) with `keys` (the first writes, all read) and
+/// returns the kube-apiserver flag that loads it.
+pub fn encrypt(control_plane: &ControlPlane, resources: &[&str], keys: &[(&str, &str)]) -> String {
     let keys: String = keys
         .iter()
         .map(|(name, secret)| format!("      - name: {name}\n        secret: {secret}\n"))
         .collect();
+    let resources = resources.join(", ");
     let path = control_plane.path("encryption.yaml");
     std::fs::write(
         &path,
         format!(
-            "apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: [secrets]\n  providers:\n  - aescbc:\n      keys:\n{keys}  - identity: {{}}\n"
+            "apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: [{resources}]\n  providers:\n  - aescbc:\n      keys:\n{keys}  - identity: {{}}\n"
         ),
     )
     .expect("written");

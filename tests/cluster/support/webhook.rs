@@ -1,0 +1,213 @@
+//! A real validating admission webhook, served over TLS from the test process and registered
+//! with the apiserver: it answers updates as a test tells it to, with the codes a
+//! ValidatingAdmissionPolicy cannot give (a 409 "object is locked", a 404 naming the object,
+//! kilobytes of message), or never answers at all.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use base64::Engine as _;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client};
+use rcgen::{CertificateParams, KeyPair};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::ServerConfig;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+
+use super::secure_etcd::authority;
+
+/// How the webhook answers an update of an object it was told about.
+#[derive(Clone, Debug)]
+pub enum Answer {
+    /// Deny with this `metav1.Status` code, reason and message.
+    Deny { code: u16, reason: String, message: String },
+    /// Deny with 404 NotFound, the Status details naming the object, as the apiserver does for an
+    /// object that is gone.
+    NotFound,
+    /// Accept the connection and the request, and never answer.
+    Hang,
+}
+
+/// What the webhook does: the answer for every object when `everyone` is set, else the one for
+/// the object's name; it allows everything else.
+#[derive(Debug, Default)]
+struct Rules {
+    named: BTreeMap<String, Answer>,
+    everyone: Option<Answer>,
+}
+
+pub struct Webhook {
+    name: String,
+    rules: Arc<Mutex<Rules>>,
+    /// Reviews received, whatever the answer.
+    reviews: Arc<AtomicU64>,
+    client: Client,
+}
+
+impl Webhook {
+    /// Serves a webhook on 127.0.0.1 and registers it as `name` for UPDATEs of `resources` in
+    /// API group `group`, failing closed, with `timeout_seconds`. It allows everything until told
+    /// otherwise.
+    pub async fn install(
+        client: &Client,
+        name: &str,
+        group: &str,
+        resources: &[&str],
+        timeout_seconds: i32,
+    ) -> Webhook {
+        let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
+        let ca = authority("webhook-ca").expect("a CA");
+        let key = KeyPair::generate().expect("a key");
+        let params = CertificateParams::new(vec!["127.0.0.1".into()]).expect("parameters");
+        let certificate = params.signed_by(&key, &ca).expect("a serving certificate");
+        let tls = ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![CertificateDer::from(certificate.der().to_vec())],
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+            )
+            .expect("a TLS configuration");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let address = listener.local_addr().expect("an address");
+        let rules = Arc::new(Mutex::new(Rules::default()));
+        let reviews = Arc::new(AtomicU64::new(0));
+        tokio::spawn(serve(
+            listener,
+            TlsAcceptor::from(Arc::new(tls)),
+            rules.clone(),
+            reviews.clone(),
+        ));
+        register(client, name, group, resources, timeout_seconds, address, ca.pem()).await;
+        Webhook { name: name.to_owned(), rules, reviews, client: client.clone() }
+    }
+
+    /// From now on, answers updates of the objects named `names` with `answer`.
+    pub fn answer(&self, names: impl IntoIterator<Item = String>, answer: Answer) {
+        let mut rules = self.rules.lock().expect("rules");
+        rules.named.extend(names.into_iter().map(|name| (name, answer.clone())));
+    }
+
+    /// From now on, answers every update with `answer`.
+    pub fn answer_all(&self, answer: Answer) {
+        self.rules.lock().expect("rules").everyone = Some(answer);
+    }
+
+    /// Reviews received so far.
+    pub fn reviews(&self) -> u64 {
+        self.reviews.load(Ordering::Relaxed)
+    }
+
+    /// Unregisters the webhook.
+    pub async fn remove(&self) {
+        Api::<ValidatingWebhookConfiguration>::all(self.client.clone())
+            .delete(&self.name, &DeleteParams::default())
+            .await
+            .expect("the webhook is unregistered");
+    }
+}
+
+async fn register(
+    client: &Client,
+    name: &str,
+    group: &str,
+    resources: &[&str],
+    timeout_seconds: i32,
+    address: SocketAddr,
+    ca_pem: String,
+) {
+    let ca_bundle = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let configuration: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "webhooks": [{
+            "name": format!("{name}.svm.example.com"),
+            "clientConfig": { "url": format!("https://{address}/validate"), "caBundle": ca_bundle },
+            "rules": [{
+                "apiGroups": [group], "apiVersions": ["*"], "operations": ["UPDATE"],
+                "resources": resources, "scope": "*",
+            }],
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": timeout_seconds,
+        }],
+    }))
+    .expect("a valid webhook configuration");
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &configuration)
+        .await
+        .expect("the webhook is registered");
+}
+
+async fn serve(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    rules: Arc<Mutex<Rules>>,
+    reviews: Arc<AtomicU64>,
+) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let (acceptor, rules, reviews) = (acceptor.clone(), rules.clone(), reviews.clone());
+        tokio::spawn(async move {
+            let Ok(stream) = acceptor.accept(stream).await else { return };
+            let service = service_fn(move |request: Request<Incoming>| {
+                let (rules, reviews) = (rules.clone(), reviews.clone());
+                async move { review(request, &rules, &reviews).await }
+            });
+            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+        });
+    }
+}
+
+async fn review(
+    request: Request<Incoming>,
+    rules: &Mutex<Rules>,
+    reviews: &AtomicU64,
+) -> Result<Response<Full<Bytes>>, hyper::Error> {
+    let body = request.into_body().collect().await?.to_bytes();
+    reviews.fetch_add(1, Ordering::Relaxed);
+    let review: Value = serde_json::from_slice(&body).unwrap_or_default();
+    let request = &review["request"];
+    let name = request["name"].as_str().unwrap_or_default().to_owned();
+    let answer = {
+        let rules = rules.lock().expect("rules");
+        rules.everyone.clone().or_else(|| rules.named.get(&name).cloned())
+    };
+    let response = match answer {
+        None => json!({ "uid": request["uid"], "allowed": true }),
+        Some(Answer::Hang) => std::future::pending().await,
+        Some(Answer::Deny { code, reason, message }) => json!({
+            "uid": request["uid"], "allowed": false,
+            "status": { "code": code, "reason": reason, "message": message },
+        }),
+        Some(Answer::NotFound) => json!({
+            "uid": request["uid"], "allowed": false,
+            "status": {
+                "code": 404, "reason": "NotFound",
+                "message": format!("{} {name:?} not found", request["resource"]["resource"].as_str().unwrap_or_default()),
+                "details": {
+                    "name": name,
+                    "group": request["resource"]["group"],
+                    "kind": request["resource"]["resource"],
+                },
+            },
+        }),
+    };
+    let body = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response,
+    });
+    Ok(Response::builder()
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("a response"))
+}
