@@ -1,46 +1,53 @@
-//! Telling a run whose writes keep failing for one cause from a run with some failed objects.
+//! Telling a run whose writes keep failing from a run with some failed objects.
 //!
 //! Behind a validating webhook whose backend refuses or never answers, every write fails. Each
 //! object spends its attempts with backoff, the write window stays at one (it grows only on
-//! success), and a run of 10,000 objects would hold its migration slot for days. So once the
-//! objects keep failing, none succeeding, the run ends `Failed` with the last failure as the
-//! cause; a later migration can try again. Pure: the pipeline feeds it outcomes as they come.
+//! success), and the objects of a page take turns at that one write: with a webhook that times
+//! out after 2 s, fifty objects each waiting for their fifth attempt take eight minutes before
+//! the first of them is even recorded as failed, and a run of 10,000 objects would hold its
+//! migration slot for days. So the run counts write attempts as they fail: once they keep
+//! failing, on many objects, none succeeding, it ends `Failed` with the last failure as the
+//! cause, and a later migration can try again. Pure: the writers feed it what each attempt got.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{ObjectFailure, Outcome};
+use super::ObjectFailure;
 
-/// Objects failing in a row, none succeeding, that end a run at once: no resource with a few
-/// bad objects has fifty of them in a row, written as they are listed (in key order) with many
-/// writes in flight.
-const FAILED_IN_A_ROW: u64 = 50;
+/// Objects with a failed attempt, none succeeding since, that end a run at once. No resource
+/// with a few bad objects has fifty of them in a row: objects are written as they are listed,
+/// in key order, with many writes in flight.
+const FAILED_OBJECTS: u64 = 50;
 
-/// Objects failing in a row that end a run once no object has succeeded for [`NO_SUCCESS_FOR`]:
-/// with the window at one write and a webhook that never answers, an object takes five times
-/// the webhook's `timeoutSeconds` (plus about 3 s of backoff) to spend its attempts: 13 s at
-/// 2 s, 53 s at the default 10 s, so fifty would take from eleven to forty-four minutes.
-const SLOW_FAILED_IN_A_ROW: u64 = 5;
+/// Objects with a failed attempt that end a run once no write has succeeded for
+/// [`NO_SUCCESS_FOR`] (and [`SLOW_FAILED_ATTEMPTS`] attempts failed): a webhook that never
+/// answers fails one attempt per `timeoutSeconds` (10 s by default) with the window at one.
+const SLOW_FAILED_OBJECTS: u64 = 5;
 
-/// How long without a single success makes [`SLOW_FAILED_IN_A_ROW`] failures enough.
+/// Failed attempts that, with [`SLOW_FAILED_OBJECTS`], end a run after [`NO_SUCCESS_FOR`].
+const SLOW_FAILED_ATTEMPTS: u64 = 10;
+
+/// How long without a single successful write makes a few failing objects enough.
 const NO_SUCCESS_FOR: Duration = Duration::from_secs(120);
 
-/// Outcomes since the last success.
+/// Write attempts since the last success.
 #[derive(Debug)]
 pub(super) struct FailingWrites {
-    in_a_row: u64,
-    /// When the last object succeeded (or the run started).
+    attempts: u64,
+    objects: u64,
+    /// When a write last succeeded (or the run started).
     last_success: Instant,
-    last_failure: Option<ObjectFailure>,
 }
 
 /// Why a run's writes are judged to keep failing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeepFailing {
-    /// Objects that failed in a row.
+    /// Failed attempts since the last success.
+    pub attempts: u64,
+    /// Objects with a failed attempt since the last success.
     pub objects: u64,
-    /// How long no object succeeded.
+    /// How long no write succeeded.
     pub for_seconds: u64,
     /// The last failure: the cause an operator acts on.
     pub last: ObjectFailure,
@@ -48,24 +55,34 @@ pub struct KeepFailing {
 
 impl FailingWrites {
     pub(super) fn new(now: Instant) -> FailingWrites {
-        FailingWrites { in_a_row: 0, last_success: now, last_failure: None }
+        FailingWrites { attempts: 0, objects: 0, last_success: now }
     }
 
-    /// Counts one object's outcome, finished at `now`; says when the run should end.
-    pub(super) fn record(&mut self, outcome: &Outcome, now: Instant) -> Option<KeepFailing> {
-        let Outcome::Failed(failure) = outcome else {
-            self.in_a_row = 0;
-            self.last_success = now;
-            self.last_failure = None;
-            return None;
-        };
-        self.in_a_row += 1;
-        self.last_failure = Some(failure.clone());
+    /// A write that succeeded, or found its object written by someone else or deleted.
+    pub(super) fn succeeded(&mut self, now: Instant) {
+        self.attempts = 0;
+        self.objects = 0;
+        self.last_success = now;
+    }
+
+    /// A failed attempt at an object (`first` when it is the object's first failed attempt);
+    /// says when the run should end.
+    pub(super) fn failed(
+        &mut self,
+        first: bool,
+        failure: &ObjectFailure,
+        now: Instant,
+    ) -> Option<KeepFailing> {
+        self.attempts += 1;
+        self.objects += u64::from(first);
         let quiet = now.saturating_duration_since(self.last_success);
-        let failing = self.in_a_row >= FAILED_IN_A_ROW
-            || (self.in_a_row >= SLOW_FAILED_IN_A_ROW && quiet >= NO_SUCCESS_FOR);
+        let failing = self.objects >= FAILED_OBJECTS
+            || (self.objects >= SLOW_FAILED_OBJECTS
+                && self.attempts >= SLOW_FAILED_ATTEMPTS
+                && quiet >= NO_SUCCESS_FOR);
         failing.then(|| KeepFailing {
-            objects: self.in_a_row,
+            attempts: self.attempts,
+            objects: self.objects,
             for_seconds: quiet.as_secs(),
             last: failure.clone(),
         })
@@ -76,25 +93,28 @@ impl FailingWrites {
 mod tests {
     use super::*;
 
-    fn failed(name: &str) -> Outcome {
-        Outcome::Failed(ObjectFailure {
+    fn failure(name: &str) -> ObjectFailure {
+        ObjectFailure {
             namespace: String::new(),
             name: name.into(),
             code: 500,
             reason: "InternalError".into(),
             message: "failed calling webhook: context deadline exceeded".into(),
-        })
+        }
     }
 
     #[test]
-    fn fifty_failures_in_a_row_end_the_run_with_the_last_as_cause() {
+    fn fifty_failing_objects_end_the_run_with_the_last_failure_as_cause() {
         let start = Instant::now();
         let mut writes = FailingWrites::new(start);
-        for i in 0..FAILED_IN_A_ROW - 1 {
-            assert_eq!(writes.record(&failed(&format!("o-{i}")), start), None);
+        for i in 0..FAILED_OBJECTS - 1 {
+            assert_eq!(writes.failed(true, &failure(&format!("o-{i}")), start), None);
+            // Further attempts at an object do not make it count twice.
+            assert_eq!(writes.failed(false, &failure(&format!("o-{i}")), start), None);
         }
-        let ended = writes.record(&failed("last"), start).expect("fifty in a row end it");
-        assert_eq!((ended.objects, ended.last.name.as_str()), (FAILED_IN_A_ROW, "last"));
+        let ended = writes.failed(true, &failure("last"), start).expect("fifty objects end it");
+        assert_eq!((ended.objects, ended.last.name.as_str()), (FAILED_OBJECTS, "last"));
+        assert_eq!(ended.attempts, 2 * FAILED_OBJECTS - 1);
     }
 
     #[test]
@@ -102,11 +122,10 @@ mod tests {
         let start = Instant::now();
         let mut writes = FailingWrites::new(start);
         for round in 0..5 {
-            for i in 0..FAILED_IN_A_ROW - 1 {
-                assert_eq!(writes.record(&failed(&format!("{round}-{i}")), start), None);
+            for i in 0..FAILED_OBJECTS - 1 {
+                assert_eq!(writes.failed(true, &failure(&format!("{round}-{i}")), start), None);
             }
-            assert_eq!(writes.record(&Outcome::Rewritten, start), None);
-            assert_eq!(writes.record(&Outcome::Conflict, start), None);
+            writes.succeeded(start);
         }
     }
 
@@ -115,16 +134,19 @@ mod tests {
         let start = Instant::now();
         let mut writes = FailingWrites::new(start);
         let late = start + NO_SUCCESS_FOR;
-        for i in 0..SLOW_FAILED_IN_A_ROW - 1 {
-            assert_eq!(writes.record(&failed(&format!("o-{i}")), late), None, "too few yet");
+        for i in 0..SLOW_FAILED_OBJECTS {
+            assert_eq!(writes.failed(true, &failure(&format!("o-{i}")), late), None);
         }
-        let ended = writes.record(&failed("fifth"), late).expect("five failures, two minutes");
+        for _ in SLOW_FAILED_OBJECTS..SLOW_FAILED_ATTEMPTS - 1 {
+            assert_eq!(writes.failed(false, &failure("o-0"), late), None, "too few attempts");
+        }
+        let ended = writes.failed(false, &failure("o-1"), late).expect("ten attempts, two minutes");
         assert_eq!(ended.for_seconds, NO_SUCCESS_FOR.as_secs());
-        // Quick failures after a recent success are not enough.
+        // Failures soon after a success are not enough.
         let mut quick = FailingWrites::new(start);
-        quick.record(&Outcome::AlreadyCurrent, late);
-        for i in 0..SLOW_FAILED_IN_A_ROW {
-            assert_eq!(quick.record(&failed(&format!("q-{i}")), late), None);
+        quick.succeeded(late);
+        for i in 0..2 * SLOW_FAILED_ATTEMPTS {
+            assert_eq!(quick.failed(i < SLOW_FAILED_OBJECTS, &failure("q"), late), None);
         }
     }
 }

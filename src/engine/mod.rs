@@ -160,8 +160,8 @@ pub enum Error {
     )]
     ListLoops(String),
     #[error(
-        "writes to {resource} keep failing: the last {} objects failed and none succeeded for {} s; the last failure: {}",
-        .failing.objects, .failing.for_seconds, describe(&.failing.last)
+        "writes to {resource} keep failing: {} attempts at {} objects failed and none succeeded for {} s; the last failure: {}",
+        .failing.attempts, .failing.objects, .failing.for_seconds, describe(&.failing.last)
     )]
     WritesFailing { resource: String, failing: Box<KeepFailing> },
     #[error("failed to decode the list of {0}")]
@@ -196,6 +196,7 @@ struct RunState {
     fence: Fence,
     availability: Availability,
     reviews: denial::Reviews,
+    failing: std::sync::Mutex<failing::FailingWrites>,
 }
 
 impl RunState {
@@ -208,7 +209,22 @@ impl RunState {
             fence,
             availability: Availability::default(),
             reviews: denial::Reviews::default(),
+            failing: std::sync::Mutex::new(failing::FailingWrites::new(Instant::now())),
         }
+    }
+
+    /// Records that a write succeeded (or had nothing left to do).
+    fn write_succeeded(&self) {
+        self.failing().succeeded(Instant::now());
+    }
+
+    /// Records a failed write attempt; says when the run should end.
+    fn write_failed(&self, first: bool, failure: &ObjectFailure) -> Option<KeepFailing> {
+        self.failing().failed(first, failure, Instant::now())
+    }
+
+    fn failing(&self) -> std::sync::MutexGuard<'_, failing::FailingWrites> {
+        self.failing.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Moves the counts into `progress`.

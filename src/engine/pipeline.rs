@@ -12,11 +12,9 @@ use std::hash::{Hash, Hasher};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, watch};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, instrument};
 
-use super::failing::FailingWrites;
 use super::pager::{Listed, Page};
 use super::writer::Halt;
 use super::{Engine, Error, Finished, Job, ObjectFailure, Outcome, Progress, RunState};
@@ -109,7 +107,6 @@ impl Engine {
             let mut current: Option<(u64, std::vec::IntoIter<Listed>)> = None;
             let mut lister_done = false;
             let mut writes = FuturesUnordered::new();
-            let mut failing = FailingWrites::new(Instant::now());
             loop {
                 // Dispatch as long as there is room.
                 while writes.len() < max_outstanding {
@@ -156,16 +153,10 @@ impl Engine {
                         let page = usize::try_from(seq - front_seq).ok().and_then(|i| pending.get_mut(i));
                         let Some(page) = page else { continue };
                         page.unfinished -= 1;
-                        let outcome = match outcome {
-                            Ok(outcome) => outcome,
+                        match outcome {
+                            Ok(outcome) => page.tally.record(outcome, failures_kept),
                             Err(halt) => return halted(halt, &resource, &run, progress),
-                        };
-                        if let Some(failing) = failing.record(&outcome, Instant::now()) {
-                            let resource = resource.to_string();
-                            let failing = Box::new(failing);
-                            return Err(Error::WritesFailing { resource, failing });
                         }
-                        page.tally.record(outcome, failures_kept);
                     }
                     page = pages.recv(), if wants_page => match page {
                         None => lister_done = true,
@@ -248,6 +239,9 @@ fn halted(
             resource: resource.to_string(),
             waited_seconds: waited.as_secs(),
         }),
+        Halt::WritesFailing(failing) => {
+            Err(Error::WritesFailing { resource: resource.to_string(), failing })
+        }
     }
 }
 

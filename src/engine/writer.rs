@@ -11,7 +11,7 @@ use super::denial::Access;
 use super::pager::Listed;
 use super::request::{ApiStatus, NoReply, Reply};
 use super::window::Signal;
-use super::{Attempts, Engine, Failed, Next, Resource, RunState};
+use super::{Attempts, Engine, Failed, KeepFailing, Next, Resource, RunState};
 
 /// What became of one object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,6 +109,8 @@ pub(super) enum Halt {
     NotServed(String),
     /// The apiserver stayed down past the run's outage budget.
     Unavailable(std::time::Duration),
+    /// Write after write fails, none succeeding.
+    WritesFailing(Box<KeepFailing>),
 }
 
 impl Engine {
@@ -152,7 +154,17 @@ impl Engine {
             });
             let failed = match result {
                 Ok(reply) => match self.classify(resource, object, &reply, run).await? {
-                    Some(outcome) => return Ok(outcome),
+                    Some(Outcome::Failed(failure)) => {
+                        let first = attempts.other == 0;
+                        if let Some(failing) = run.write_failed(first, &failure) {
+                            return Err(Halt::WritesFailing(Box::new(failing)));
+                        }
+                        return Ok(Outcome::Failed(failure));
+                    }
+                    Some(outcome) => {
+                        run.write_succeeded();
+                        return Ok(outcome);
+                    }
                     None => Failed::Answer(reply),
                 },
                 Err(NoReply::Fenced) => return Err(Halt::Fenced),
@@ -168,20 +180,24 @@ impl Engine {
                 subresource: to_status.then_some("status"),
             };
             let limit = self.settings.write_attempts;
-            match self.after_failure(run, &access, sent, &failed, &mut attempts, limit).await {
+            let charged_before = attempts.other;
+            let next = self.after_failure(run, &access, sent, &failed, &mut attempts, limit).await;
+            let failure = || match &failed {
+                Failed::Answer(reply) => {
+                    let status = reply.status();
+                    failure(object, reply.code, &status.reason, status.message)
+                }
+                Failed::NoAnswer(error) => failure(object, 0, TRANSPORT_ERROR, error.to_string()),
+            };
+            // Throttling and outages are waited out, not counted against the run.
+            let charged = attempts.other > charged_before || matches!(next, Next::GiveUp);
+            if charged && let Some(failing) = run.write_failed(charged_before == 0, &failure()) {
+                return Err(Halt::WritesFailing(Box::new(failing)));
+            }
+            match next {
                 Next::Retry => {}
                 Next::Unavailable { waited } => return Err(Halt::Unavailable(waited)),
-                Next::GiveUp => {
-                    return Ok(Outcome::Failed(match failed {
-                        Failed::Answer(reply) => {
-                            let status = reply.status();
-                            failure(object, reply.code, &status.reason, status.message)
-                        }
-                        Failed::NoAnswer(error) => {
-                            failure(object, 0, TRANSPORT_ERROR, error.to_string())
-                        }
-                    }));
-                }
+                Next::GiveUp => return Ok(Outcome::Failed(failure())),
             }
         }
     }
@@ -233,6 +249,7 @@ impl Engine {
                 let found = match self.read_again(resource, object, run).await {
                     Ok(found) => found,
                     Err(NoReread::Fenced) => return Err(Halt::Fenced),
+                    Err(NoReread::Unavailable(waited)) => return Err(Halt::Unavailable(waited)),
                     Err(error) => {
                         return Ok(Some(Outcome::Failed(unchecked(object, reply, error))));
                     }
@@ -253,7 +270,8 @@ impl Engine {
     }
 
     /// Reads `object`'s metadata again, from a consistent list of the one name (so `list`,
-    /// which migration needs anyway, is the only permission it takes).
+    /// which migration needs anyway, is the only permission it takes). Failures are retried as
+    /// any request's are: an outage waited out, throttling and server errors after a backoff.
     async fn read_again(
         &self,
         resource: &Resource,
@@ -262,21 +280,40 @@ impl Engine {
     ) -> Result<Option<Current>, NoReread> {
         let params = ListParams::default()
             .fields(&format!("metadata.name={}", escape_field_value(&object.name)));
-        let request = kube::core::Request::new(resource.namespaced_path(&object.namespace))
-            .list_metadata(&params)
-            .map_err(|error| NoReread::Request(error.to_string()))?;
-        let reply = match self.send(request, run).await {
-            Ok(reply) => reply,
-            Err(NoReply::Fenced) => return Err(NoReread::Fenced),
-            Err(error) => return Err(NoReread::NoAnswer(error.to_string())),
-        };
-        if !reply.is_success() {
-            let status = reply.status();
-            return Err(NoReread::Answer(reply.code, status.reason, status.message));
+        let mut attempts = Attempts::default();
+        loop {
+            let request = kube::core::Request::new(resource.namespaced_path(&object.namespace))
+                .list_metadata(&params)
+                .map_err(|error| NoReread::Request(error.to_string()))?;
+            let sent = Instant::now();
+            let failed = match self.send(request, run).await {
+                Ok(reply) if reply.is_success() => {
+                    let list: CurrentList = serde_json::from_slice(&reply.body)
+                        .map_err(|error| NoReread::Request(error.to_string()))?;
+                    let mut found = list.items.into_iter().map(|item| item.metadata);
+                    return Ok(found.find(|meta| meta.name == object.name));
+                }
+                Ok(reply) => Failed::Answer(reply),
+                Err(NoReply::Fenced) => return Err(NoReread::Fenced),
+                Err(error) => Failed::NoAnswer(error),
+            };
+            let access =
+                Access { resource, verb: "list", namespace: &object.namespace, subresource: None };
+            let limit = self.settings.write_attempts;
+            match self.after_failure(run, &access, sent, &failed, &mut attempts, limit).await {
+                Next::Retry => {}
+                Next::Unavailable { waited } => return Err(NoReread::Unavailable(waited)),
+                Next::GiveUp => {
+                    return Err(match failed {
+                        Failed::Answer(reply) => {
+                            let status = reply.status();
+                            NoReread::Answer(reply.code, status.reason, status.message)
+                        }
+                        Failed::NoAnswer(error) => NoReread::NoAnswer(error.to_string()),
+                    });
+                }
+            }
         }
-        let list: CurrentList = serde_json::from_slice(&reply.body)
-            .map_err(|error| NoReread::Request(error.to_string()))?;
-        Ok(list.items.into_iter().map(|item| item.metadata).find(|meta| meta.name == object.name))
     }
 }
 
@@ -310,6 +347,8 @@ enum NoReread {
     NoAnswer(String),
     #[error("HTTP {0} {1}: {2}")]
     Answer(u16, String, String),
+    #[error("the apiserver stayed unavailable")]
+    Unavailable(std::time::Duration),
     #[error("{0}")]
     Request(String),
 }

@@ -496,9 +496,14 @@ async fn a_webhook_answering_409_or_404_is_not_believed() {
     let status = done.status.clone().expect("status");
     let conflict = status.failed_objects.iter().find(|f| f.code == 409).expect("a 409 listed");
     assert!(conflict.message.contains("object is locked"), "{conflict:?}");
-    assert!(
-        status.failed_objects.iter().all(|f| locked.contains(&f.name) || missing.contains(&f.name))
-    );
+    for failed in &status.failed_objects {
+        let expected = match locked.contains(&failed.name) {
+            true => (409, "Conflict"),
+            false => (404, "NotFound"),
+        };
+        assert_eq!((failed.code, failed.reason.as_str()), expected, "{failed:?}");
+        assert!(locked.contains(&failed.name) || missing.contains(&failed.name), "{failed:?}");
+    }
 
     webhook.remove().await;
     let again = unique("unlocked");
@@ -571,6 +576,41 @@ async fn huge_refusals_keep_the_status_small() {
     let size = serde_json::to_vec(&status).expect("serializes").len();
     assert!(size < 32 * 1024, "the status takes {size} bytes");
     webhook.remove().await;
+}
+
+/// The storage version switched back and forth while a migration runs (v2 -> v1 -> v2): the
+/// objects it handled while the apiserver encoded v1 were left in v1 (their writes were elided
+/// as already current). Each switch voids the writes so far: the run starts over from the first
+/// object, so it ends Succeeded with every object in v2, as etcd shows, and prunes.
+#[tokio::test]
+async fn a_storage_switch_there_and_back_mid_run_starts_over() {
+    let plane = plane().await;
+    let client = plane.control_plane.client().await;
+    let count = scale(2000);
+    let widgets = stale_widgets(&client, "flip", count, &[]).await;
+    let name = switch_and_wait_for_migration(&client, &widgets, &plane.controller).await;
+    let controllers = [&plane.controller];
+    let before = wait_for(&client, &name, FINISH, &controllers, processed_at_least(100)).await;
+    let processed = progress(&before).processed;
+
+    widgets.set_storage_version(&client, "v1").await;
+    // Objects handled while v1 is the storage version are encoded in v1 (or a restart said so).
+    let restarted_or_went_on = move |m: &StorageVersionMigration| {
+        let status = m.status.as_ref();
+        status.and_then(|s| s.restarts).is_some_and(|n| n > 0)
+            || status
+                .and_then(|s| s.progress.as_ref())
+                .is_some_and(|p| p.processed >= processed + 100)
+    };
+    wait_for(&client, &name, FINISH, &controllers, restarted_or_went_on).await;
+    widgets.set_storage_version(&client, "v2").await;
+
+    let (done, outcome) =
+        finish(&plane.control_plane, &client, &widgets, &name, &controllers).await;
+    assert_migrated_and_pruned(&widgets, &done, &outcome, count);
+    let restarts = done.status.as_ref().and_then(|s| s.restarts).unwrap_or(0);
+    assert!(restarts >= 1, "the run started over: {:?}", done.status);
+    assert!(migrations::has_event(&client, &name, "Restarted").await);
 }
 
 // ---- Scenarios with a control plane of their own ----------------------------------------
@@ -1032,4 +1072,57 @@ async fn wait_for_holder(client: &Client, identity: &str) {
         assert!(Instant::now() < deadline, "{identity} never led");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The controller is down while the storage version is switched there and back (v2 -> v1 ->
+/// v2) and objects it had already migrated are written meanwhile (so stored in v1 again). The
+/// checkpoint names the same storage version hash, but the CRD's generation moved: the
+/// migration starts over instead of resuming, ends Succeeded with every object in v2, and
+/// prunes.
+#[tokio::test]
+async fn a_checkpoint_is_not_resumed_after_the_crd_changed() {
+    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let count = scale(600);
+    let widgets = stale_widgets(&client, "resumed", count, &[]).await;
+    widgets.opt_out(&client).await;
+    widgets.set_storage_version(&client, "v2").await;
+    let args = [
+        "controller",
+        "--leader-elect=false",
+        "--page-size=50",
+        "--kube-api-qps=100",
+        "--checkpoint-interval=0",
+        "--storage-version-settle=1",
+    ];
+    let mut first = KubeSvm::start(&control_plane, "first", &args).await;
+    let name = unique("resumed");
+    migrations::create_migration(&client, &name, &widgets.group, "widgets").await;
+    wait_for(&client, &name, FINISH, &[&first], processed_at_least(200)).await;
+    first.signal("KILL");
+    first.wait(Duration::from_secs(30)).expect("the controller exits");
+    let checkpointed = Api::<StorageVersionMigration>::all(client.clone()).get(&name).await;
+    let checkpointed = checkpointed.expect("exists");
+    let processed = progress(&checkpointed).processed;
+    assert!(processed >= 200 && processed < count as u64, "{processed}");
+
+    // Objects the checkpoint says are done, written again while v1 is the storage version.
+    widgets.set_storage_version(&client, "v1").await;
+    let api = widgets.api(&client, "v1", None);
+    let listed = api.list_metadata(&ListParams::default().limit(50)).await.expect("listed");
+    let touch = json!({ "metadata": { "annotations": { "touched": "while v1" } } });
+    for object in &listed.items {
+        let name = object.metadata.name.as_deref().expect("a name");
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&touch)).await.expect("patched");
+    }
+    widgets.set_storage_version(&client, "v2").await;
+    let census = Census::of(&control_plane.etcd(), &widgets).await;
+    assert!(census.count(&widgets.api_version("v1")) >= 50, "{census:?}");
+
+    let second = KubeSvm::start(&control_plane, "second", &args).await;
+    let (done, outcome) = finish(&control_plane, &client, &widgets, &name, &[&second]).await;
+    assert_migrated_and_pruned(&widgets, &done, &outcome, count);
+    let said = "the CRD changed since the checkpoint";
+    assert!(migrations::has_event_saying(&client, &name, "Restarted", said).await);
 }

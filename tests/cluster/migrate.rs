@@ -195,7 +195,7 @@ async fn names_that_need_escaping_are_migrated() {
         .await
         .expect("restarts with key1");
     let client = control_plane.client().await;
-    let names = ["x#y", "a b", "q?z", "100%", "plain"];
+    let names = ["x#y", "a b", "q?z", "k=v,w", "back\\slash", "plain"];
     let api: Api<ClusterRole> = Api::all(client.clone());
     for name in names {
         let role: ClusterRole = serde_json::from_value(json!({ "metadata": { "name": name } }))

@@ -107,6 +107,28 @@ pub async fn event_reasons(client: &Client, name: &str) -> Vec<String> {
     list.items.into_iter().filter_map(|e| e.reason).collect()
 }
 
+/// Waits up to ten seconds for an Event with `reason` on migration `name` whose note holds
+/// `words`.
+pub async fn has_event_saying(client: &Client, name: &str, reason: &str, words: &str) -> bool {
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let selector = format!("involvedObject.name={name}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let list = events.list(&ListParams::default().fields(&selector)).await.expect("events");
+        let found = list.items.iter().any(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.message.as_deref().unwrap_or_default().contains(words)
+        });
+        if found {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Waits up to ten seconds for an Event with `reason` on migration `name`: kube-svm records an
 /// Event after the status write it explains, so a test that saw the status may be early.
 pub async fn has_event(client: &Client, name: &str, reason: &str) -> bool {
