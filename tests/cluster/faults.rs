@@ -613,6 +613,99 @@ async fn a_storage_switch_there_and_back_mid_run_starts_over() {
     assert!(migrations::has_event(&client, &name, "Restarted").await);
 }
 
+/// A migration changes nothing but the encoding: objects created and given a status with
+/// server-side apply at v1 (so `managedFields` name v1), with labels and annotations, then
+/// migrated to storage v2 through the resource at the preferred version (v3, not the storage
+/// version), through the `status` subresource, and through v1 named in the migration. Each
+/// object read back is the same as before, every field and `managedFields` entry, save its
+/// resourceVersion; etcd holds all of them in v2.
+#[tokio::test]
+async fn a_migration_changes_nothing_but_the_encoding() {
+    let plane = plane().await;
+    let client = plane.control_plane.client().await;
+    let count = scale(30);
+    for (path, version, to_status) in
+        [("preferred", "", false), ("status", "", true), ("v1", "v1", false)]
+    {
+        let widgets = WidgetCrd::new(&format!("content-{path}"), false);
+        widgets.create(&client, "v1").await;
+        widgets.opt_out(&client).await;
+        let api = widgets.api(&client, "v1", None);
+        for i in 0..count {
+            let name = format!("w-{i}");
+            let object = json!({
+                "apiVersion": widgets.api_version("v1"), "kind": WidgetCrd::KIND,
+                "metadata": {
+                    "name": name, "labels": { "tier": "gold" },
+                    "annotations": { "note": format!("object {i}") },
+                },
+                "spec": { "size": i, "owner": "applier" },
+            });
+            let apply = PatchParams::apply("test-applier");
+            api.patch(&name, &apply, &Patch::Apply(&object)).await.expect("applied");
+            let status = json!({
+                "apiVersion": widgets.api_version("v1"), "kind": WidgetCrd::KIND,
+                "metadata": { "name": name }, "status": { "phase": "Ready", "seen": i },
+            });
+            let apply = PatchParams::apply("status-writer");
+            api.patch_status(&name, &apply, &Patch::Apply(&status)).await.expect("status applied");
+        }
+        widgets.set_storage_version(&client, "v2").await;
+        let read = widgets.api(&client, "v2", None);
+        let snapshot = |list: kube::core::ObjectList<kube::core::DynamicObject>| {
+            list.items
+                .into_iter()
+                .map(|mut object| {
+                    object.metadata.resource_version = None;
+                    (
+                        object.metadata.name.clone().unwrap_or_default(),
+                        serde_json::to_value(object).expect("JSON"),
+                    )
+                })
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        let before = snapshot(read.list(&ListParams::default()).await.expect("listed"));
+        assert_eq!(before.len(), count);
+        assert!(
+            before
+                .values()
+                .all(|o| o["metadata"]["managedFields"].as_array().is_some_and(|m| m.len() == 2)),
+            "two managers, for the spec and the status: {before:?}"
+        );
+
+        let name = unique(&format!("content-{path}"));
+        let mut migration = kube_svm::api::StorageVersionMigration::new(
+            &name,
+            kube_svm::api::StorageVersionMigrationSpec {
+                resource: kube_svm::api::GroupVersionResource {
+                    group: widgets.group.clone(),
+                    version: version.into(),
+                    resource: "widgets".into(),
+                },
+                continue_token: None,
+            },
+        );
+        if to_status {
+            migration.metadata.annotations = Some(
+                [(kube_svm::api::WRITE_TO_STATUS_ANNOTATION.to_owned(), "true".to_owned())].into(),
+            );
+        }
+        Api::<StorageVersionMigration>::all(client.clone())
+            .create(&PostParams::default(), &migration)
+            .await
+            .expect("created");
+        let (done, outcome) =
+            finish(&plane.control_plane, &client, &widgets, &name, &[&plane.controller]).await;
+        assert_migrated_and_pruned(&widgets, &done, &outcome, count);
+        assert_eq!(progress(&done).rewritten, count as u64, "{path}: every object rewritten");
+
+        let after = snapshot(read.list(&ListParams::default()).await.expect("listed"));
+        for (name, was) in &before {
+            assert_eq!(after.get(name), Some(was), "{path}: {name} changed beyond its encoding");
+        }
+    }
+}
+
 // ---- Scenarios with a control plane of their own ----------------------------------------
 
 /// The apiservers cannot be shown to encode the new storage version (here the StorageVersion

@@ -63,10 +63,10 @@ impl WidgetCrd {
                     "subresources": { "status": {} },
                     "schema": { "openAPIV3Schema": {
                         "type": "object",
-                        "properties": { "spec": {
-                            "type": "object",
-                            "x-kubernetes-preserve-unknown-fields": true,
-                        }},
+                        "properties": {
+                            "spec": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+                            "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+                        },
                     }},
                 })
             })
