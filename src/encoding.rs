@@ -36,14 +36,25 @@ pub struct Check {
     pub group: String,
     pub plural: String,
     pub kind: String,
-    pub storage_version: String,
+    /// What the apiservers must encode in.
+    pub expected: Expected,
     /// The CRD's generation the check is for: a storage switch bumps it, and with it the check
-    /// starts anew, even back to a version confirmed before.
+    /// starts anew, even back to a version confirmed before. 0 for a built-in resource.
     pub generation: i64,
     /// How long discovery must publish the expected hash without a disagreement.
     pub settle: Duration,
     /// How long to wait, in all, for the expected hash to appear and settle.
     pub wait: Duration,
+}
+
+/// What the apiservers must encode a resource in.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Expected {
+    /// A CRD's storage version: its hash is computed, and discovery is read at that version.
+    StorageVersion(String),
+    /// A built-in resource's storage version hash, as discovery published it when the migration
+    /// started, read from discovery at `served` (a version of the group that serves it).
+    Hash { hash: String, served: String },
 }
 
 /// How old a confirmation may be and still be taken without a fresh look: a settle period's
@@ -59,8 +70,8 @@ pub struct Observer {
     checks: Arc<Mutex<HashMap<CheckKey, Observation>>>,
 }
 
-/// Group, plural, storage version, CRD generation.
-type CheckKey = (String, String, String, i64);
+/// Group, plural, what is expected, CRD generation.
+type CheckKey = (String, String, Expected, i64);
 
 #[derive(Clone)]
 struct Observation {
@@ -114,12 +125,8 @@ impl Observer {
         check: &Check,
         anew: bool,
     ) -> Observation {
-        let key = (
-            check.group.clone(),
-            check.plural.clone(),
-            check.storage_version.clone(),
-            check.generation,
-        );
+        let key =
+            (check.group.clone(), check.plural.clone(), check.expected.clone(), check.generation);
         let mut checks = self.checks.lock().unwrap_or_else(|p| p.into_inner());
         if !anew && let Some(existing) = checks.get(&key) {
             return existing.clone();
@@ -162,20 +169,97 @@ const MAX_SAMPLE_INTERVAL: Duration = Duration::from_secs(2);
 /// connections).
 pub const MIN_AGREEING_SAMPLES: u32 = 2;
 
+/// The chance, at most, that agreeing discovery samples all missed one apiserver: every sample
+/// goes through a fresh connection, which a load balancer hands to any apiserver.
+const MISS_AT_MOST: f64 = 0.01;
+
+/// How many apiservers to sample for when their identity leases cannot be read: more than most
+/// control planes run, so the samples err on the safe side.
+const ASSUMED_APISERVERS: usize = 5;
+
+/// The agreeing samples that make it unlikely (at most [`MISS_AT_MOST`]) that one of
+/// `apiservers` was never asked: `(1 - 1/n)^k <= MISS_AT_MOST`. Three apiservers need 12.
+pub fn samples_needed(apiservers: usize) -> u32 {
+    if apiservers <= 1 {
+        return MIN_AGREEING_SAMPLES;
+    }
+    let missed_by_one = 1.0 - 1.0 / apiservers as f64;
+    let needed = (MISS_AT_MOST.ln() / missed_by_one.ln()).ceil();
+    // At most a few hundred for any real control plane.
+    (needed as u32).max(MIN_AGREEING_SAMPLES)
+}
+
+/// The label kube-apiserver puts on its identity Lease in `kube-system` (APIServerIdentity, on
+/// by default since Kubernetes 1.26).
+const IDENTITY_LABEL: &str = "apiserver.kubernetes.io/identity=kube-apiserver";
+
+/// How many kube-apiservers serve the cluster: their identity Leases in `kube-system` that were
+/// renewed within their duration. Says why when they cannot be counted.
+pub async fn apiservers(client: &Client) -> Result<usize, String> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
+    let params = kube::api::ListParams::default().labels(IDENTITY_LABEL);
+    let list = leases.list(&params).await.map_err(|e| crate::error_chain(&e))?;
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let live = list
+        .items
+        .iter()
+        .filter(|lease| {
+            let Some(spec) = &lease.spec else { return false };
+            let (Some(renewed), Some(seconds)) = (&spec.renew_time, spec.lease_duration_seconds)
+            else {
+                return false;
+            };
+            let age = now.duration_since(renewed.0).as_secs_f64();
+            age <= f64::from(seconds)
+        })
+        .count();
+    match live {
+        0 => Err("no kube-apiserver identity Lease in kube-system is current".to_owned()),
+        n => Ok(n),
+    }
+}
+
 impl Check {
-    fn api_version(&self) -> String {
+    /// The `group/version` discovery is read at.
+    fn discovery_version(&self) -> String {
+        let version = match &self.expected {
+            Expected::StorageVersion(version) => version,
+            Expected::Hash { served, .. } => served,
+        };
         match self.group.as_str() {
-            "" => self.storage_version.clone(),
-            group => format!("{group}/{}", self.storage_version),
+            "" => version.clone(),
+            group => format!("{group}/{version}"),
         }
     }
 
     fn expected_hash(&self) -> String {
-        storage_version_hash(&self.group, &self.storage_version, &self.kind)
+        match &self.expected {
+            Expected::StorageVersion(version) => {
+                storage_version_hash(&self.group, version, &self.kind)
+            }
+            Expected::Hash { hash, .. } => hash.clone(),
+        }
     }
 
-    fn sample_interval(&self) -> Duration {
-        (self.settle / 4).clamp(MIN_SAMPLE_INTERVAL, MAX_SAMPLE_INTERVAL)
+    /// What is expected, in words: `example.com/v2`, or `hash 3Yzk/nb78XY=`.
+    fn expected_words(&self) -> String {
+        match &self.expected {
+            Expected::StorageVersion(_) => self.discovery_version(),
+            Expected::Hash { hash, .. } => format!("storage version hash {hash}"),
+        }
+    }
+
+    /// Whether the StorageVersion API's common encoding version (`group/version`, or `version`
+    /// for the core group) is what is expected.
+    fn is_expected_version(&self, common: &str) -> bool {
+        let version = common.rsplit('/').next().unwrap_or(common);
+        storage_version_hash(&self.group, version, &self.kind) == self.expected_hash()
+    }
+
+    /// Time between two samples, so that `samples` of them fit in the settle period.
+    fn sample_interval(&self, samples: u32) -> Duration {
+        (self.settle / samples.max(1)).clamp(MIN_SAMPLE_INTERVAL, MAX_SAMPLE_INTERVAL)
     }
 }
 
@@ -183,7 +267,17 @@ impl Check {
 /// `check.wait` has passed. `config` makes a fresh client (and so a fresh connection) for every
 /// discovery sample.
 pub async fn confirm(client: &Client, config: &kube::Config, check: &Check) -> Encoding {
-    let mut settle = Settle::new(check, Instant::now());
+    let (apiservers, counted) = match apiservers(client).await {
+        Ok(n) => (n, format!("{n} apiservers (their identity Leases)")),
+        Err(why) => (
+            ASSUMED_APISERVERS,
+            format!(
+                "apiservers not counted ({why}), so sampled as if there were {ASSUMED_APISERVERS}"
+            ),
+        ),
+    };
+    let samples = samples_needed(apiservers);
+    let mut settle = Settle::new(check, samples, counted, Instant::now());
     loop {
         let sample = match from_storage_version_api(client, check).await {
             StorageVersionApi::Answered(sample) => sample,
@@ -196,7 +290,7 @@ pub async fn confirm(client: &Client, config: &kube::Config, check: &Check) -> E
         if let Some(verdict) = settle.observe(sample, Instant::now()) {
             return verdict;
         }
-        tokio::time::sleep(check.sample_interval()).await;
+        tokio::time::sleep(check.sample_interval(samples)).await;
     }
 }
 
@@ -220,24 +314,34 @@ pub enum Sample {
 #[derive(Debug)]
 pub struct Settle {
     expected_hash: String,
-    expected_version: String,
     settle: Duration,
     deadline: Instant,
+    /// Agreeing discovery samples needed, for the number of apiservers.
+    samples: u32,
+    /// How the apiservers were counted, for the evidence.
+    counted: String,
     /// Since when, and in how many samples, discovery has agreed.
     agreeing: Option<(Instant, u32)>,
+    /// Hashes seen since the agreement last broke, and how often, for the message when giving
+    /// up: during a rolling upgrade, two releases publish two hashes.
+    seen: std::collections::BTreeMap<String, u32>,
     /// What was seen last, for the message when giving up.
     last_seen: String,
     check: Check,
 }
 
 impl Settle {
-    pub fn new(check: &Check, now: Instant) -> Settle {
+    /// A settle of `check` needing `samples` agreeing discovery samples (`counted` says how
+    /// the apiservers were counted).
+    pub fn new(check: &Check, samples: u32, counted: String, now: Instant) -> Settle {
         Settle {
             expected_hash: check.expected_hash(),
-            expected_version: check.api_version(),
             settle: check.settle,
             deadline: now + check.wait,
+            samples: samples.max(MIN_AGREEING_SAMPLES),
+            counted,
             agreeing: None,
+            seen: std::collections::BTreeMap::new(),
             last_seen: "nothing yet".to_owned(),
             check: check.clone(),
         }
@@ -246,8 +350,10 @@ impl Settle {
     /// Takes one sample taken at `now`; returns the verdict once there is one.
     pub fn observe(&mut self, sample: Sample, now: Instant) -> Option<Encoding> {
         let (published, by) = match sample {
-            Sample::StorageVersionApi(Some(common)) if common == self.expected_version => {
-                return Some(Encoding::Confirmed { by: "the StorageVersion API".to_owned() });
+            Sample::StorageVersionApi(Some(common)) if self.check.is_expected_version(&common) => {
+                return Some(Encoding::Confirmed {
+                    by: format!("the StorageVersion API: every apiserver encodes {common}"),
+                });
             }
             Sample::StorageVersionApi(common) => {
                 self.last_seen = format!(
@@ -265,23 +371,33 @@ impl Settle {
                 (published, "discovery (the StorageVersion API has no entry for this resource)")
             }
         };
+        if let Ok(hash) = &published {
+            *self.seen.entry(hash.clone().unwrap_or_else(|| "none".to_owned())).or_default() += 1;
+        }
         match published {
             Ok(Some(hash)) if hash == self.expected_hash => {
                 let (since, samples) = self.agreeing.get_or_insert((now, 0));
                 *samples += 1;
                 let held = now.saturating_duration_since(*since);
-                if held >= self.settle && *samples >= MIN_AGREEING_SAMPLES {
+                if held >= self.settle && *samples >= self.samples {
                     let by = format!(
-                        "{by}: {samples} samples over {:.1} s published {}",
+                        "{by}: {samples} samples through fresh connections over {:.1} s published {}, none other ({})",
                         held.as_secs_f64(),
-                        self.expected_hash
+                        self.expected_hash,
+                        self.counted
                     );
                     return Some(Encoding::Confirmed { by });
                 }
                 None
             }
             Ok(other) => {
-                self.agreeing = None;
+                if self.agreeing.take().is_some() {
+                    self.seen.clear();
+                    *self
+                        .seen
+                        .entry(other.clone().unwrap_or_else(|| "none".into()))
+                        .or_default() += 1;
+                }
                 self.last_seen = format!("hash {}", other.as_deref().unwrap_or("none"));
                 self.unless_too_late(now)
             }
@@ -295,27 +411,75 @@ impl Settle {
 
     fn unless_too_late(&self, now: Instant) -> Option<Encoding> {
         (now >= self.deadline).then(|| {
+            let seen: Vec<String> =
+                self.seen.iter().map(|(hash, n)| format!("{hash} ({n} samples)")).collect();
             Encoding::Unconfirmed(format!(
-                "the apiservers were not seen encoding {} of {} ({}) for {:.0} s in a row within {:.0} s; last seen: {}. \
+                "the apiservers were not seen encoding {} of {} ({}) in {} agreeing samples over {:.0} s within {:.0} s ({}); last seen: {}; published since the last agreement: {}. \
                  If the apiserver's hash formula changed, or discovery never settles, check etcd and vouch for the encoding with the annotation {}: \"true\" on a new migration",
-                self.expected_version,
+                self.check.expected_words(),
                 GroupResource::name_of(&self.check.group, &self.check.plural),
                 self.expected_hash,
+                self.samples,
                 self.settle.as_secs_f64(),
                 self.check.wait.as_secs_f64(),
+                self.counted,
                 self.last_seen,
+                if seen.is_empty() { "nothing".to_owned() } else { seen.join(", ") },
                 crate::api::ENCODING_CONFIRMED_ANNOTATION,
             ))
         })
     }
 }
 
+/// What discovery published at the end of a run of a built-in resource.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AtEnd {
+    /// Every sample published the hash the run targeted.
+    Same,
+    /// Every sample published this other hash: the storage version moved, everywhere.
+    Moved(String),
+    /// The samples disagree (or some failed): what was seen, in words.
+    Mixed(String),
+}
+
+/// Samples discovery through fresh connections as often as the apiservers' number asks, and
+/// says whether they all still publish `check`'s expected hash.
+pub async fn at_end(client: &Client, config: &kube::Config, check: &Check) -> AtEnd {
+    let apiservers = apiservers(client).await.unwrap_or(ASSUMED_APISERVERS);
+    let mut seen = std::collections::BTreeMap::new();
+    for _ in 0..samples_needed(apiservers) {
+        let sample = match published_hash(config, check).await {
+            Ok(hash) => hash.unwrap_or_else(|| "none".to_owned()),
+            Err(error) => format!("an error ({error})"),
+        };
+        *seen.entry(sample).or_insert(0u32) += 1;
+        tokio::time::sleep(MIN_SAMPLE_INTERVAL).await;
+    }
+    judge_end(&check.expected_hash(), &seen)
+}
+
+/// The verdict on the samples taken at the end of a run: how often each hash was seen.
+fn judge_end(expected: &str, seen: &std::collections::BTreeMap<String, u32>) -> AtEnd {
+    let mut hashes = seen.keys();
+    match (hashes.next(), hashes.next()) {
+        (Some(only), None) if only == expected => AtEnd::Same,
+        (Some(only), None) if !only.starts_with("an error") && only != "none" => {
+            AtEnd::Moved(only.clone())
+        }
+        _ => {
+            let words: Vec<String> =
+                seen.iter().map(|(hash, n)| format!("{hash} ({n} samples)")).collect();
+            AtEnd::Mixed(words.join(", "))
+        }
+    }
+}
+
 /// The hash discovery publishes for the resource, read through a new connection.
 async fn published_hash(config: &kube::Config, check: &Check) -> Result<Option<String>, String> {
     let client = Client::try_from(config.clone()).map_err(|e| crate::error_chain(&e))?;
-    let api_version = check.api_version();
+    let api_version = check.discovery_version();
     let list = match check.group.as_str() {
-        "" => client.list_core_api_resources(&check.storage_version).await,
+        "" => client.list_core_api_resources(&api_version).await,
         _ => client.list_api_group_resources(&api_version).await,
     };
     let list = list.map_err(|e| crate::error_chain(&e))?;
@@ -368,17 +532,22 @@ mod tests {
             group: group.into(),
             plural: "widgets".into(),
             kind: "Widget".into(),
-            storage_version: "v2".into(),
+            expected: Expected::StorageVersion("v2".into()),
             generation: 2,
             settle,
             wait: Duration::from_secs(60),
         }
     }
 
+    /// A settle needing two agreeing samples, as with one apiserver.
+    fn settle_of(check: &Check, now: Instant) -> Settle {
+        Settle::new(check, MIN_AGREEING_SAMPLES, "1 apiserver".into(), now)
+    }
+
     #[test]
     fn names_and_hashes_follow_the_group() {
-        assert_eq!(check("example.com", Duration::ZERO).api_version(), "example.com/v2");
-        assert_eq!(check("", Duration::ZERO).api_version(), "v2");
+        assert_eq!(check("example.com", Duration::ZERO).discovery_version(), "example.com/v2");
+        assert_eq!(check("", Duration::ZERO).discovery_version(), "v2");
         assert_eq!(
             check("example.com", Duration::ZERO).expected_hash(),
             storage_version_hash("example.com", "v2", "Widget")
@@ -396,7 +565,7 @@ mod tests {
     #[test]
     fn a_hash_that_has_not_appeared_yet_is_waited_for_then_must_hold() {
         let start = Instant::now();
-        let mut settle = Settle::new(&check("example.com", Duration::from_secs(10)), start);
+        let mut settle = settle_of(&check("example.com", Duration::from_secs(10)), start);
         // Right after the switch, discovery lags: the old hash, then none. Not a verdict yet.
         assert_eq!(settle.observe(Sample::Discovery(hash("v1")), at(start, 0)), None);
         assert_eq!(settle.observe(Sample::Discovery(Ok(None)), at(start, 1)), None);
@@ -407,13 +576,16 @@ mod tests {
         else {
             panic!("held for the settle period")
         };
-        assert!(by.starts_with("discovery: 3 samples over 10.0 s"), "{by}");
+        assert!(
+            by.starts_with("discovery: 3 samples through fresh connections over 10.0 s"),
+            "{by}"
+        );
     }
 
     #[test]
     fn one_disagreement_starts_the_settle_period_over() {
         let start = Instant::now();
-        let mut settle = Settle::new(&check("example.com", Duration::from_secs(10)), start);
+        let mut settle = settle_of(&check("example.com", Duration::from_secs(10)), start);
         settle.observe(Sample::Discovery(hash("v2")), at(start, 0));
         // Another apiserver behind the load balancer still encodes v1.
         assert_eq!(settle.observe(Sample::Discovery(hash("v1")), at(start, 5)), None);
@@ -428,7 +600,7 @@ mod tests {
     #[test]
     fn gives_up_after_the_wait_saying_what_was_seen_and_how_to_override() {
         let start = Instant::now();
-        let mut settle = Settle::new(&check("example.com", Duration::from_secs(10)), start);
+        let mut settle = settle_of(&check("example.com", Duration::from_secs(10)), start);
         assert_eq!(settle.observe(Sample::Discovery(hash("v1")), at(start, 30)), None);
         let Some(Encoding::Unconfirmed(why)) =
             settle.observe(Sample::Discovery(hash("v1")), at(start, 60))
@@ -439,7 +611,7 @@ mod tests {
         assert!(why.contains("kube-svm.io/encoding-confirmed"), "{why}");
         // An error is no confirmation either.
         let impatient = Check { wait: Duration::ZERO, ..check("example.com", Duration::ZERO) };
-        let mut settle = Settle::new(&impatient, start);
+        let mut settle = settle_of(&impatient, start);
         let verdict = settle.observe(Sample::Discovery(Err("refused".into())), at(start, 0));
         assert!(matches!(verdict, Some(Encoding::Unconfirmed(why)) if why.contains("refused")));
     }
@@ -447,18 +619,88 @@ mod tests {
     #[test]
     fn the_storage_version_api_is_taken_at_its_word_but_waited_for() {
         let start = Instant::now();
-        let mut settle = Settle::new(&check("example.com", Duration::from_secs(10)), start);
+        let mut settle = settle_of(&check("example.com", Duration::from_secs(10)), start);
         let common = |v: &str| Sample::StorageVersionApi(Some(format!("example.com/{v}")));
         assert_eq!(settle.observe(common("v1"), at(start, 0)), None);
         assert_eq!(settle.observe(Sample::StorageVersionApi(None), at(start, 1)), None);
         let verdict = settle.observe(common("v2"), at(start, 2));
-        assert_eq!(verdict, Some(Encoding::Confirmed { by: "the StorageVersion API".into() }));
+        let Some(Encoding::Confirmed { by }) = verdict else { panic!("confirmed") };
+        assert!(by.starts_with("the StorageVersion API"), "{by}");
     }
 
     #[test]
-    fn samples_are_spaced_to_see_several_in_a_settle_period() {
-        assert_eq!(check("g", Duration::ZERO).sample_interval(), MIN_SAMPLE_INTERVAL);
-        assert_eq!(check("g", Duration::from_secs(4)).sample_interval(), Duration::from_secs(1));
-        assert_eq!(check("g", Duration::from_secs(60)).sample_interval(), MAX_SAMPLE_INTERVAL);
+    fn samples_are_spaced_to_fit_the_settle_period() {
+        assert_eq!(check("g", Duration::ZERO).sample_interval(12), MIN_SAMPLE_INTERVAL);
+        assert_eq!(check("g", Duration::from_secs(4)).sample_interval(4), Duration::from_secs(1));
+        assert_eq!(check("g", Duration::from_secs(60)).sample_interval(2), MAX_SAMPLE_INTERVAL);
+    }
+
+    #[test]
+    fn the_end_of_a_run_tells_a_move_from_a_mix() {
+        let seen = |pairs: &[(&str, u32)]| {
+            pairs
+                .iter()
+                .map(|(h, n)| (h.to_string(), *n))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        assert_eq!(judge_end("A", &seen(&[("A", 12)])), AtEnd::Same);
+        assert_eq!(judge_end("A", &seen(&[("B", 12)])), AtEnd::Moved("B".into()));
+        let AtEnd::Mixed(words) = judge_end("A", &seen(&[("A", 8), ("B", 4)])) else {
+            panic!("two releases, two hashes")
+        };
+        assert!(words.contains("A (8 samples)") && words.contains("B (4 samples)"), "{words}");
+        assert!(matches!(judge_end("A", &seen(&[("none", 12)])), AtEnd::Mixed(_)));
+        assert!(matches!(judge_end("A", &seen(&[("an error (refused)", 12)])), AtEnd::Mixed(_)));
+    }
+
+    #[test]
+    fn enough_samples_that_no_apiserver_was_likely_missed() {
+        assert_eq!(samples_needed(0), MIN_AGREEING_SAMPLES);
+        assert_eq!(samples_needed(1), MIN_AGREEING_SAMPLES);
+        assert_eq!(samples_needed(2), 7);
+        assert_eq!(samples_needed(3), 12);
+        assert_eq!(samples_needed(5), 21);
+        for n in 2..10 {
+            let missed = (1.0 - 1.0 / n as f64).powi(samples_needed(n) as i32);
+            assert!(missed <= MISS_AT_MOST, "{n} apiservers: {missed}");
+        }
+    }
+
+    #[test]
+    fn three_apiservers_need_twelve_agreeing_samples_and_one_disagreement_resets_them() {
+        let start = Instant::now();
+        let quick = check("example.com", Duration::ZERO);
+        let mut settle = Settle::new(&quick, samples_needed(3), "3 apiservers".into(), start);
+        for i in 0..11 {
+            assert_eq!(settle.observe(Sample::Discovery(hash("v2")), at(start, i)), None);
+        }
+        // The third apiserver still encodes v1: the count starts over.
+        assert_eq!(settle.observe(Sample::Discovery(hash("v1")), at(start, 11)), None);
+        for i in 12..23 {
+            assert_eq!(settle.observe(Sample::Discovery(hash("v2")), at(start, i)), None);
+        }
+        let verdict = settle.observe(Sample::Discovery(hash("v2")), at(start, 23));
+        let Some(Encoding::Confirmed { by }) = verdict else { panic!("twelve in a row") };
+        assert!(by.contains("12 samples") && by.contains("3 apiservers"), "{by}");
+    }
+
+    #[test]
+    fn a_built_in_resource_is_checked_against_the_hash_discovery_published() {
+        let start = Instant::now();
+        let published = storage_version_hash("admissionregistration.k8s.io", "v1", "Widget");
+        let built_in = Check {
+            group: "admissionregistration.k8s.io".into(),
+            expected: Expected::Hash { hash: published.clone(), served: "v1beta1".into() },
+            ..check("example.com", Duration::ZERO)
+        };
+        assert_eq!(built_in.discovery_version(), "admissionregistration.k8s.io/v1beta1");
+        assert!(built_in.is_expected_version("admissionregistration.k8s.io/v1"));
+        assert!(!built_in.is_expected_version("admissionregistration.k8s.io/v1beta1"));
+        let mut settle = settle_of(&built_in, start);
+        let old = storage_version_hash("admissionregistration.k8s.io", "v1beta1", "Widget");
+        assert_eq!(settle.observe(Sample::Discovery(Ok(Some(old.clone()))), start), None);
+        settle.observe(Sample::Discovery(Ok(Some(published.clone()))), start);
+        let verdict = settle.observe(Sample::Discovery(Ok(Some(published))), at(start, 1));
+        assert!(matches!(verdict, Some(Encoding::Confirmed { .. })), "{verdict:?}");
     }
 }

@@ -66,20 +66,35 @@ pub async fn crd_of(
     bounded(cluster.fence, cluster.request_timeout, crds.get_opt(&name)).await
 }
 
-/// What the migration targets for a CRD-backed resource: the CRD's generation and storage
-/// version, and whether the apiservers already encode in it (`vouched` when an operator said
-/// so on the migration).
+/// What the migration targets, and whether the apiservers already encode in it (`vouched` when
+/// an operator said so on the migration). For a CRD-backed resource: the CRD's generation, uid
+/// and storage version. For a built-in resource: the storage version hash discovery publishes,
+/// which every apiserver must publish too (during a rolling upgrade, two releases publish two).
 pub async fn target_of(
     cluster: &Cluster<'_>,
     resource: &Resource,
-    crd: &CustomResourceDefinition,
+    crd: Option<&CustomResourceDefinition>,
     vouched: bool,
 ) -> MigrationTarget {
     let mut target = MigrationTarget {
         storage_version_hash: resource.storage_version_hash.clone(),
         ..MigrationTarget::default()
     };
-    let Some(state) = CrdState::of(crd) else { return target };
+    let state = crd.and_then(CrdState::of);
+    let expected = match (&state, &resource.storage_version_hash) {
+        (Some(state), _) => encoding::Expected::StorageVersion(state.storage_version.clone()),
+        (None, Some(hash)) => {
+            encoding::Expected::Hash { hash: hash.clone(), served: resource.version.clone() }
+        }
+        (None, None) if crd.is_some() => return target,
+        (None, None) => {
+            target.encoding_confirmed = Some(false);
+            target.encoding_evidence = Some(format!(
+                "discovery publishes no storage version hash for {resource}, so nothing shows how the apiservers encode it"
+            ));
+            return target;
+        }
+    };
     let encoding = match vouched {
         true => Encoding::Confirmed {
             by: format!(
@@ -92,8 +107,8 @@ pub async fn target_of(
                 group: resource.group.clone(),
                 plural: resource.plural.clone(),
                 kind: resource.kind.clone(),
-                storage_version: state.storage_version.clone(),
-                generation: state.generation,
+                expected,
+                generation: state.as_ref().map_or(0, |s| s.generation),
                 settle: cluster.storage_version_settle,
                 wait: cluster.storage_version_wait,
             };
@@ -104,14 +119,16 @@ pub async fn target_of(
         Encoding::Confirmed { by } => (true, format!("confirmed by {by}")),
         Encoding::Unconfirmed(seen) => (false, seen),
     };
-    // What the apiservers encode once the check passes: discovery may still lag behind now.
-    target.storage_version_hash =
-        Some(storage_version_hash(&resource.group, &state.storage_version, &resource.kind));
-    target.storage_version = Some(state.storage_version);
-    target.crd_generation = Some(state.generation);
-    target.crd_uid = state.uid;
     target.encoding_confirmed = Some(confirmed);
     target.encoding_evidence = Some(evidence);
+    if let Some(state) = state {
+        // What the apiservers encode once the check passes: discovery may still lag behind now.
+        target.storage_version_hash =
+            Some(storage_version_hash(&resource.group, &state.storage_version, &resource.kind));
+        target.storage_version = Some(state.storage_version);
+        target.crd_generation = Some(state.generation);
+        target.crd_uid = state.uid;
+    }
     target
 }
 
@@ -120,23 +137,41 @@ pub async fn target_of(
 /// the run that starts over, so this bounds wasted work, not safety.
 const GUARD_INTERVAL: Duration = Duration::from_secs(2);
 
-/// A change to the resource that voids a run's writes so far.
+/// A change to the resource that voids (or leaves unproven) a run's writes so far.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Change {
     /// The Failed condition's reason, should the migration end on it.
     pub reason: &'static str,
     pub message: String,
+    /// What the migration does about it.
+    pub then: Then,
+}
+
+/// What a migration does about a [`Change`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Then {
+    /// Start over from the first object with the new target: the storage version changed.
+    StartOver,
+    /// End Failed: the resource or its CRD is gone, or could not be read.
+    Fail,
+    /// End as the run did, but prove nothing: the apiservers disagree on the encoding (a
+    /// rolling upgrade), so `status.target.encodingConfirmed` becomes false.
+    Unproven,
 }
 
 impl Change {
     fn new(reason: &'static str, message: String) -> Change {
-        Change { reason, message }
+        let then = match reason {
+            reasons::STORAGE_VERSION_CHANGED => Then::StartOver,
+            _ => Then::Fail,
+        };
+        Change { reason, message, then }
     }
 
     /// Whether the migration can start over from the first object with the new target (its
     /// storage version changed), rather than end (the resource or its CRD is gone).
     pub fn starts_over(&self) -> bool {
-        self.reason == reasons::STORAGE_VERSION_CHANGED
+        self.then == Then::StartOver
     }
 }
 
@@ -242,16 +277,35 @@ pub async fn changed_since_start(
             }
         }
     };
-    // For a CRD the CRD itself says (below); discovery may lag behind it.
+    // For a CRD the CRD itself says (below); discovery may lag behind it. For a built-in
+    // resource every apiserver must still publish the hash the run targeted: sampled again.
     if target.crd_generation.is_none() {
-        return (now.storage_version_hash != resource.storage_version_hash).then(|| {
-            let why = format!(
-                "the storage version hash of {resource} changed from {} to {} while the migration ran",
-                resource.storage_version_hash.as_deref().unwrap_or("none"),
-                now.storage_version_hash.as_deref().unwrap_or("none")
-            );
-            Change::new(reasons::STORAGE_VERSION_CHANGED, why)
-        });
+        let Some(hash) = target.storage_version_hash.clone() else { return None };
+        let check = encoding::Check {
+            group: now.group.clone(),
+            plural: now.plural.clone(),
+            kind: now.kind.clone(),
+            expected: encoding::Expected::Hash { hash: hash.clone(), served: now.version.clone() },
+            generation: 0,
+            settle: Duration::ZERO,
+            wait: Duration::ZERO,
+        };
+        return match encoding::at_end(cluster.client, cluster.config, &check).await {
+            encoding::AtEnd::Same => None,
+            encoding::AtEnd::Moved(other) => {
+                let why = format!(
+                    "the storage version hash of {resource} changed from {hash} to {other} while the migration ran"
+                );
+                Some(Change::new(reasons::STORAGE_VERSION_CHANGED, why))
+            }
+            encoding::AtEnd::Mixed(seen) => Some(Change {
+                reason: reasons::STORAGE_VERSION_CHANGED,
+                message: format!(
+                    "at the end of the run the apiservers did not all publish {hash} for {resource}: {seen}"
+                ),
+                then: Then::Unproven,
+            }),
+        };
     }
     match crd_of(cluster, resource).await {
         Ok(crd) => crd_change(resource, target, crd.as_ref()),

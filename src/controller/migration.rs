@@ -194,6 +194,12 @@ impl Task<'_> {
             Some(change) if change.starts_over() => {
                 return Attempt::StartOver { change, current: Box::new(done) };
             }
+            Some(change) if change.then == steps::Then::Unproven => {
+                warn!(change = change.message, "the run proves nothing about the encoding");
+                let note = format!("the objects were rewritten, but {}", change.message);
+                self.publish(EventType::Warning, events::ENCODING_UNCONFIRMED, note).await;
+                done = status::unproven(done, &change.message);
+            }
             Some(change) => {
                 let message = format!(
                     "{}; {} objects were processed, but those written before the change may be stored in the old version: migrate again",
@@ -295,12 +301,9 @@ impl Task<'_> {
         start: &Start,
         last: Option<&StorageVersionMigrationStatus>,
     ) -> MigrationTarget {
-        let hash = resource.storage_version_hash.as_deref();
-        let known = status::known_target(last, start, hash, crd.is_some());
-        let crd = match (known, crd) {
-            (None, Some(crd)) => crd,
-            (known, _) => return known.unwrap_or_default(),
-        };
+        if let Some(known) = status::known_target(last, start) {
+            return known;
+        }
         let vouched = self.migration.encoding_vouched_for();
         let target = steps::target_of(&self.context.cluster(), resource, crd, vouched).await;
         let evidence = target.encoding_evidence.clone().unwrap_or_default();

@@ -85,6 +85,19 @@ pub fn restart(
     Ok(Start::over(&format!("{}, after {processed} objects", change.message), restarts))
 }
 
+/// `done` with its encoding no longer taken as confirmed, saying why (the apiservers disagreed
+/// at the end of the run): it proves nothing about how the objects are stored.
+pub fn unproven(
+    mut done: StorageVersionMigrationStatus,
+    why: &str,
+) -> StorageVersionMigrationStatus {
+    let target = done.target.get_or_insert_with(MigrationTarget::default);
+    let before = target.encoding_evidence.take().unwrap_or_default();
+    target.encoding_confirmed = Some(false);
+    target.encoding_evidence = Some(cut(&format!("{before}; but {why}"), CONDITION_MESSAGE_LIMIT));
+    done
+}
+
 /// The status of a migration whose target kept changing before its first write.
 pub fn kept_changing(
     previous: Option<&StorageVersionMigrationStatus>,
@@ -260,24 +273,14 @@ pub fn completed(
 }
 
 /// The target a migration takes without looking further: the one it recorded when it first
-/// started, when it resumes under it; for a resource no CRD serves, the storage version hash
-/// discovery publishes (`current_hash`). `None` when it must be worked out: a CRD-backed
-/// resource's storage version and whether the apiservers encode in it yet.
+/// started, when it resumes under it. `None` when it must be worked out: the storage version
+/// (hash) and whether the apiservers encode in it yet.
 pub fn known_target(
     previous: Option<&StorageVersionMigrationStatus>,
     start: &Start,
-    current_hash: Option<&str>,
-    crd_backed: bool,
 ) -> Option<MigrationTarget> {
     let recorded = previous.and_then(|s| s.target.clone());
-    match (start.keeps_target, recorded, crd_backed) {
-        (true, Some(recorded), _) => Some(recorded),
-        (_, _, true) => None,
-        (_, _, false) => Some(MigrationTarget {
-            storage_version_hash: current_hash.map(str::to_owned),
-            ..MigrationTarget::default()
-        }),
-    }
+    recorded.filter(|_| start.keeps_target)
 }
 
 /// The status of a run the engine could not finish: Failed, with the counts it reached and why
@@ -437,11 +440,9 @@ mod tests {
     }
 
     #[test]
-    fn a_target_is_known_when_resumed_or_when_no_crd_is_behind_the_resource() {
+    fn a_target_is_known_only_when_resumed() {
         let fresh = start_point(&migration(None), Some("new"), None);
-        let plain = known_target(None, &fresh, Some("new"), false);
-        assert_eq!(plain.and_then(|t| t.storage_version_hash), Some("new".into()));
-        assert_eq!(known_target(None, &fresh, Some("new"), true), None);
+        assert_eq!(known_target(None, &fresh), None);
         let recorded = MigrationTarget {
             storage_version_hash: Some("new".into()),
             storage_version: Some("v2".into()),
@@ -454,7 +455,7 @@ mod tests {
         let crd = CrdNow { uid: None, generation: 3 };
         let resumed = start_point(&migration(Some(checkpointed.clone())), Some("new"), Some(&crd));
         assert!(resumed.keeps_target);
-        let kept = known_target(Some(&checkpointed), &resumed, Some("new"), true);
+        let kept = known_target(Some(&checkpointed), &resumed);
         assert_eq!(kept, Some(recorded));
     }
 
@@ -625,6 +626,7 @@ mod tests {
         let change = Change {
             reason: reasons::STORAGE_VERSION_CHANGED,
             message: "the storage version of widgets.example.com changed from v2 to v1".into(),
+            then: crate::steps::Then::StartOver,
         };
         let current = running(None, &target("h2"), &progress(0), now());
         let next = restart(&current, &change, 1, now()).expect("starts over");
@@ -639,6 +641,20 @@ mod tests {
         );
         assert!(condition.message.as_deref().unwrap_or_default().contains("changed 3 times"));
         assert_eq!(Phase::of(&migration(Some(*failed))), Phase::Failed);
+    }
+
+    #[test]
+    fn a_run_that_ends_among_disagreeing_apiservers_proves_nothing() {
+        let mut confirmed = target("h2");
+        confirmed.encoding_confirmed = Some(true);
+        confirmed.encoding_evidence = Some("confirmed by discovery".into());
+        let done = completed(None, &confirmed, &progress(0), now());
+        let done = unproven(done, "at the end the apiservers published h1 (4 samples), h2 (8)");
+        let target = done.target.clone().expect("a target");
+        assert_eq!(target.encoding_confirmed, Some(false));
+        let evidence = target.encoding_evidence.unwrap_or_default();
+        assert!(evidence.starts_with("confirmed by discovery; but at the end"), "{evidence}");
+        assert_eq!(Phase::of(&migration(Some(done))), Phase::Succeeded, "it did rewrite them");
     }
 
     #[test]

@@ -28,7 +28,7 @@ use super::{Clients, Requests, is_code};
 use crate::api::{
     GroupVersionResource, Phase, StorageVersionMigration, StorageVersionMigrationSpec,
 };
-use crate::encoding::{Check, Observer};
+use crate::encoding::{Check, Expected, Observer};
 use crate::fence::Fence;
 use crate::fence::RequestError;
 
@@ -117,7 +117,7 @@ fn encoding_check(crd: &CustomResourceDefinition, settings: &Settings) -> Option
         group: crd.spec.group.clone(),
         plural: crd.spec.names.plural.clone(),
         kind: crd.spec.names.kind.clone(),
-        storage_version: storage.clone(),
+        expected: Expected::StorageVersion(storage.clone()),
         generation: crd.metadata.generation.unwrap_or_default(),
         settle: settings.settle,
         wait: settings.wait,

@@ -158,7 +158,7 @@ async fn storage_switch_is_migrated_and_pruned_by_the_storage_version_api() {
                 group: "apps".into(),
                 plural: "deployments".into(),
                 kind: "Deployment".into(),
-                storage_version: version.into(),
+                expected: encoding::Expected::StorageVersion(version.into()),
                 generation: 1,
                 settle: Duration::ZERO,
                 wait: Duration::ZERO,
@@ -166,7 +166,9 @@ async fn storage_switch_is_migrated_and_pruned_by_the_storage_version_api() {
             encoding::confirm(&client, &config, &check).await
         }
     };
-    let by_the_api = Encoding::Confirmed { by: "the StorageVersion API".into() };
+    let by_the_api = Encoding::Confirmed {
+        by: "the StorageVersion API: every apiserver encodes apps/v1".into(),
+    };
     let deadline = Instant::now() + Duration::from_secs(30);
     while confirm("v1").await != by_the_api {
         assert!(Instant::now() < deadline, "{:?}", confirm("v1").await);
@@ -182,10 +184,10 @@ async fn storage_switch_is_migrated_and_pruned_by_the_storage_version_api() {
 }
 
 /// Storage switched again (v2 to v3) while the migration runs: objects written before the switch
-/// are stored as v2, so it must not say Succeeded, nor prune to [v2]; a follow-up migration ends
-/// with [v3].
+/// are stored as v2, so the migration starts over from the first object with v3 as its target,
+/// and ends Succeeded with every object in v3 and storedVersions pruned to [v3].
 #[tokio::test]
-async fn a_storage_switch_during_a_migration_is_not_pruned_over() {
+async fn a_storage_switch_during_a_migration_starts_it_over() {
     let slow = ["--page-size=20", "--kube-api-qps=30", "--kube-api-burst=1"];
     let (control_plane, client, widgets, controller) = setup(&[], 300, &slow).await;
     widgets.set_storage_version(&client, "v2").await;
@@ -194,28 +196,22 @@ async fn a_storage_switch_during_a_migration_is_not_pruned_over() {
     widgets.set_storage_version(&client, "v3").await;
 
     let first = wait_terminal(&client, &first.name_any(), &controller).await;
-    assert_eq!(Phase::of(&first), Phase::Failed, "{:?}", first.status);
-    let condition = first.status.as_ref().map(|s| s.conditions[0].clone()).expect("status");
-    assert_eq!(condition.reason.as_deref(), Some("StorageVersionChanged"), "{condition:?}");
-    let (status, reason, message) = pruned(&first);
-    assert_eq!((status.as_str(), reason.as_str()), ("False", "MigrationFailed"), "{message}");
-    assert!(
-        stored_versions(&client, &widgets).await.contains(&"v1".to_owned()),
-        "not pruned to [v2]"
-    );
-
-    let second = wait_for_triggered(&client, &widgets, 2, &controller).await;
-    let second = wait_terminal(&client, &second.name_any(), &controller).await;
-    assert_eq!(pruned(&second).0, "True", "{:?}", pruned(&second));
+    assert_eq!(Phase::of(&first), Phase::Succeeded, "{:?}", first.status);
+    let status = first.status.clone().expect("status");
+    assert!(status.restarts.is_some_and(|n| n >= 1), "{status:?}");
+    let target = status.target.clone().expect("a target");
+    assert_eq!(target.storage_version.as_deref(), Some("v3"), "retargeted");
+    assert_eq!(pruned(&first).0, "True", "{:?}", pruned(&first));
     assert_eq!(stored_versions(&client, &widgets).await, ["v3"]);
     widgets.assert_all_stored_as(&control_plane.etcd(), "v3", 300).await;
 }
 
-/// The CRD changes (not its storage version) mid-migration: that migration prunes nothing.
+/// The CRD changes (not its storage version) mid-migration: the run cannot tell that change
+/// from a storage switch and back, so it starts over, and then prunes.
 #[tokio::test]
-async fn a_crd_change_during_a_migration_is_not_pruned_over() {
+async fn a_crd_change_during_a_migration_starts_it_over() {
     let slow = ["--page-size=20", "--kube-api-qps=30", "--kube-api-burst=1"];
-    let (_control_plane, client, widgets, controller) = setup(&[], 300, &slow).await;
+    let (control_plane, client, widgets, controller) = setup(&[], 300, &slow).await;
     widgets.set_storage_version(&client, "v2").await;
     let first = wait_for_triggered(&client, &widgets, 1, &controller).await;
     wait_running(&client, &first.name_any()).await;
@@ -235,9 +231,13 @@ async fn a_crd_change_during_a_migration_is_not_pruned_over() {
 
     let first = wait_terminal(&client, &first.name_any(), &controller).await;
     assert_eq!(Phase::of(&first), Phase::Succeeded);
+    let status = first.status.clone().expect("status");
+    assert!(status.restarts.is_some_and(|n| n >= 1), "{status:?}");
+    assert_eq!(status.target.and_then(|t| t.crd_generation), changed.metadata.generation);
     let (status, reason, _) = pruned(&first);
-    assert_eq!((status.as_str(), reason.as_str()), ("False", "CRDChanged"));
-    assert_eq!(stored_versions(&client, &widgets).await, ["v1", "v2"]);
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Pruned"));
+    assert_eq!(stored_versions(&client, &widgets).await, ["v2"]);
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 300).await;
 }
 
 /// Objects rejected by admission: the migration fails and storedVersions stays as it was.
