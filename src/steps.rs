@@ -280,7 +280,7 @@ pub async fn changed_since_start(
     // For a CRD the CRD itself says (below); discovery may lag behind it. For a built-in
     // resource every apiserver must still publish the hash the run targeted: sampled again.
     if target.crd_generation.is_none() {
-        let Some(hash) = target.storage_version_hash.clone() else { return None };
+        let hash = target.storage_version_hash.clone()?;
         let check = encoding::Check {
             group: now.group.clone(),
             plural: now.plural.clone(),
