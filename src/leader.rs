@@ -22,6 +22,15 @@ use tracing::{info, warn};
 
 use crate::fence::Fence;
 
+/// The shortest lease `--lease-duration` accepts, in seconds: with client-go's ratios a leader
+/// renews every third of it (at most every 2 s), so below this renewals would have to come back
+/// within a fraction of a second.
+pub const MIN_LEASE_SECONDS: u64 = 2;
+
+/// The longest lease `--lease-duration` accepts, in seconds: the Lease API holds it as an int32
+/// (`spec.leaseDurationSeconds`).
+pub const MAX_LEASE_SECONDS: u64 = i32::MAX as u64;
+
 /// Where the lease is and how it is held.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -48,7 +57,8 @@ impl Settings {
         identity: String,
         lease_duration: Duration,
     ) -> Self {
-        let lease_duration = lease_duration.max(Duration::from_secs(2));
+        let lease_duration = lease_duration
+            .clamp(Duration::from_secs(MIN_LEASE_SECONDS), Duration::from_secs(MAX_LEASE_SECONDS));
         Settings {
             namespace,
             name,
