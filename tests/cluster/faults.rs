@@ -123,6 +123,15 @@ async fn finish(
     (done, outcome)
 }
 
+/// Waits until `process` has logged `line`.
+async fn wait_for_log(process: &KubeSvm, line: &str) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !process.logs().contains(line) {
+        assert!(Instant::now() < deadline, "never logged {line:?}\n{}", process.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Asserts a migration succeeded, pruned storedVersions to [v2], and left exactly `count`
 /// widgets, all stored as v2.
 fn assert_migrated_and_pruned(
@@ -773,6 +782,73 @@ async fn a_paused_leader_writes_nothing_after_its_standby_took_over() {
         refused.len() <= 64 + 1,
         "the old leader kept sending after the takeover: {refused:#?}"
     );
+}
+
+/// The Lease is deleted while the leader is mid-migration (an operator cleaning up, a namespace
+/// recreated): the standby creates a new one at once, but the old leader's term may still be
+/// open (it stops only at its renew deadline), so the new leader holds the lease, renewing it,
+/// for a whole lease duration before its first write. The audit log says who wrote what, when:
+/// the new leader's first write comes a lease duration after it created the Lease, after the old
+/// leader's last; and the migration, resumed, succeeds.
+#[tokio::test]
+async fn a_leader_that_creates_the_lease_waits_a_lease_duration_before_writing() {
+    /// Long enough that a straggling write of the old leader cannot pass for the new leader's
+    /// (the old one stops at its renew deadline, two thirds of this).
+    const LEASE: u32 = 12;
+    let control_plane = ControlPlane::start_audited(&[]).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let count = scale(800);
+    let widgets = stale_widgets(&client, "deleted-lease", count, &[]).await;
+    let first =
+        control_plane.impersonating_kubeconfig("svm-first", CONTROLLER_NAMESPACE, &[]).await;
+    let second =
+        control_plane.impersonating_kubeconfig("svm-second", CONTROLLER_NAMESPACE, &[]).await;
+    let args = |identity: &str| elected(identity, LEASE, &["--page-size=20", "--kube-api-qps=40"]);
+    let leader = KubeSvm::start_as(&control_plane, "first", &strs(&args("first")), &first);
+    wait_for_holder(&client, "first").await;
+    let standby = KubeSvm::start_as(&control_plane, "second", &strs(&args("second")), &second);
+    let name = switch_and_wait_for_migration(&client, &widgets, &leader).await;
+    wait_for(&client, &name, FINISH, &[&leader], processed_at_least(100)).await;
+
+    Api::<Lease>::namespaced(client.clone(), CONTROLLER_NAMESPACE)
+        .delete("kube-svm", &DeleteParams::default())
+        .await
+        .expect("the lease is deleted");
+    wait_for_holder(&client, "second").await;
+    let (done, outcome) =
+        finish(&control_plane, &client, &widgets, &name, count, &[&leader, &standby]).await;
+    assert_migrated_and_pruned(&widgets, &done, &outcome, count);
+    wait_for_log(&leader, "no longer the leader").await;
+
+    let users = |name: &str| format!("system:serviceaccount:kube-svm:svm-{name}-kube-svm");
+    let (old, new) = (users("first"), users("second"));
+    let events = control_plane.audit_events();
+    let is_lease = |e: &&AuditEvent| e.object_ref.as_ref().is_some_and(|o| o.resource == "leases");
+    let created = events
+        .iter()
+        .filter(|e| e.sender() == new && e.verb == "create" && is_lease(e))
+        .map(AuditEvent::received)
+        .min()
+        .expect("the standby created the lease");
+    let writes = |user: &str| -> Vec<k8s_openapi::jiff::Timestamp> {
+        let mut times: Vec<_> = events
+            .iter()
+            .filter(|e| e.sender() == user && e.writes() && !is_lease(e))
+            .map(AuditEvent::received)
+            .collect();
+        times.sort();
+        times
+    };
+    let new_first = *writes(&new).first().expect("the new leader wrote");
+    let waited = new_first.duration_since(created);
+    assert!(
+        waited >= k8s_openapi::jiff::SignedDuration::from_secs(LEASE.into()),
+        "the new leader wrote {waited:?} after creating the lease, before its old term could be over"
+    );
+    let old_last = *writes(&old).last().expect("the old leader wrote");
+    assert!(old_last > created, "the old leader was still writing when the lease was recreated");
+    assert!(old_last < new_first, "the old leader wrote after the new leader began");
 }
 
 /// kube-apiserver freezes (SIGSTOP) for longer than the lease: the leader's renewal hangs, and
