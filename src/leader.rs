@@ -8,6 +8,14 @@
 //! every write checks, and `lost` fires when it runs out, whether or not the renewal request
 //! that should have extended it ever returns. So a leader stops writing before anyone else may
 //! acquire the lease, however its connection to the apiserver fails.
+//!
+//! That holds only when the new leader knows the previous term is over: it saw the lease go
+//! unrenewed for a whole lease duration, or the holder handed it back (leaving its release mark).
+//! A Lease that does not exist may have been deleted under a leader still in its term, and a free
+//! lease without the mark, or one naming this identity that this process did not take, may have a
+//! writer behind it too. A leader that takes the lease in any of those ways holds it, renewing,
+//! for a whole lease duration before it writes: by then any previous holder has reached its renew
+//! deadline and stopped.
 
 use std::time::Duration;
 
@@ -21,6 +29,22 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::fence::Fence;
+
+/// The shortest lease `--lease-duration` accepts, in seconds: with client-go's ratios a leader
+/// renews every third of it (at most every 2 s), so below this renewals would have to come back
+/// within a fraction of a second.
+pub const MIN_LEASE_SECONDS: u64 = 2;
+
+/// The longest lease `--lease-duration` accepts, in seconds: the Lease API holds it as an int32
+/// (`spec.leaseDurationSeconds`).
+pub const MAX_LEASE_SECONDS: u64 = i32::MAX as u64;
+
+/// The annotation a holder leaves on the Lease when it hands the lease back, in the same write
+/// that clears the holder: the lease's `leaseTransitions` then, and the holder's identity
+/// (`"3 kube-svm-0"`). A free lease carrying it, with the transition count unchanged, was
+/// released by its holder after that holder had stopped writing, so the next leader may write at
+/// once. The leader that takes the lease removes it.
+pub const RELEASED_ANNOTATION: &str = "kube-svm.io/released";
 
 /// Where the lease is and how it is held.
 #[derive(Clone, Debug)]
@@ -48,7 +72,8 @@ impl Settings {
         identity: String,
         lease_duration: Duration,
     ) -> Self {
-        let lease_duration = lease_duration.max(Duration::from_secs(2));
+        let lease_duration = lease_duration
+            .clamp(Duration::from_secs(MIN_LEASE_SECONDS), Duration::from_secs(MAX_LEASE_SECONDS));
         Settings {
             namespace,
             name,
@@ -70,7 +95,59 @@ pub struct Leadership {
     settings: Settings,
 }
 
+/// How a new leader's wait before its first write ended.
+enum Probation {
+    /// A lease duration passed with the lease renewed throughout: writes may begin.
+    Served,
+    /// The lease was lost meanwhile.
+    Lost,
+    /// The process is stopping.
+    Shutdown,
+}
+
 impl Leadership {
+    /// Holds the lease won by an attempt sent at `sent`: the term runs a renew deadline from
+    /// then, and renewals extend it.
+    fn start(lease: Api<Lease>, settings: Settings, sent: Instant) -> Leadership {
+        let fence = Fence::until(sent + settings.renew_deadline);
+        let (lost, stop) = (CancellationToken::new(), CancellationToken::new());
+        let renewals = tokio::spawn(renew(
+            lease.clone(),
+            settings.clone(),
+            fence.clone(),
+            lost.clone(),
+            stop.clone(),
+        ));
+        Leadership { fence, lost, stop, renewals: Some(renewals), lease, settings }
+    }
+
+    /// Holds the lease, renewing it, for a whole lease duration from now, writing nothing:
+    /// whoever held it before (and may not have known it lost it) reaches its renew deadline
+    /// meanwhile. `on_attempt(false)` runs every retry period.
+    async fn serve_probation(
+        &self,
+        shutdown: &CancellationToken,
+        on_attempt: &impl Fn(bool),
+    ) -> Probation {
+        let until = Instant::now() + self.settings.lease_duration;
+        loop {
+            let now = Instant::now();
+            if now >= until {
+                return match self.fence.holds() {
+                    true => Probation::Served,
+                    false => Probation::Lost,
+                };
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return Probation::Shutdown,
+                _ = self.lost.cancelled() => return Probation::Lost,
+                _ = tokio::time::sleep_until((now + self.settings.retry_period).min(until)) => {
+                    on_attempt(false);
+                }
+            }
+        }
+    }
+
     /// Fires when this process stops being the leader.
     pub fn lost(&self) -> CancellationToken {
         self.lost.clone()
@@ -110,6 +187,12 @@ impl Leadership {
         spec.holder_identity = None;
         spec.lease_duration_seconds = Some(1);
         spec.renew_time = Some(MicroTime(Timestamp::now()));
+        let mark = format!("{} {}", spec.lease_transitions.unwrap_or(0), self.settings.identity);
+        lease
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(RELEASED_ANNOTATION.to_owned(), mark);
         self.lease.replace(&self.settings.name, &PostParams::default(), &lease).await?;
         Ok(true)
     }
@@ -122,8 +205,9 @@ impl Drop for Leadership {
     }
 }
 
-/// Waits until this candidate holds the lease; `None` when `shutdown` fires first.
-/// `on_attempt` runs after every attempt, with whether it won.
+/// Waits until this candidate holds the lease and may write; `None` when `shutdown` fires first.
+/// `on_attempt` runs after every attempt, and every retry period while a new leader waits out
+/// a lease duration, with whether this candidate may write.
 pub async fn acquire(
     client: Client,
     settings: Settings,
@@ -149,33 +233,44 @@ pub async fn acquire(
             try_acquire(&lease, &settings, &mut observed),
         )
         .await;
-        let won = match attempt {
-            Ok(won) => won,
+        let taken = match attempt {
+            Ok(taken) => taken,
             Err(_) => {
                 warn!(lease = settings.name, "reading or taking the lease timed out");
-                false
+                None
             }
         };
-        on_attempt(won);
-        if won {
-            info!(lease = settings.name, identity = settings.identity, "became the leader");
-            let fence = Fence::until(sent + settings.renew_deadline);
-            let (lost, stop) = (CancellationToken::new(), CancellationToken::new());
-            let renewals = tokio::spawn(renew(
-                lease.clone(),
-                settings.clone(),
-                fence.clone(),
-                lost.clone(),
-                stop.clone(),
-            ));
-            return Some(Leadership {
-                fence,
-                lost,
-                stop,
-                renewals: Some(renewals),
-                lease,
-                settings,
-            });
+        if let Some(previous) = taken {
+            let leadership = Leadership::start(lease.clone(), settings.clone(), sent);
+            let ready = match previous {
+                PreviousTerm::Over => Probation::Served,
+                PreviousTerm::Unknown => {
+                    on_attempt(false);
+                    info!(
+                        lease = settings.name,
+                        identity = settings.identity,
+                        wait = ?settings.lease_duration,
+                        "holding the lease; writing only after a lease duration, when any previous leader has stopped"
+                    );
+                    leadership.serve_probation(shutdown, &on_attempt).await
+                }
+            };
+            match ready {
+                Probation::Served => {
+                    on_attempt(true);
+                    info!(lease = settings.name, identity = settings.identity, "became the leader");
+                    return Some(leadership);
+                }
+                Probation::Shutdown => {
+                    leadership.release().await;
+                    return None;
+                }
+                Probation::Lost => {
+                    warn!(lease = settings.name, "lost the lease before writing anything");
+                }
+            }
+        } else {
+            on_attempt(false);
         }
         tokio::select! {
             _ = shutdown.cancelled() => return None,
@@ -184,23 +279,69 @@ pub async fn acquire(
     }
 }
 
-/// One attempt: takes the lease when it is free, expired, or already ours.
+/// What is known of the previous holder's term when a candidate takes the lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PreviousTerm {
+    /// Over: nobody renewed the lease for a whole lease duration by this candidate's clock, or
+    /// its holder handed it back (and stopped writing first).
+    Over,
+    /// Possibly still open: no Lease existed (it may have been deleted under its holder), it was
+    /// free without its holder's release mark, or it named this identity though this process
+    /// did not hold it. Writes wait a lease duration.
+    Unknown,
+}
+
+/// What a candidate may do with the lease as it reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Another candidate holds it and renews it.
+    Held,
+    /// Take it (create it, when there is none).
+    Take(PreviousTerm),
+}
+
+/// The pure part of an attempt: `lease` as read (`None`: there is none), and whether it went
+/// unrenewed for a lease duration by this candidate's clock.
+fn judge(lease: Option<&Lease>, identity: &str, expired: bool) -> Verdict {
+    let Some(lease) = lease else { return Verdict::Take(PreviousTerm::Unknown) };
+    if expired {
+        return Verdict::Take(PreviousTerm::Over);
+    }
+    match holder(lease) {
+        Some(other) if other != identity => Verdict::Held,
+        Some(_) => Verdict::Take(PreviousTerm::Unknown),
+        None if released(lease) => Verdict::Take(PreviousTerm::Over),
+        None => Verdict::Take(PreviousTerm::Unknown),
+    }
+}
+
+/// Whether the lease carries its last holder's release mark, made at the current transition.
+fn released(lease: &Lease) -> bool {
+    let transitions = lease.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0);
+    let mark = lease.metadata.annotations.as_ref().and_then(|a| a.get(RELEASED_ANNOTATION));
+    let at = mark.and_then(|m| m.split_whitespace().next()).and_then(|n| n.parse::<i32>().ok());
+    at == Some(transitions)
+}
+
+/// One attempt: takes the lease when it is free, expired, or already ours, and says what is
+/// known of the previous term; `None` when another candidate holds it or the attempt failed.
 async fn try_acquire(
     lease: &Api<Lease>,
     settings: &Settings,
     observed: &mut Option<(String, Instant)>,
-) -> bool {
+) -> Option<PreviousTerm> {
     // Not being able to read the lease (the apiserver restarting, its authorizer not synced
     // yet, a permission missing) only means this attempt lost; the next one asks again.
     let current = match lease.get_opt(&settings.name).await {
         Ok(current) => current,
         Err(error) => {
             warn!(error = %crate::error_chain(&error), lease = settings.name, "failed to read the lease");
-            return false;
+            return None;
         }
     };
     let now = Timestamp::now();
     let Some(mut current) = current else {
+        let Verdict::Take(previous) = judge(None, &settings.identity, false) else { return None };
         let fresh = Lease {
             metadata: ObjectMeta { name: Some(settings.name.clone()), ..Default::default() },
             spec: Some(LeaseSpec {
@@ -212,11 +353,9 @@ async fn try_acquire(
                 ..Default::default()
             }),
         };
-        return lease.create(&PostParams::default(), &fresh).await.is_ok();
+        return lease.create(&PostParams::default(), &fresh).await.ok().map(|_| previous);
     };
     let version = current.metadata.resource_version.clone().unwrap_or_default();
-    let ours = holder(&current) == Some(settings.identity.as_str());
-    let free = holder(&current).is_none();
     // Expired when nobody renewed it for a lease duration, by our clock since we first saw it.
     let duration = current
         .spec
@@ -232,19 +371,24 @@ async fn try_acquire(
         }
     };
     let expired = first_seen.elapsed() >= duration;
-    if !(ours || free || expired) {
-        return false;
+    let Verdict::Take(previous) = judge(Some(&current), &settings.identity, expired) else {
+        return None;
+    };
+    let ours = holder(&current) == Some(settings.identity.as_str());
+    if let Some(annotations) = current.metadata.annotations.as_mut() {
+        annotations.remove(RELEASED_ANNOTATION);
     }
     let spec = current.spec.get_or_insert_with(Default::default);
     if !ours {
-        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
         spec.acquire_time = Some(MicroTime(now));
     }
     spec.holder_identity = Some(settings.identity.clone());
     spec.lease_duration_seconds = Some(seconds(settings.lease_duration));
     spec.renew_time = Some(MicroTime(now));
     // The resourceVersion makes this conditional: of two candidates, one wins.
-    lease.replace(&settings.name, &PostParams::default(), &current).await.is_ok()
+    let taken = lease.replace(&settings.name, &PostParams::default(), &current).await;
+    taken.ok().map(|_| previous)
 }
 
 /// Renews the lease every retry period, extending the term from when each successful renewal
@@ -308,4 +452,67 @@ fn holder(lease: &Lease) -> Option<&str> {
 
 fn seconds(duration: Duration) -> i32 {
     i32::try_from(duration.as_secs()).unwrap_or(i32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(holder: Option<&str>, transitions: i32, mark: Option<&str>) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                annotations: mark.map(|m| {
+                    [(RELEASED_ANNOTATION.to_owned(), m.to_owned())].into_iter().collect()
+                }),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(str::to_owned),
+                lease_transitions: Some(transitions),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn a_missing_lease_is_created_but_its_last_term_is_unknown() {
+        assert_eq!(judge(None, "me", false), Verdict::Take(PreviousTerm::Unknown));
+    }
+
+    #[test]
+    fn a_lease_held_by_another_is_taken_only_once_expired() {
+        let held = lease(Some("other"), 3, None);
+        assert_eq!(judge(Some(&held), "me", false), Verdict::Held);
+        assert_eq!(judge(Some(&held), "me", true), Verdict::Take(PreviousTerm::Over));
+    }
+
+    #[test]
+    fn a_free_lease_is_over_only_with_its_holders_mark_of_this_transition() {
+        let released = lease(None, 3, Some("3 other"));
+        assert_eq!(judge(Some(&released), "me", false), Verdict::Take(PreviousTerm::Over));
+        let cleared = lease(None, 3, None);
+        assert_eq!(judge(Some(&cleared), "me", false), Verdict::Take(PreviousTerm::Unknown));
+        let stale = lease(None, 4, Some("3 other"));
+        assert_eq!(judge(Some(&stale), "me", false), Verdict::Take(PreviousTerm::Unknown));
+        let garbled = lease(None, 3, Some("three"));
+        assert_eq!(judge(Some(&garbled), "me", false), Verdict::Take(PreviousTerm::Unknown));
+        assert_eq!(judge(Some(&cleared), "me", true), Verdict::Take(PreviousTerm::Over));
+    }
+
+    #[test]
+    fn a_lease_naming_this_identity_may_belong_to_an_earlier_process() {
+        let ours = lease(Some("me"), 1, None);
+        assert_eq!(judge(Some(&ours), "me", false), Verdict::Take(PreviousTerm::Unknown));
+        assert_eq!(judge(Some(&ours), "me", true), Verdict::Take(PreviousTerm::Over));
+    }
+
+    #[test]
+    fn settings_keep_client_gos_ratios_within_bounds() {
+        let name = || String::from("x");
+        let settings = Settings::new(name(), name(), name(), Duration::from_secs(15));
+        assert_eq!(settings.renew_deadline, Duration::from_secs(10));
+        assert_eq!(settings.retry_period, Duration::from_secs(2));
+        let huge = Settings::new(name(), name(), name(), Duration::MAX);
+        assert_eq!(huge.lease_duration, Duration::from_secs(MAX_LEASE_SECONDS));
+    }
 }

@@ -1,6 +1,11 @@
 //! A read-only etcd client: range reads through etcd's v3 JSON gateway (`POST /v3/kv/range`),
 //! served on the same client port as gRPC (on by default since etcd 3.4). The only request this
 //! client can build is a range, so a census can never write, delete or compact.
+//!
+//! Its answers are raw values, Secrets among them (unencrypted ones in the clear), so requests go
+//! to the endpoints given and nowhere else: a redirect is an error, never followed (a 307 would
+//! send the request to wherever it points), and no proxy is used unless one is given explicitly
+//! (`HTTP_PROXY`, `HTTPS_PROXY` and `ALL_PROXY` are ignored).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -44,6 +49,16 @@ pub enum Error {
     NoEndpoint,
     #[error("failed to build the HTTP client")]
     Client(#[source] reqwest::Error),
+    #[error("{proxy} is not a usable proxy URL")]
+    Proxy {
+        proxy: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error(
+        "etcd at {endpoint} answered with a redirect (HTTP {status}) to {location}; redirects are never followed: give the endpoint that serves"
+    )]
+    Redirected { endpoint: String, status: u16, location: String },
     #[error(
         "no etcd endpoint answered (last tried {endpoint}): no connection, or the TLS handshake failed"
     )]
@@ -82,6 +97,9 @@ pub struct Connection {
     pub ca: Option<PathBuf>,
     pub cert: Option<PathBuf>,
     pub key: Option<PathBuf>,
+    /// The HTTP proxy to reach etcd through; none unless given (the environment's proxy
+    /// variables are never read).
+    pub proxy: Option<String>,
 }
 
 /// One key as etcd holds it.
@@ -115,7 +133,7 @@ pub struct EtcdReader {
 
 impl EtcdReader {
     pub fn connect(connection: &Connection) -> Result<EtcdReader> {
-        let Connection { endpoints, ca, cert, key } = connection;
+        let Connection { endpoints, ca, cert, key, proxy } = connection;
         let endpoints: Vec<String> =
             endpoints.iter().map(|e| e.trim_end_matches('/').to_owned()).collect();
         if endpoints.is_empty() {
@@ -130,12 +148,20 @@ impl EtcdReader {
                 return Err(Error::MissingCa { endpoint: endpoint.clone() });
             }
         }
-        let http = reqwest::Client::builder()
+        let builder = reqwest::Client::builder()
             .timeout(REQUEST_TIMEOUT)
             .http1_only()
-            .tls_backend_preconfigured(tls_config(ca.as_deref(), cert, key)?)
-            .build()
-            .map_err(Error::Client)?;
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .tls_backend_preconfigured(tls_config(ca.as_deref(), cert, key)?);
+        let builder = match proxy {
+            None => builder,
+            Some(proxy) => builder.proxy(
+                reqwest::Proxy::all(proxy.as_str())
+                    .map_err(|source| Error::Proxy { proxy: proxy.clone(), source })?,
+            ),
+        };
+        let http = builder.build().map_err(Error::Client)?;
         Ok(EtcdReader { endpoints, preferred: AtomicUsize::new(0), http })
     }
 
@@ -191,6 +217,15 @@ async fn read_response(
     request: &RangeRequest,
 ) -> Result<Page> {
     let status = response.status();
+    if status.is_redirection() {
+        let location = response.headers().get(reqwest::header::LOCATION);
+        let location = location.map(|l| String::from_utf8_lossy(l.as_bytes()).into_owned());
+        return Err(Error::Redirected {
+            endpoint: endpoint.to_owned(),
+            status: status.as_u16(),
+            location: location.unwrap_or_else(|| "nowhere".to_owned()),
+        });
+    }
     let body = response
         .bytes()
         .await
@@ -377,5 +412,11 @@ mod tests {
         };
         assert!(matches!(EtcdReader::connect(&half), Err(Error::HalfIdentity)));
         assert!(matches!(EtcdReader::connect(&Connection::default()), Err(Error::NoEndpoint)));
+        let proxied = Connection {
+            endpoints: vec!["http://127.0.0.1:2379".into()],
+            proxy: Some("http://[::1".into()),
+            ..Default::default()
+        };
+        assert!(matches!(EtcdReader::connect(&proxied), Err(Error::Proxy { .. })));
     }
 }

@@ -13,11 +13,17 @@ use tracing::{info, warn};
 use super::cancel_on_signal;
 use super::engine::{Built, EngineArgs, seconds};
 use super::kube::{KubeArgs, in_cluster};
+use super::values;
 use crate::controller::{self, Stopped};
 use crate::fence::Fence;
 use crate::leader;
 use crate::metrics::Metrics;
 use crate::server::{self, Health};
+
+/// The most migrations `--concurrency` lets run at once: each has a write window of its own, so
+/// past a few the apiserver is the bound, and a thousand is far beyond any cluster's resources
+/// worth migrating at once (and far from the semaphore's limit, where tokio panics).
+const MAX_CONCURRENCY: usize = 1_000;
 
 #[derive(Args, Debug)]
 pub struct ControllerArgs {
@@ -28,11 +34,11 @@ pub struct ControllerArgs {
     pub engine: EngineArgs,
 
     /// Migrations of different resources run at once.
-    #[arg(long, env = "KUBE_SVM_CONCURRENCY", default_value_t = 2)]
+    #[arg(long, env = "KUBE_SVM_CONCURRENCY", default_value_t = 2, value_parser = values::count(1, MAX_CONCURRENCY))]
     pub concurrency: usize,
 
     /// Least seconds between two progress writes to a migration's status.
-    #[arg(long, env = "KUBE_SVM_CHECKPOINT_INTERVAL", default_value_t = 5.0)]
+    #[arg(long, env = "KUBE_SVM_CHECKPOINT_INTERVAL", default_value_t = 5.0, value_parser = values::seconds(0.0))]
     pub checkpoint_interval: f64,
 
     /// Elect a leader on a Lease so only one replica migrates; on by default in a pod.
@@ -48,7 +54,7 @@ pub struct ControllerArgs {
     pub leader_election_name: String,
 
     /// Seconds a Lease is valid without renewal.
-    #[arg(long, env = "KUBE_SVM_LEASE_DURATION", default_value_t = 15)]
+    #[arg(long, env = "KUBE_SVM_LEASE_DURATION", default_value_t = 15, value_parser = values::count(leader::MIN_LEASE_SECONDS, leader::MAX_LEASE_SECONDS))]
     pub lease_duration: u64,
 
     /// This replica's identity in the Lease and on Events; defaults to the pod or host name.
@@ -57,7 +63,7 @@ pub struct ControllerArgs {
 
     /// Tries a migration gets when discovery of its resource cannot be read (5 s apart, doubling
     /// up to a minute), before it fails.
-    #[arg(long, env = "KUBE_SVM_DISCOVERY_ATTEMPTS", default_value_t = controller::DISCOVERY_ATTEMPTS)]
+    #[arg(long, env = "KUBE_SVM_DISCOVERY_ATTEMPTS", default_value_t = controller::DISCOVERY_ATTEMPTS, value_parser = values::count(1, u32::MAX))]
     pub discovery_attempts: u32,
 
     /// Create a migration when a CRD's storedVersions lists more than its storage version.
@@ -71,7 +77,7 @@ pub struct ControllerArgs {
 
     /// Seconds between two polls of discovery by the discovery trigger (it also polls whenever
     /// a CRD changes).
-    #[arg(long, env = "KUBE_SVM_DISCOVERY_INTERVAL", default_value_t = 600.0)]
+    #[arg(long, env = "KUBE_SVM_DISCOVERY_INTERVAL", default_value_t = 600.0, value_parser = values::seconds(1.0))]
     pub discovery_interval: f64,
 
     /// Address of the admin server: /metrics, /healthz, /readyz (upstream's port).

@@ -8,45 +8,51 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 
+use super::values;
 use crate::engine::{self, Engine, RateLimiter, rate_limit};
 use crate::metrics::Metrics;
+
+/// The most `--writes-in-flight` accepts: fifty times kube-apiserver's default limit on mutating
+/// requests in flight (`--max-mutating-requests-inflight=200`), so never the bound that matters,
+/// and far from where the engine's queues, sized as a multiple of it, would overflow.
+const MAX_WRITES_IN_FLIGHT: usize = 10_000;
 
 #[derive(Args, Clone, Debug)]
 pub struct EngineArgs {
     /// Requests per second to the apiserver, averaged (upstream's flag); 0, the default, sets no
     /// client-side limit: the write window yields to the apiserver's throttling and latency.
-    #[arg(long, env = "KUBE_SVM_KUBE_API_QPS", default_value_t = rate_limit::DEFAULT_QPS)]
+    #[arg(long, env = "KUBE_SVM_KUBE_API_QPS", default_value_t = rate_limit::DEFAULT_QPS, value_parser = values::qps)]
     pub kube_api_qps: f64,
 
     /// Requests sent at once above the average rate (upstream's flag).
-    #[arg(long, env = "KUBE_SVM_KUBE_API_BURST", default_value_t = rate_limit::DEFAULT_BURST)]
+    #[arg(long, env = "KUBE_SVM_KUBE_API_BURST", default_value_t = rate_limit::DEFAULT_BURST, value_parser = values::count(1, u32::MAX))]
     pub kube_api_burst: u32,
 
     /// Writes in flight per migration, at most (throttling and rising latency narrow it).
-    #[arg(long, env = "KUBE_SVM_WRITES_IN_FLIGHT", default_value_t = 64)]
+    #[arg(long, env = "KUBE_SVM_WRITES_IN_FLIGHT", default_value_t = 64, value_parser = values::count(1, MAX_WRITES_IN_FLIGHT))]
     pub writes_in_flight: usize,
 
     /// Objects per list request.
-    #[arg(long, env = "KUBE_SVM_PAGE_SIZE", default_value_t = 500)]
+    #[arg(long, env = "KUBE_SVM_PAGE_SIZE", default_value_t = 500, value_parser = values::count(1, u32::MAX))]
     pub page_size: u32,
 
     /// Seconds the discovery storage version hash of a CRD must be seen unchanged before
     /// kube-svm trusts that every apiserver encodes in the new version (where the StorageVersion
     /// API is not served).
-    #[arg(long, env = "KUBE_SVM_STORAGE_VERSION_SETTLE", default_value_t = 10.0)]
+    #[arg(long, env = "KUBE_SVM_STORAGE_VERSION_SETTLE", default_value_t = 10.0, value_parser = values::seconds(0.0))]
     pub storage_version_settle: f64,
 
     /// Seconds to wait, in all, for discovery to publish a CRD's new storage version hash and
     /// hold it for the settle period; past that the migration runs but storedVersions is kept.
-    #[arg(long, env = "KUBE_SVM_STORAGE_VERSION_WAIT", default_value_t = 120.0)]
+    #[arg(long, env = "KUBE_SVM_STORAGE_VERSION_WAIT", default_value_t = 120.0, value_parser = values::seconds(0.0))]
     pub storage_version_wait: f64,
 
     /// Seconds one request to the apiserver may go unanswered (watches excepted).
-    #[arg(long, env = "KUBE_SVM_REQUEST_TIMEOUT", default_value_t = 30.0)]
+    #[arg(long, env = "KUBE_SVM_REQUEST_TIMEOUT", default_value_t = 30.0, value_parser = values::seconds(1.0))]
     pub request_timeout: f64,
 
     /// Seconds a migration waits, in all, for an apiserver that is down before it fails.
-    #[arg(long, env = "KUBE_SVM_APISERVER_OUTAGE_TIMEOUT", default_value_t = 900.0)]
+    #[arg(long, env = "KUBE_SVM_APISERVER_OUTAGE_TIMEOUT", default_value_t = 900.0, value_parser = values::seconds(0.0))]
     pub apiserver_outage_timeout: f64,
 
     /// Write objects back through their `status` subresource wherever the resource has one: it
@@ -80,7 +86,7 @@ impl EngineArgs {
             apiserver_outage_timeout,
             write_to_status,
         } = self;
-        let request_timeout = seconds(request_timeout).max(Duration::from_secs(1));
+        let request_timeout = seconds(request_timeout);
         let requests = with_deadlines(config, request_timeout);
         let limiter = Arc::new(RateLimiter::new(kube_api_qps, kube_api_burst));
         let settings = engine::Settings {
@@ -103,9 +109,10 @@ impl EngineArgs {
     }
 }
 
-/// A number of seconds from the command line; negative counts as zero.
+/// A number of seconds from the command line, which [`values::seconds`] has checked is finite,
+/// not negative, and not too large to count from.
 pub fn seconds(value: f64) -> Duration {
-    Duration::from_secs_f64(value.max(0.0))
+    Duration::try_from_secs_f64(value.clamp(0.0, values::MAX_SECONDS)).unwrap_or_default()
 }
 
 /// `config` with a deadline on every request: connections that hang, and answers that stop

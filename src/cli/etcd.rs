@@ -29,17 +29,25 @@ pub struct EtcdArgs {
     /// The prefix kube-apiserver keeps its keys under (its --etcd-prefix).
     #[arg(long, default_value = "/registry")]
     pub etcd_prefix: String,
+
+    /// Reach etcd through this HTTP proxy (`http://host:port`). Without it no proxy is used,
+    /// whatever HTTP_PROXY, HTTPS_PROXY or ALL_PROXY say: etcd's answers hold raw values, and a
+    /// proxy in front of an http:// endpoint would see every one of them.
+    #[arg(long, env = "KUBE_SVM_ETCD_PROXY", value_name = "URL")]
+    pub etcd_proxy: Option<String>,
 }
 
 impl EtcdArgs {
     /// How to reach etcd, or `None` when no endpoint was given; and the key prefix.
     pub fn connection(self) -> (Option<Connection>, String) {
-        let EtcdArgs { etcd_endpoints, etcd_ca, etcd_cert, etcd_key, etcd_prefix } = self;
+        let EtcdArgs { etcd_endpoints, etcd_ca, etcd_cert, etcd_key, etcd_prefix, etcd_proxy } =
+            self;
         let connection = (!etcd_endpoints.is_empty()).then_some(Connection {
             endpoints: etcd_endpoints,
             ca: etcd_ca,
             cert: etcd_cert,
             key: etcd_key,
+            proxy: etcd_proxy,
         });
         // As kube-apiserver takes it: `registry`, `/registry` and `/registry/` are one prefix.
         (connection, format!("/{}", etcd_prefix.trim_matches('/')))
@@ -59,6 +67,7 @@ mod tests {
                 etcd_cert: None,
                 etcd_key: None,
                 etcd_prefix: given.into(),
+                etcd_proxy: None,
             };
             assert_eq!(args.connection().1, "/registry", "{given}");
         }

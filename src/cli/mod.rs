@@ -11,6 +11,7 @@ mod plan;
 mod progress;
 mod status;
 mod table;
+mod values;
 
 use std::process::ExitCode;
 

@@ -3,7 +3,6 @@
 //! migrator's `storagemigration.k8s.io` ones.
 
 use std::io::Write;
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
@@ -19,6 +18,10 @@ use crate::api::conditions::SUCCEEDED;
 use crate::api::{GroupResource, Phase, StorageVersionMigration};
 use crate::in_tree;
 
+/// The shortest `--interval`, in seconds: each table lists every migration, so more often would
+/// mostly load the apiserver.
+const MIN_INTERVAL: f64 = 0.5;
+
 #[derive(Args, Debug)]
 pub struct StatusArgs {
     #[command(flatten)]
@@ -29,7 +32,7 @@ pub struct StatusArgs {
     pub watch: bool,
 
     /// Seconds between two tables with --watch.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 2.0, value_parser = super::values::seconds(MIN_INTERVAL))]
     pub interval: f64,
 
     /// Output format.
@@ -78,7 +81,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         drop(stdout);
         tokio::select! {
             _ = tokio::signal::ctrl_c() => return Ok(()),
-            () = tokio::time::sleep(Duration::from_secs_f64(interval.max(0.5))) => {}
+            () = tokio::time::sleep(super::engine::seconds(interval)) => {}
         }
     }
 }

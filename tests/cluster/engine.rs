@@ -8,7 +8,6 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use kube_svm::api::GroupVersionResource;
-use kube_svm::census::stored::Stored;
 use kube_svm::engine::{
     Engine, Finished, Job, Progress, RateLimiter, ResolveError, Resource, Settings,
 };
@@ -21,8 +20,11 @@ use crate::support::fixtures::{
     KEY1, KEY2, WidgetCrd, create_namespace, encrypt_secrets, secrets_under_key1, unique,
     vanish_namespace,
 };
-use crate::support::invariant::Census;
+use crate::support::invariant::{self, Census, Ending};
 use crate::support::{ControlPlane, shared};
+
+/// Where kube-apiserver keeps every Secret.
+const SECRETS: &str = "/registry/secrets/";
 
 /// Settings for tests: no client-side rate limit, so the apiserver sets the pace.
 fn engine(config: kube::Config, settings: Settings) -> Engine {
@@ -143,19 +145,14 @@ async fn migrates_through_the_status_subresource() {
     widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 100).await;
 }
 
-/// Secrets written with key1 are re-encrypted with key2 once key2 is first in the configuration.
+/// Secrets written with key1 are re-encrypted with key2 once key2 is first in the configuration:
+/// every Secret in etcd, counted exactly, ends under key2.
 #[tokio::test]
 async fn rotates_the_encryption_key_of_secrets() {
     let (control_plane, namespace) = secrets_under_key1(50).await;
-    let prefix = format!("/registry/secrets/{namespace}/");
-    let keys_in_use = |kvs: Vec<crate::support::KeyValue>| {
-        kvs.into_iter().map(|kv| kv.stored()).collect::<std::collections::BTreeSet<_>>()
-    };
-    let aescbc = |key: &str| Stored::Encrypted { provider: "aescbc".into(), key_name: key.into() };
-    assert_eq!(
-        keys_in_use(control_plane.etcd().list(&prefix).await.expect("etcd")),
-        [aescbc("key1")].into()
-    );
+    let etcd = control_plane.etcd();
+    let under_key1 = Census::under(&etcd, SECRETS).await;
+    assert_eq!(under_key1.count("aescbc:key1"), 50, "{under_key1:?}");
 
     control_plane
         .restart_apiserver(&[&encrypt_secrets(&control_plane, &[KEY2, KEY1])])
@@ -165,12 +162,11 @@ async fn rotates_the_encryption_key_of_secrets() {
     let progress =
         migrate(&engine(control_plane.config().await, Settings::default()), &client, "", "secrets")
             .await;
-    assert_eq!(progress.failed, 0);
-    assert!(progress.rewritten >= 50, "every secret of the test was re-encrypted: {progress:?}");
-    assert_eq!(
-        keys_in_use(control_plane.etcd().list(&prefix).await.expect("etcd")),
-        [aescbc("key2")].into()
-    );
+    assert_eq!((progress.failed, progress.rewritten), (0, 50), "{progress:?}");
+    let ending = Ending { succeeded_as: Some("aescbc:key2".into()), stored_versions_only: None };
+    if let Err(breach) = invariant::judge(&Census::under(&etcd, SECRETS).await, 50, &ending) {
+        panic!("{breach}");
+    }
     // The apiserver still reads them.
     let secrets: Api<Secret> = Api::namespaced(client, &namespace);
     assert!(secrets.get("s-7").await.expect("readable").data.is_some());

@@ -14,6 +14,7 @@ use crate::support::fixtures::{
     KEY1, KEY2, WidgetCrd, create_namespace, encrypt_secrets, secrets_under_key1, unique,
 };
 use crate::support::process::binary;
+use crate::support::recorder::Recorder;
 use crate::support::{SecureEtcd, shared};
 
 fn inspect(args: &[&str]) -> Output {
@@ -284,4 +285,53 @@ async fn speaks_tls_with_client_certificates() {
     let found = stdout(run(args(&endpoints, &ca, true)));
     let failover: Value = serde_json::from_str(&found).expect("a JSON report");
     assert_eq!(row(&failover, prefix)["objects"], 3);
+}
+
+/// inspect reads only from the endpoints it is given: a redirect is an error that names where it
+/// pointed, and that place receives nothing (a followed 307 or 308 sends the POST there again,
+/// body and all; a 302 sends a GET).
+#[test]
+fn a_redirect_is_refused_not_followed() {
+    let range = r#"{"header":{"revision":"7"},"count":"0"}"#;
+    for status in ["307 Temporary Redirect", "308 Permanent Redirect", "302 Found"] {
+        let elsewhere = Recorder::answering("200 OK", &[], range);
+        let target = format!("{}/v3/kv/range", elsewhere.url());
+        let redirecting = Recorder::answering(status, &[("Location", &target)], "");
+        let output = inspect(&["secrets", "--etcd-endpoints", redirecting.url()]);
+        assert_eq!(elsewhere.requests(), Vec::<String>::new(), "{status} was followed");
+        let message = failure(output);
+        assert!(message.contains("redirect") && message.contains(&target), "{status}: {message}");
+        assert_eq!(redirecting.requests().len(), 1, "{status}");
+    }
+}
+
+/// The proxy variables of the environment are ignored: a census of the real etcd with
+/// HTTP_PROXY, HTTPS_PROXY and ALL_PROXY all pointing at a recording proxy sends it nothing
+/// (through a proxy, an http:// endpoint's answers, raw Secrets included, would pass in the
+/// clear). A proxy given with --etcd-proxy is used.
+#[tokio::test]
+async fn proxies_are_used_only_when_given_explicitly() {
+    let etcd = shared().await.etcd();
+    let proxy = Recorder::answering("502 Bad Gateway", &[], r#"{"message":"a recording proxy"}"#);
+    let mut command = Command::new(binary());
+    command.args(["inspect", "namespaces", "--etcd-endpoints", etcd.url(), "-o", "json"]);
+    for variable in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
+        command.env(variable, proxy.url()).env(variable.to_lowercase(), proxy.url());
+    }
+    let output = command.env_remove("NO_PROXY").env_remove("no_proxy").output().expect("runs");
+    assert_eq!(proxy.requests(), Vec::<String>::new(), "a request went through the proxy");
+    let report: Value = serde_json::from_str(&stdout(output)).expect("a JSON report");
+    let namespaces = &row(&report, "/registry/namespaces/")["objects"];
+    assert!(namespaces.as_u64().is_some_and(|n| n >= 1), "{report:#}");
+
+    let message = failure(inspect(&[
+        "namespaces",
+        "--etcd-endpoints",
+        etcd.url(),
+        "--etcd-proxy",
+        proxy.url(),
+    ]));
+    let sent = proxy.requests();
+    assert!(sent.first().is_some_and(|r| r.contains("/v3/kv/range")), "{sent:?}");
+    assert!(message.contains("HTTP 502"), "{message}");
 }

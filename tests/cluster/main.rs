@@ -7,6 +7,7 @@ mod controller;
 mod discovery;
 mod engine;
 mod faults;
+mod flags;
 mod foundation;
 mod inspect;
 mod migrate;

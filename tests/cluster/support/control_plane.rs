@@ -57,10 +57,11 @@ pub async fn shared() -> &'static ControlPlane {
         .await
 }
 
-/// The audit policy of audited control planes: every request that writes, with who sent it.
+/// The audit policy of audited control planes: every request that writes, with who sent it, once
+/// when it is received and once when it is answered (so a test can tell a request still being
+/// handled from one that never came).
 const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
 kind: Policy
-omitStages: [RequestReceived]
 rules:
   - level: None
     verbs: [get, list, watch]
@@ -71,6 +72,10 @@ rules:
 #[derive(Clone, Debug, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AuditEvent {
+    /// `RequestReceived`, `ResponseComplete` or `Panic` (`ResponseStarted` only for watches).
+    pub stage: String,
+    #[serde(rename = "auditID")]
+    pub audit_id: String,
     pub verb: String,
     #[serde(default)]
     pub impersonated_user: Option<AuditUser>,
@@ -105,6 +110,11 @@ pub struct AuditObject {
 }
 
 impl AuditEvent {
+    /// Whether this event records the answer (or a panic), not the request's arrival.
+    pub fn answered(&self) -> bool {
+        matches!(self.stage.as_str(), "ResponseComplete" | "Panic")
+    }
+
     /// The HTTP code of the answer.
     pub fn code(&self) -> Option<u16> {
         self.response_status.as_ref().map(|s| s.code)
@@ -288,13 +298,27 @@ impl ControlPlane {
         (apiserver.as_ref().expect("kube-apiserver runs").id(), etcd.id())
     }
 
-    /// What the audit log holds so far (an audited control plane only).
+    /// The requests that wrote, answered so far, as the audit log holds them (an audited control
+    /// plane only).
     pub fn audit_events(&self) -> Vec<AuditEvent> {
-        let log = fs::read_to_string(self.dir.join("audit.log")).expect("an audited control plane");
-        log.lines()
-            .filter(|line| !line.trim().is_empty())
-            .map(|line| serde_json::from_str(line).expect("an audit event"))
+        self.audit_log().into_iter().filter(AuditEvent::answered).collect()
+    }
+
+    /// The requests that wrote, received but not answered yet.
+    pub fn audit_unanswered(&self) -> Vec<AuditEvent> {
+        let log = self.audit_log();
+        let answered: std::collections::HashSet<&str> =
+            log.iter().filter(|e| e.answered()).map(|e| e.audit_id.as_str()).collect();
+        log.iter()
+            .filter(|e| e.stage == "RequestReceived" && !answered.contains(e.audit_id.as_str()))
+            .cloned()
             .collect()
+    }
+
+    fn audit_log(&self) -> Vec<AuditEvent> {
+        let log = fs::read_to_string(self.dir.join("audit.log")).expect("an audited control plane");
+        // The last line may be half written.
+        log.lines().filter_map(|line| serde_json::from_str(line).ok()).collect()
     }
 
     /// Records `pid` so the watchdog stops it when the test binary exits.

@@ -8,6 +8,7 @@ pub mod fixtures;
 pub mod invariant;
 pub mod migrations;
 pub mod process;
+pub mod recorder;
 mod secure_etcd;
 pub mod webhook;
 
