@@ -523,7 +523,7 @@ async fn a_webhook_answering_409_or_404_is_not_believed() {
     let name = switch_and_wait_for_migration(&client, &widgets, &plane.controller).await;
 
     let (done, outcome) =
-        finish(&plane.control_plane, &client, &widgets, &name, &[&plane.controller]).await;
+        finish(&plane.control_plane, &client, &widgets, &name, count, &[&plane.controller]).await;
     assert_eq!(outcome.phase, Phase::Failed, "{:?}", done.status);
     assert_eq!(outcome.stored_versions, ["v1", "v2"], "storedVersions kept");
     let refused = locked.len() + missing.len();
@@ -555,7 +555,7 @@ async fn a_webhook_answering_409_or_404_is_not_believed() {
     }
     migrations::create_migration(&client, &again, &widgets.group, "widgets").await;
     let (done, outcome) =
-        finish(&plane.control_plane, &client, &widgets, &again, &[&plane.controller]).await;
+        finish(&plane.control_plane, &client, &widgets, &again, count, &[&plane.controller]).await;
     assert_migrated_and_pruned(&widgets, &done, &outcome, count);
 }
 
@@ -576,7 +576,8 @@ async fn a_webhook_that_never_answers_ends_the_migration_early() {
     // Before, after twelve minutes it had processed none of 400 objects; now a few minutes.
     let done =
         wait_for(&client, &name, Duration::from_secs(360), &[&plane.controller], is_terminal).await;
-    let outcome = invariant::check(&client, &plane.control_plane.etcd(), &widgets, &name).await;
+    let outcome =
+        invariant::check(&client, &plane.control_plane.etcd(), &widgets, &name, count).await;
     let (phase, reason, message) = state(&done);
     assert_eq!((phase.as_str(), reason.as_str()), ("Failed", "WritesFailing"), "{message}");
     assert!(message.contains("keep failing") && message.contains("500"), "{message}");
@@ -601,7 +602,7 @@ async fn huge_refusals_keep_the_status_small() {
     let name = switch_and_wait_for_migration(&client, &widgets, &plane.controller).await;
 
     let (done, outcome) =
-        finish(&plane.control_plane, &client, &widgets, &name, &[&plane.controller]).await;
+        finish(&plane.control_plane, &client, &widgets, &name, count, &[&plane.controller]).await;
     assert_eq!(outcome.phase, Phase::Failed, "{:?}", done.status);
     assert_eq!(progress(&done).failed, refused.len() as u64);
     assert_eq!(outcome.census.count(&widgets.api_version("v1")), refused.len());
@@ -644,7 +645,7 @@ async fn a_storage_switch_there_and_back_mid_run_starts_over() {
     widgets.set_storage_version(&client, "v2").await;
 
     let (done, outcome) =
-        finish(&plane.control_plane, &client, &widgets, &name, &controllers).await;
+        finish(&plane.control_plane, &client, &widgets, &name, count, &controllers).await;
     assert_migrated_and_pruned(&widgets, &done, &outcome, count);
     let restarts = done.status.as_ref().and_then(|s| s.restarts).unwrap_or(0);
     assert!(restarts >= 1, "the run started over: {:?}", done.status);
@@ -733,7 +734,8 @@ async fn a_migration_changes_nothing_but_the_encoding() {
             .await
             .expect("created");
         let (done, outcome) =
-            finish(&plane.control_plane, &client, &widgets, &name, &[&plane.controller]).await;
+            finish(&plane.control_plane, &client, &widgets, &name, count, &[&plane.controller])
+                .await;
         assert_migrated_and_pruned(&widgets, &done, &outcome, count);
         assert_eq!(progress(&done).rewritten, count as u64, "{path}: every object rewritten");
 
@@ -1391,7 +1393,7 @@ async fn a_checkpoint_is_not_resumed_after_the_crd_changed() {
     assert!(census.count(&widgets.api_version("v1")) >= 50, "{census:?}");
 
     let second = KubeSvm::start(&control_plane, "second", &args).await;
-    let (done, outcome) = finish(&control_plane, &client, &widgets, &name, &[&second]).await;
+    let (done, outcome) = finish(&control_plane, &client, &widgets, &name, count, &[&second]).await;
     assert_migrated_and_pruned(&widgets, &done, &outcome, count);
     let said = "the CRD changed since the checkpoint";
     assert!(migrations::has_event_saying(&client, &name, "Restarted", said).await);
