@@ -37,12 +37,33 @@ const KEEP_MARKER: &str = "KEEP";
 pub struct ControlPlane {
     dir: PathBuf,
     etcd_url: String,
-    apiserver_port: u16,
-    apiserver: Mutex<Option<Child>>,
+    /// One kube-apiserver, or several on the same etcd (an HA control plane).
+    apiservers: Vec<Apiserver>,
+    /// In front of several apiservers: the one address clients are given.
+    balancer: Option<Balancer>,
+    /// Flags every apiserver gets after its own.
+    common_flags: Vec<String>,
     etcd_process: Mutex<Child>,
-    extra_flags: Mutex<Vec<String>>,
     kubeconfig: PathBuf,
     controller_kubeconfig: OnceCell<PathBuf>,
+}
+
+/// One kube-apiserver process of a control plane.
+struct Apiserver {
+    /// `kube-apiserver`, or `kube-apiserver-<i>` among several: its log and host name.
+    name: String,
+    port: u16,
+    process: Mutex<Option<Child>>,
+    /// Its own flags (appended to the common ones).
+    flags: Mutex<Vec<String>>,
+}
+
+/// An HA control plane: how many apiservers, and the flags of each.
+pub struct Topology {
+    /// Each apiserver's own flags (`--emulated-version=1.36` for one of an older release).
+    pub apiservers: Vec<Vec<String>>,
+    /// Flags every apiserver gets (feature gates, runtime config).
+    pub common: Vec<String>,
 }
 
 static SHARED: OnceCell<ControlPlane> = OnceCell::const_new();
@@ -149,19 +170,48 @@ impl ControlPlane {
     }
 
     async fn start_with(extra_flags: &[&str], audited: bool) -> anyhow::Result<ControlPlane> {
-        let dir = tempfile::Builder::new().prefix("kube-svm-control-plane-").tempdir()?.keep();
-        keep_on_panic(&dir);
-        write_serving_certificate(&dir.join("certs"))?;
-        spawn_watchdog(&dir)?;
         let mut extra_flags: Vec<String> = extra_flags.iter().map(ToString::to_string).collect();
+        let dir = tempfile::Builder::new().prefix("kube-svm-control-plane-").tempdir()?.keep();
         if audited {
             fs::write(dir.join("audit-policy.yaml"), AUDIT_POLICY)?;
             extra_flags
                 .push(format!("--audit-policy-file={}", dir.join("audit-policy.yaml").display()));
             extra_flags.push(format!("--audit-log-path={}", dir.join("audit.log").display()));
         }
+        let topology = Topology { apiservers: vec![extra_flags], common: Vec::new() };
+        Self::start_in(dir, &topology).await
+    }
 
-        let (etcd_port, peer_port, apiserver_port) = (free_port()?, free_port()?, free_port()?);
+    /// Starts etcd and the apiservers of `topology` on it, each with its own identity (host
+    /// name), behind a round-robin TCP balancer that every kubeconfig points at, as a cloud load
+    /// balancer in front of an HA control plane: each new connection goes to the next apiserver
+    /// that accepts it.
+    pub async fn start_ha(topology: &Topology) -> anyhow::Result<ControlPlane> {
+        let dir = tempfile::Builder::new().prefix("kube-svm-control-plane-").tempdir()?.keep();
+        Self::start_in(dir, topology).await
+    }
+
+    async fn start_in(dir: PathBuf, topology: &Topology) -> anyhow::Result<ControlPlane> {
+        keep_on_panic(&dir);
+        write_serving_certificate(&dir.join("certs"))?;
+        spawn_watchdog(&dir)?;
+        let several = topology.apiservers.len() > 1;
+        let mut apiservers = Vec::new();
+        for (i, flags) in topology.apiservers.iter().enumerate() {
+            apiservers.push(Apiserver {
+                name: if several { format!("kube-apiserver-{i}") } else { "kube-apiserver".into() },
+                port: free_port()?,
+                process: Mutex::new(None),
+                flags: Mutex::new(flags.clone()),
+            });
+        }
+        let balancer = match several {
+            true => Some(Balancer::start(apiservers.iter().map(|a| a.port).collect())?),
+            false => None,
+        };
+        let front = balancer.as_ref().map_or(apiservers[0].port, |b| b.port);
+
+        let (etcd_port, peer_port) = (free_port()?, free_port()?);
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let etcd_process = spawn(
             &asset("etcd")?,
@@ -180,29 +230,46 @@ impl ControlPlane {
         )?;
         record_pid(&dir, &etcd_process)?;
 
-        write_credentials(&dir, apiserver_port)?;
+        write_credentials(&dir, front)?;
+        for apiserver in &apiservers {
+            let direct = kubeconfig(&dir, apiserver.port, None);
+            fs::write(dir.join(format!("kubeconfig-{}", apiserver.name)), direct)?;
+        }
         let control_plane = ControlPlane {
             kubeconfig: dir.join("kubeconfig"),
             controller_kubeconfig: OnceCell::new(),
-            apiserver: Mutex::new(None),
+            apiservers,
+            balancer,
+            common_flags: topology.common.clone(),
             etcd_process: Mutex::new(etcd_process),
-            extra_flags: Mutex::new(extra_flags),
             dir,
             etcd_url,
-            apiserver_port,
         };
         let started = async {
             control_plane.etcd().wait_healthy(READY_TIMEOUT).await?;
-            control_plane.start_apiserver().await
+            // One at a time: each creates what a new cluster needs; the others find it there.
+            for i in 0..control_plane.apiservers.len() {
+                control_plane.start_apiserver(i).await?;
+            }
+            anyhow::Ok(())
         };
         if let Err(error) = started.await {
             control_plane.keep();
-            let log = fs::read_to_string(control_plane.log("kube-apiserver")).unwrap_or_default();
-            let tail: Vec<_> = log.lines().rev().take(20).collect();
-            let tail: Vec<_> = tail.into_iter().rev().collect();
-            anyhow::bail!("{error}\n{}", tail.join("\n"));
+            anyhow::bail!("{error}\n{}", control_plane.log_tail());
         }
         Ok(control_plane)
+    }
+
+    /// The last lines of every apiserver's log.
+    fn log_tail(&self) -> String {
+        let mut tails = Vec::new();
+        for apiserver in &self.apiservers {
+            let log = fs::read_to_string(self.log(&apiserver.name)).unwrap_or_default();
+            let tail: Vec<_> = log.lines().rev().take(20).collect();
+            let tail: Vec<_> = tail.into_iter().rev().collect();
+            tails.push(format!("{}:\n{}", apiserver.name, tail.join("\n")));
+        }
+        tails.join("\n")
     }
 
     /// A new admin client. Each test runs on its own runtime, so clients are never shared.
@@ -247,9 +314,29 @@ impl ControlPlane {
         let client = self.client().await;
         let user = chart::install_service_account(&client, release, namespace, args).await;
         let path = self.dir.join(format!("kubeconfig-{release}"));
-        fs::write(&path, kubeconfig(&self.dir, self.apiserver_port, Some(&user)))
+        fs::write(&path, kubeconfig(&self.dir, self.front_port(), Some(&user)))
             .expect("the kubeconfig is written");
         path
+    }
+
+    /// The port clients are given: the balancer's, or the one apiserver's.
+    fn front_port(&self) -> u16 {
+        self.balancer.as_ref().map_or(self.apiservers[0].port, |b| b.port)
+    }
+
+    /// An admin client of apiserver `i` alone, bypassing the balancer.
+    pub async fn direct_client(&self, i: usize) -> Client {
+        let path = self.dir.join(format!("kubeconfig-{}", self.apiservers[i].name));
+        let kubeconfig = Kubeconfig::read_from(&path).expect("the kubeconfig is readable");
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("the kubeconfig is valid");
+        Client::try_from(config).expect("a client")
+    }
+
+    /// How many apiservers this control plane runs.
+    pub fn apiserver_count(&self) -> usize {
+        self.apiservers.len()
     }
 
     /// Raw access to the etcd behind the apiserver.
@@ -265,17 +352,24 @@ impl ControlPlane {
     /// Restarts kube-apiserver with `extra_flags` instead of the previous ones (etcd and its data
     /// stay), and waits until it is ready again.
     pub async fn restart_apiserver(&self, extra_flags: &[&str]) -> anyhow::Result<()> {
-        if let Some(mut child) = self.apiserver.lock().expect("apiserver lock").take() {
+        self.restart_apiserver_at(0, extra_flags).await
+    }
+
+    /// Restarts apiserver `i` with its own flags replaced by `flags` (an upgrade: without
+    /// `--emulated-version`), and waits until it is ready again.
+    pub async fn restart_apiserver_at(&self, i: usize, flags: &[&str]) -> anyhow::Result<()> {
+        let apiserver = &self.apiservers[i];
+        if let Some(mut child) = apiserver.process.lock().expect("apiserver lock").take() {
             terminate(&mut child)?;
         }
-        *self.extra_flags.lock().expect("flags lock") =
-            extra_flags.iter().map(ToString::to_string).collect();
-        self.start_apiserver().await
+        *apiserver.flags.lock().expect("flags lock") =
+            flags.iter().map(ToString::to_string).collect();
+        self.start_apiserver(i).await
     }
 
     /// Sends `signal` (`STOP`, `CONT`, `KILL`) to kube-apiserver.
     pub fn signal_apiserver(&self, signal: &str) {
-        let apiserver = self.apiserver.lock().expect("apiserver lock");
+        let apiserver = self.apiservers[0].process.lock().expect("apiserver lock");
         let pid = apiserver.as_ref().expect("kube-apiserver runs").id();
         let status = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status();
         assert!(status.is_ok_and(|s| s.success()), "kill -{signal} kube-apiserver");
@@ -284,16 +378,30 @@ impl ControlPlane {
     /// Kills kube-apiserver (SIGKILL: no graceful shutdown), starts it again with the same
     /// flags, and waits until it is ready.
     pub async fn kill_and_restart_apiserver(&self) -> anyhow::Result<()> {
-        if let Some(mut child) = self.apiserver.lock().expect("apiserver lock").take() {
+        self.kill_apiserver(0)?;
+        self.start_apiserver(0).await
+    }
+
+    /// Kills apiserver `i` (SIGKILL: no graceful shutdown); the balancer sends new connections
+    /// to the others.
+    pub fn kill_apiserver(&self, i: usize) -> anyhow::Result<()> {
+        if let Some(mut child) = self.apiservers[i].process.lock().expect("apiserver lock").take()
+        {
             child.kill()?;
             child.wait()?;
         }
-        self.start_apiserver().await
+        Ok(())
+    }
+
+    /// Starts apiserver `i` again with its flags, after [`ControlPlane::kill_apiserver`], and
+    /// waits until it is ready.
+    pub async fn revive_apiserver(&self, i: usize) -> anyhow::Result<()> {
+        self.start_apiserver(i).await
     }
 
     /// Process IDs of kube-apiserver and etcd, for reading their CPU time and memory.
     pub fn pids(&self) -> (u32, u32) {
-        let apiserver = self.apiserver.lock().expect("apiserver lock");
+        let apiserver = self.apiservers[0].process.lock().expect("apiserver lock");
         let etcd = self.etcd_process.lock().expect("etcd lock");
         (apiserver.as_ref().expect("kube-apiserver runs").id(), etcd.id())
     }
@@ -332,9 +440,10 @@ impl ControlPlane {
         writeln!(pids, "{pid}").expect("the pid file is written");
     }
 
-    async fn start_apiserver(&self) -> anyhow::Result<()> {
+    async fn start_apiserver(&self, i: usize) -> anyhow::Result<()> {
         let dir = &self.dir;
-        let port = self.apiserver_port;
+        let apiserver = &self.apiservers[i];
+        let port = apiserver.port;
         let mut args = vec![
             format!("--etcd-servers={}", self.etcd_url),
             format!("--cert-dir={}", dir.join("certs").display()),
@@ -348,30 +457,36 @@ impl ControlPlane {
             "--authorization-mode=RBAC".into(),
             "--disable-admission-plugins=ServiceAccount".into(),
             format!("--token-auth-file={}", dir.join("tokens.csv").display()),
-            format!("--service-account-issuer=https://127.0.0.1:{port}"),
+            format!("--service-account-issuer=https://127.0.0.1:{}", self.front_port()),
             format!("--service-account-key-file={}", dir.join("sa.pub").display()),
             format!("--service-account-signing-key-file={}", dir.join("sa.key").display()),
         ];
-        args.extend(self.extra_flags.lock().expect("flags lock").iter().cloned());
-        let child = spawn(&asset("kube-apiserver")?, &args, &dir.join("kube-apiserver.log"))?;
+        args.extend(self.common_flags.iter().cloned());
+        args.extend(apiserver.flags.lock().expect("flags lock").iter().cloned());
+        let binary = asset("kube-apiserver")?;
+        let log = dir.join(format!("{}.log", apiserver.name));
+        let child = match self.apiservers.len() {
+            1 => spawn(&binary, &args, &log)?,
+            // Among several, each needs a host name of its own: kube-apiserver names its
+            // identity Lease after it.
+            _ => spawn_with_host_name(&binary, &args, &log, &apiserver.name)?,
+        };
         record_pid(dir, &child)?;
-        *self.apiserver.lock().expect("apiserver lock") = Some(child);
-        self.wait_apiserver_ready().await
+        *apiserver.process.lock().expect("apiserver lock") = Some(child);
+        self.wait_apiserver_ready(i).await
     }
 
-    async fn wait_apiserver_ready(&self) -> anyhow::Result<()> {
+    async fn wait_apiserver_ready(&self, i: usize) -> anyhow::Result<()> {
+        let apiserver = &self.apiservers[i];
         let deadline = Instant::now() + READY_TIMEOUT;
-        let client = self.client().await;
+        let client = self.direct_client(i).await;
         loop {
-            let exited = match self.apiserver.lock().expect("apiserver lock").as_mut() {
+            let exited = match apiserver.process.lock().expect("apiserver lock").as_mut() {
                 Some(child) => child.try_wait()?,
                 None => None,
             };
             if let Some(status) = exited {
-                anyhow::bail!(
-                    "kube-apiserver exited ({status}); see {}",
-                    self.log("kube-apiserver")
-                );
+                anyhow::bail!("{} exited ({status}); see {}", apiserver.name, self.log(&apiserver.name));
             }
             let readyz = http::Request::get("/readyz").body(Vec::new())?;
             if client.request_text(readyz).await.is_ok() {
@@ -379,8 +494,9 @@ impl ControlPlane {
             }
             anyhow::ensure!(
                 Instant::now() < deadline,
-                "kube-apiserver not ready; see {}",
-                self.log("kube-apiserver")
+                "{} not ready; see {}",
+                apiserver.name,
+                self.log(&apiserver.name)
             );
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
@@ -406,10 +522,12 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        if let Ok(mut apiserver) = self.apiserver.lock()
-            && let Some(child) = apiserver.as_mut()
-        {
-            let _ = terminate(child);
+        for apiserver in &self.apiservers {
+            if let Ok(mut process) = apiserver.process.lock()
+                && let Some(child) = process.as_mut()
+            {
+                let _ = terminate(child);
+            }
         }
         if let Ok(mut etcd) = self.etcd_process.lock() {
             let _ = terminate(&mut etcd);
@@ -444,6 +562,80 @@ pub(super) fn spawn(binary: &Path, args: &[String], log: &Path) -> anyhow::Resul
         .stderr(out)
         .spawn()?;
     Ok(child)
+}
+
+/// [`spawn`], in a UTS namespace of its own whose host name is `host` (util-linux `unshare`).
+fn spawn_with_host_name(
+    binary: &Path,
+    args: &[String],
+    log: &Path,
+    host: &str,
+) -> anyhow::Result<Child> {
+    let out = fs::File::create(log)?;
+    let script = format!("hostname {host} && exec \"$0\" \"$@\"");
+    let child = Command::new("unshare")
+        .args(["--uts", "sh", "-c", &script])
+        .arg(binary)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()?;
+    Ok(child)
+}
+
+/// A round-robin TCP balancer on a loopback port, in front of several apiservers: each new
+/// connection goes to the next one that accepts it, as a cloud load balancer's would. It runs on
+/// a thread of its own, so it outlives any one test's runtime.
+struct Balancer {
+    port: u16,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Balancer {
+    fn start(backends: Vec<u16>) -> anyhow::Result<Balancer> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let port = listener.local_addr()?.port();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        std::thread::spawn(move || {
+            runtime.block_on(async move {
+                let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
+                let next = std::sync::atomic::AtomicUsize::new(0);
+                tokio::select! {
+                    _ = stopped => {}
+                    () = async {
+                        loop {
+                            let Ok((inbound, _)) = listener.accept().await else { continue };
+                            let first = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            tokio::spawn(forward(inbound, backends.clone(), first));
+                        }
+                    } => {}
+                }
+            });
+        });
+        Ok(Balancer { port, stop: Some(stop) })
+    }
+}
+
+impl Drop for Balancer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Connects `inbound` to the first backend that accepts, trying them in turn from `first`.
+async fn forward(mut inbound: tokio::net::TcpStream, backends: Vec<u16>, first: usize) {
+    for i in 0..backends.len() {
+        let port = backends[(first + i) % backends.len()];
+        if let Ok(mut outbound) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+            return;
+        }
+    }
 }
 
 /// Stops a server with SIGTERM, then SIGKILL if it has not exited within a few seconds.
