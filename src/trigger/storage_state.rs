@@ -147,12 +147,14 @@ pub fn proves(
     let Some(status) = migration.status.as_ref() else { return false };
     let targeted = status.target.as_ref().and_then(|t| t.storage_version_hash.as_deref());
     let unconfirmed = status.target.as_ref().and_then(|t| t.encoding_confirmed) == Some(false);
-    let started = status.start_time.as_ref().map(|t| t.0);
+    // `startTime` is stored to the second, `persisted-since` to the nanosecond: compared at
+    // the second, the migration the trigger creates right after stamping proves, as it must.
+    let started = status.start_time.as_ref().map(|t| t.0.as_second());
     Phase::of(migration) == Phase::Succeeded
         && status.listed_from_start == Some(true)
         && targeted == Some(current)
         && !unconfirmed
-        && match (persisted_since, started) {
+        && match (persisted_since.map(|since| since.as_second()), started) {
             (None, _) => true,
             (Some(since), Some(started)) => started >= since,
             (Some(_), None) => false,
@@ -330,6 +332,15 @@ mod tests {
             target.encoding_confirmed = Some(false);
         }
         assert!(!proves(&unconfirmed, &widgets(), "B", since));
+    }
+
+    /// `persisted-since` is written with nanoseconds, a migration's `startTime` is stored to the
+    /// second: the migration the trigger creates right after stamping starts in the same second.
+    #[test]
+    fn a_migration_started_in_the_second_of_the_stamp_proves() {
+        let since = Some(Timestamp::new(1_800_000_100, 400_000_000).unwrap());
+        assert!(proves(&migration("B", "Succeeded", true, 100), &widgets(), "B", since));
+        assert!(!proves(&migration("B", "Succeeded", true, 99), &widgets(), "B", since));
     }
 
     #[test]
