@@ -246,3 +246,31 @@ async fn upstream_states_are_continued_and_late_successes_prove_nothing() {
         20
     );
 }
+
+/// The migration the trigger creates right after it stamps a StorageState (persisted-since,
+/// to the nanosecond) proves its objects are stored in the new hash although its startTime is
+/// stored to the second: one migration per storage switch, not a second full one.
+#[tokio::test]
+async fn one_migration_per_storage_switch() {
+    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let widgets = WidgetCrd::new("one-per-switch", false);
+    widgets.create(&client, "v1").await;
+    widgets.seed(&client, "v1", &[None], 10).await;
+    // No settle time: a migration starts within the second the trigger stamped the state.
+    let controller = start(&control_plane, "controller", "0").await;
+    let (h1, h2, h3) = (hash(&widgets, "v1"), hash(&widgets, "v2"), hash(&widgets, "v3"));
+    wait_persisted(&client, &widgets, &[&h1], &controller).await;
+    widgets.set_storage_version(&client, "v2").await;
+    wait_persisted(&client, &widgets, &[&h2], &controller).await;
+    widgets.set_storage_version(&client, "v3").await;
+    wait_persisted(&client, &widgets, &[&h3], &controller).await;
+    assert_eq!(
+        triggered(&client, &widgets).await,
+        [(h1, Phase::Succeeded), (h2, Phase::Succeeded), (h3, Phase::Succeeded)],
+        "{}",
+        controller.logs()
+    );
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v3", 10).await;
+}
