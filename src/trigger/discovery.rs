@@ -44,6 +44,10 @@ pub enum Error {
     List(&'static str, #[source] RequestError),
     #[error("failed to write StorageState {0}")]
     Write(String, #[source] RequestError),
+    #[error("StorageState {0} changed since this poll read it; it is looked at again next poll")]
+    Changed(String),
+    #[error("StorageState {0} was read without a resourceVersion")]
+    NoResourceVersion(String),
     #[error("failed to create a migration of {0}")]
     Create(String, #[source] RequestError),
 }
@@ -160,8 +164,7 @@ async fn poll(
             storage_state::next_status(status, &current, proven, Timestamp::now(), stale_after);
         let stamp = next.persisted_changed || recorded_since.is_none();
         if stamp || storage_state::worth_writing(status, &next, settings.interval / 2) {
-            let written =
-                write_state(requests, &states, &name, resource, state.is_some(), &next, stamp);
+            let written = write_state(requests, &states, resource, state, &next, stamp);
             if let Err(error) = written.await {
                 skip_or_stop(error)?;
                 continue;
@@ -214,7 +217,15 @@ fn skip_or_stop(error: Error) -> Result<(), Error> {
     {
         return Err(error);
     }
-    warn!(error = %crate::error_chain(&error), "discovery trigger: skipped one resource this poll");
+    match error {
+        // Someone wrote it after this poll read it (another replica's trigger): no harm done.
+        Error::Changed(_) => {
+            info!(error = %crate::error_chain(&error), "discovery trigger: skipped one resource this poll")
+        }
+        _ => {
+            warn!(error = %crate::error_chain(&error), "discovery trigger: skipped one resource this poll")
+        }
+    }
     Ok(())
 }
 
@@ -264,45 +275,58 @@ async fn discover(config: &kube::Config) -> Result<(Vec<Discovered>, Vec<String>
     Ok((discovered, unexamined))
 }
 
-async fn write_state(
+/// Writes the StorageState of `resource`: creates it when this poll found none (`read` is
+/// `None`), moves its persisted-since annotation to now when `stamp`, and writes `next`'s
+/// status. Each write is conditional on the resourceVersion this poll read (or the previous
+/// write returned): a write decided on an older read, such as a deposed leader's delayed one,
+/// gets [`Error::Changed`] and changes nothing.
+pub async fn write_state(
     requests: Requests<'_>,
     states: &Api<StorageState>,
-    name: &str,
     resource: &GroupResource,
-    exists: bool,
+    read: Option<&StorageState>,
     next: &storage_state::Next,
     stamp: bool,
 ) -> Result<(), Error> {
-    let failed = |e| Error::Write(name.to_owned(), e);
+    let name = resource.name();
+    let failed = |e: RequestError| match is_code(&e, 409) {
+        true => Error::Changed(name.clone()),
+        false => Error::Write(name.clone(), e),
+    };
     let since = stamp.then(|| Timestamp::now().to_string());
-    if !exists {
-        let state = StorageState {
-            metadata: ObjectMeta {
-                name: Some(name.to_owned()),
-                annotations: since
-                    .clone()
-                    .map(|t| [(PERSISTED_SINCE_ANNOTATION.to_owned(), t)].into()),
-                ..ObjectMeta::default()
-            },
-            spec: StorageStateSpec { resource: resource.clone() },
-            status: None,
-        };
-        match requests.send(states.create(&PostParams::default(), &state)).await {
-            Ok(_) => {}
-            // Created meanwhile (by another trigger): its status is written below all the same.
-            Err(error) if is_code(&error, 409) => {}
-            Err(error) => return Err(failed(error)),
+    let version = match (read, since) {
+        (None, since) => {
+            let state = StorageState {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    annotations: since.map(|t| [(PERSISTED_SINCE_ANNOTATION.to_owned(), t)].into()),
+                    ..ObjectMeta::default()
+                },
+                spec: StorageStateSpec { resource: resource.clone() },
+                status: None,
+            };
+            // A 409 here is a state created meanwhile (by another trigger): read next poll.
+            let params = PostParams::default();
+            let created = requests.send(states.create(&params, &state)).await.map_err(failed)?;
+            resource_version(&created, &name)?.to_owned()
         }
-    } else if let Some(since) = since {
-        let annotate = serde_json::json!({ "metadata": { "annotations": { PERSISTED_SINCE_ANNOTATION: since } } });
-        requests
-            .send(states.patch(name, &PatchParams::default(), &Patch::Merge(&annotate)))
-            .await
-            .map_err(failed)?;
-    }
-    let status = serde_json::json!({ "status": next.status });
+        (Some(read), Some(since)) => {
+            let annotate = serde_json::json!({ "metadata": {
+                "resourceVersion": resource_version(read, &name)?,
+                "annotations": { PERSISTED_SINCE_ANNOTATION: since },
+            }});
+            let (params, patch) = (PatchParams::default(), Patch::Merge(&annotate));
+            let patched = requests.send(states.patch(&name, &params, &patch)).await;
+            resource_version(&patched.map_err(failed)?, &name)?.to_owned()
+        }
+        (Some(read), None) => resource_version(read, &name)?.to_owned(),
+    };
+    let status = serde_json::json!({
+        "metadata": { "resourceVersion": version },
+        "status": next.status,
+    });
     requests
-        .send(states.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)))
+        .send(states.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)))
         .await
         .map_err(failed)?;
     if next.persisted_changed {
@@ -313,6 +337,11 @@ async fn write_state(
         );
     }
     Ok(())
+}
+
+/// The resourceVersion of `state`, which every conditional write carries.
+fn resource_version<'a>(state: &'a StorageState, name: &str) -> Result<&'a str, Error> {
+    state.metadata.resource_version.as_deref().ok_or_else(|| Error::NoResourceVersion(name.into()))
 }
 
 async fn create_migration(

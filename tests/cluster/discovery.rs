@@ -13,8 +13,11 @@ use kube_svm::api::{
     GroupResource, Phase, StorageState, StorageStateSpec, StorageVersionMigration,
     StorageVersionMigrationSpec,
 };
+use kube_svm::fence::Fence;
 use kube_svm::storage_hash::storage_version_hash;
-use kube_svm::trigger::discovery::TARGET_HASH_ANNOTATION;
+use kube_svm::trigger::Requests;
+use kube_svm::trigger::discovery::{Error, TARGET_HASH_ANNOTATION, write_state};
+use kube_svm::trigger::storage_state::next_status;
 use serde_json::json;
 
 use crate::support::ControlPlane;
@@ -273,4 +276,46 @@ async fn one_migration_per_storage_switch() {
         controller.logs()
     );
     widgets.assert_all_stored_as(&control_plane.etcd(), "v3", 10).await;
+}
+
+/// A StorageState write decided on an older read (a deposed leader's, delayed until the new
+/// leader has written) is refused by the apiserver and changes nothing.
+#[tokio::test]
+async fn a_storage_state_write_from_an_older_read_changes_nothing() {
+    let control_plane = crate::support::shared().await;
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let resource = GroupResource {
+        group: format!("{}.svm.example.com", unique("stale-write")),
+        resource: "widgets".into(),
+    };
+    let states: Api<StorageState> = Api::all(client.clone());
+    let fence = Fence::open();
+    let requests = Requests { fence: &fence, timeout: Duration::from_secs(30) };
+    let stale_after = Duration::from_secs(1200);
+    let now = Timestamp::now;
+
+    let first = next_status(None, "A", false, now(), stale_after);
+    write_state(requests, &states, &resource, None, &first, true).await.expect("created");
+    // What the old leader read; then the new leader reads and writes a switch to B.
+    let read = states.get(&resource.name()).await.expect("read");
+    let newer = next_status(read.status.as_ref(), "B", false, now(), stale_after);
+    write_state(requests, &states, &resource, Some(&read), &newer, true).await.expect("written");
+    let written = states.get(&resource.name()).await.expect("read");
+
+    // The old leader's delayed writes, from its older read: a proof of A would collapse the
+    // hashes to ["A"] although objects may now be stored in B.
+    let late = next_status(read.status.as_ref(), "A", true, now(), stale_after);
+    for stamp in [false, true] {
+        let result = write_state(requests, &states, &resource, Some(&read), &late, stamp).await;
+        assert!(matches!(result, Err(Error::Changed(_))), "{result:?}");
+    }
+    // A state created meanwhile by someone else is not written over either.
+    let result = write_state(requests, &states, &resource, None, &late, true).await;
+    assert!(matches!(result, Err(Error::Changed(_))), "{result:?}");
+
+    let after = states.get(&resource.name()).await.expect("read");
+    assert_eq!(after.metadata.resource_version, written.metadata.resource_version);
+    let persisted = after.status.map(|s| s.persisted_storage_version_hashes).unwrap_or_default();
+    assert_eq!(persisted, ["Unknown", "A", "B"]);
 }
