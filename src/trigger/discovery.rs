@@ -5,7 +5,7 @@
 //! now, unless one is pending or running for it already (whoever created it). The decisions are
 //! in [`super::storage_state`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -80,8 +80,10 @@ pub async fn run(
     stop: CancellationToken,
 ) {
     let mut guard = Guard::default();
+    // Successes that proved nothing, by UID, once said.
+    let mut explained = HashSet::new();
     loop {
-        let due = match poll(&clients, &settings, &fence, &mut guard).await {
+        let due = match poll(&clients, &settings, &fence, &mut guard, &mut explained).await {
             Ok(due) => due,
             Err(error) => {
                 warn!(error = %crate::error_chain(&error), "discovery trigger poll failed");
@@ -112,6 +114,7 @@ async fn poll(
     settings: &Settings,
     fence: &crate::fence::Fence,
     guard: &mut Guard,
+    explained: &mut HashSet<String>,
 ) -> Result<Option<Duration>, Error> {
     let (discovered, unexamined) = discover(&clients.config).await?;
     if !unexamined.is_empty() {
@@ -182,7 +185,9 @@ async fn poll(
             })
             .collect();
         let busy = of_resource.iter().any(|m| !Phase::of(m).is_terminal());
-        let (failures, last_failure) = storage_state::failures(&of_resource);
+        let proof =
+            |m: &StorageVersionMigration| storage_state::proof(m, resource, &current, Some(since));
+        let (failures, last_failure) = storage_state::failures(&of_resource, |m| proof(m).is_ok());
         let retry = storage_state::retry_after(failures, follow_up(settings), settings.interval);
         let since_failure =
             last_failure.map(|ended| Timestamp::now().duration_since(ended).unsigned_abs());
@@ -192,7 +197,13 @@ async fn poll(
             // A failing resource is tried again at the regular polls, not at every follow-up.
             (false, Some(wait)) => {
                 look_again(wait);
-                debug!(resource = %name, failures, ?wait, "its migrations failed; trying again later");
+                let last = storage_state::last_ended(&of_resource);
+                match last.map(|m| (m, proof(m))) {
+                    Some((last, Err(unproven))) if Phase::of(last) == Phase::Succeeded => {
+                        explain(explained, &name, last, unproven, failures, wait);
+                    }
+                    _ => debug!(resource = %name, failures, ?wait, "failing; trying again later"),
+                }
             }
             (false, None) => {
                 let created = create_migration(requests, &migrations, resource, version, &current);
@@ -208,6 +219,30 @@ async fn poll(
     Ok(due)
 }
 
+/// Says why a success proves nothing when it holds the next migration of its resource back:
+/// once per migration, not at every poll while it waits.
+fn explain(
+    explained: &mut HashSet<String>,
+    resource: &str,
+    migration: &StorageVersionMigration,
+    unproven: storage_state::Unproven,
+    failures: u32,
+    wait: Duration,
+) {
+    if !explained.insert(migration.metadata.uid.clone().unwrap_or_default()) {
+        return;
+    }
+    warn!(
+        resource,
+        migration = migration.metadata.name.as_deref().unwrap_or_default(),
+        why = unproven.reason(),
+        failures,
+        ?wait,
+        "a migration succeeded but does not prove the objects are stored in the current version; \
+         the next one waits as after a failure"
+    );
+}
+
 /// A write for one resource that failed is said and skipped: the others go on. A closed fence
 /// ends the poll, as nothing more may be written.
 fn skip_or_stop(error: Error) -> Result<(), Error> {
@@ -217,14 +252,11 @@ fn skip_or_stop(error: Error) -> Result<(), Error> {
     {
         return Err(error);
     }
+    let said = "discovery trigger: skipped one resource this poll";
     match error {
         // Someone wrote it after this poll read it (another replica's trigger): no harm done.
-        Error::Changed(_) => {
-            info!(error = %crate::error_chain(&error), "discovery trigger: skipped one resource this poll")
-        }
-        _ => {
-            warn!(error = %crate::error_chain(&error), "discovery trigger: skipped one resource this poll")
-        }
+        Error::Changed(_) => info!(error = %crate::error_chain(&error), "{said}"),
+        _ => warn!(error = %crate::error_chain(&error), "{said}"),
     }
     Ok(())
 }

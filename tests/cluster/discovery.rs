@@ -10,8 +10,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use kube_svm::api::{
-    GroupResource, Phase, StorageState, StorageStateSpec, StorageVersionMigration,
-    StorageVersionMigrationSpec,
+    GroupResource, PERSISTED_SINCE_ANNOTATION, Phase, StorageState, StorageStateSpec,
+    StorageVersionMigration, StorageVersionMigrationSpec,
 };
 use kube_svm::fence::Fence;
 use kube_svm::storage_hash::storage_version_hash;
@@ -318,4 +318,76 @@ async fn a_storage_state_write_from_an_older_read_changes_nothing() {
     assert_eq!(after.metadata.resource_version, written.metadata.resource_version);
     let persisted = after.status.map(|s| s.persisted_storage_version_hashes).unwrap_or_default();
     assert_eq!(persisted, ["Unknown", "A", "B"]);
+}
+
+/// A migration that succeeds without proving anything (here the StorageState was stamped by a
+/// replica whose clock ran an hour ahead, so every migration seems to start before the hashes
+/// changed) is not followed by the same migration again and again: each next one waits twice
+/// as long as the one before, as after failures, and the log says why once per migration.
+#[tokio::test]
+async fn successes_that_prove_nothing_back_off() {
+    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let widgets = WidgetCrd::new("unproven", false);
+    widgets.create(&client, "v1").await;
+    widgets.seed(&client, "v1", &[None], 5).await;
+    let h1 = hash(&widgets, "v1");
+    let states: Api<StorageState> = Api::all(client.clone());
+    let ahead = Timestamp::now() + SignedDuration::from_hours(1);
+    let mut state = StorageState::new(
+        &widgets.name(),
+        StorageStateSpec {
+            resource: GroupResource { group: widgets.group.clone(), resource: "widgets".into() },
+        },
+    );
+    state.metadata.annotations =
+        Some([(PERSISTED_SINCE_ANNOTATION.to_owned(), ahead.to_string())].into());
+    states.create(&PostParams::default(), &state).await.expect("created");
+    let status = json!({ "status": {
+        "persistedStorageVersionHashes": ["Unknown", h1],
+        "currentStorageVersionHash": h1,
+        "lastHeartbeatTime": Time(Timestamp::now()),
+    }});
+    states
+        .patch_status(&widgets.name(), &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("status written");
+
+    let controller = start(&control_plane, "controller", "0").await;
+    // Retries wait 2, 4, 8 then 16 s (the follow-up poll, doubling): the fifth comes at least
+    // 16 s after the fourth ended. Without the backoff it came at the next poll, 2 s later.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let found = loop {
+        let found = migrations::triggered(&client, &widgets, "discovery").await;
+        if found.len() >= 5 {
+            break found;
+        }
+        assert!(Instant::now() < deadline, "{} migrations\n{}", found.len(), controller.logs());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let ended = |m: &StorageVersionMigration| {
+        m.status.as_ref().and_then(|s| s.completion_time.as_ref()).map(|t| t.0)
+    };
+    let created = |m: &StorageVersionMigration| m.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    for m in &found[..4] {
+        assert_eq!(Phase::of(m), Phase::Succeeded, "{}", controller.logs());
+    }
+    let fourth_ended = ended(&found[3]).expect("the fourth ended");
+    let fifth_created = created(&found[4]).expect("created");
+    let gap = fifth_created.duration_since(fourth_ended).as_secs();
+    assert!(gap >= 12, "the fifth came {gap} s after the fourth ended\n{}", controller.logs());
+    // Said, with why, once for each success that held the next one back.
+    let logs = controller.logs();
+    let said: Vec<&str> = logs
+        .lines()
+        .filter(|line| line.contains("does not prove the objects are stored"))
+        .filter_map(|line| line.split("migration=").nth(1)?.split_whitespace().next())
+        .collect();
+    let once: std::collections::BTreeSet<&&str> = said.iter().collect();
+    assert!(said.len() >= 2 && once.len() == said.len(), "said {said:?}: {logs}");
+    assert!(
+        logs.contains("began before the StorageState's persisted hashes last changed"),
+        "{logs}"
+    );
 }
