@@ -4,10 +4,12 @@
 //!   first, a bounded number at once, discovery failures retried later without holding a slot)
 //!   and starts it;
 //! - `migration`: one running migration, as a short list of named steps;
+//! - [`crds`]: the start-up gate, until kube-svm's CRDs are installed and kube-svm's own;
 //! - [`status`]: the pure status computations; `status_writer`: conditional status writes;
 //! - what a migration does around the engine (its CRD, the checks at the end) is in
 //!   [`crate::steps`], shared with `kube-svm migrate`.
 
+pub mod crds;
 mod migration;
 mod reconcile;
 pub mod status;

@@ -24,6 +24,7 @@ use crate::support::ControlPlane;
 use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds, missing_aggregated_api, unique};
 use crate::support::invariant::Census;
 use crate::support::process::KubeSvm;
+use crate::support::upstream::{install_upstream_crds, take_over_as_the_readme_says};
 use crate::support::{admission, migrations};
 
 async fn start(control_plane: &ControlPlane, name: &str, settle: &str) -> KubeSvm {
@@ -390,4 +391,59 @@ async fn successes_that_prove_nothing_back_off() {
         logs.contains("began before the StorageState's persisted hashes last changed"),
         "{logs}"
     );
+}
+
+/// kube-storage-version-migrator's CRDs drop the status fields that prove a migration: with
+/// them and the discovery trigger, kube-svm once created migration after migration of every
+/// resource (1,595 in 170 s). It now refuses to run on them, creating nothing; once they are
+/// taken over in place, each resource is migrated once and the count stays put.
+#[tokio::test]
+async fn upstream_crds_never_make_the_trigger_loop() {
+    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
+    let client = control_plane.client().await;
+    install_upstream_crds(&control_plane).await;
+    let widgets = WidgetCrd::stale(&client, "no-loop", 20).await;
+    let args = [
+        "controller",
+        "--leader-elect=false",
+        "--crd-trigger=false",
+        "--discovery-trigger",
+        "--discovery-interval=5",
+        "--storage-version-settle=0",
+    ];
+    let controller = KubeSvm::start(&control_plane, "controller", &args).await;
+    controller.wait_for_log("schema would drop", Duration::from_secs(60)).await;
+    let all: Api<StorageVersionMigration> = Api::all(client.clone());
+    let created = all.list(&Default::default()).await.expect("listed").items;
+    assert!(created.is_empty(), "created while refusing: {}", created.len());
+
+    take_over_as_the_readme_says(&control_plane);
+    let h2 = hash(&widgets, "v2");
+    wait_persisted(&client, &widgets, &[&h2], &controller).await;
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 20).await;
+    // Two more polls (each writes the heartbeat: the interval is 5 s, heartbeats are written
+    // when 2.5 s old), then no resource has a second success.
+    let states: Api<StorageState> = Api::all(client.clone());
+    let heartbeat = || async {
+        let state = states.get(&widgets.name()).await.expect("read");
+        state.status.and_then(|s| s.last_heartbeat_time).map(|t| t.0)
+    };
+    for _ in 0..2 {
+        let before = heartbeat().await;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while heartbeat().await == before {
+            assert!(Instant::now() < deadline, "no poll\n{}", controller.logs());
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    let mut succeeded = std::collections::BTreeMap::<String, usize>::new();
+    for m in all.list(&Default::default()).await.expect("listed").items {
+        if Phase::of(&m) == Phase::Succeeded {
+            let resource = &m.spec.resource;
+            *succeeded.entry(format!("{}.{}", resource.resource, resource.group)).or_default() += 1;
+        }
+    }
+    let twice: Vec<_> = succeeded.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "migrated again: {twice:?}\n{}", controller.logs());
+    assert_eq!(succeeded.get(&format!("widgets.{}", widgets.group)), Some(&1));
 }

@@ -9,6 +9,7 @@ pub mod invariant;
 pub mod migrations;
 pub mod process;
 mod secure_etcd;
+pub mod upstream;
 
 pub use control_plane::{AuditEvent, CONTROLLER_NAMESPACE, ControlPlane, asset, shared};
 pub use etcd::{Etcd, KeyValue};
