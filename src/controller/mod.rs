@@ -44,6 +44,11 @@ use crate::steps;
 /// How often the controller's loop reports that it is alive.
 const HEARTBEAT: Duration = Duration::from_secs(1);
 
+/// How long the watches get to stop once the controller stops: they stop in milliseconds
+/// unless stuck (kube-runtime's graceful shutdown waits on a watch that cannot list), and a
+/// signal must end the process within a couple of seconds.
+const STOP_GRACE: Duration = Duration::from_secs(1);
+
 /// How the controller schedules and checkpoints migrations.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -249,8 +254,18 @@ pub async fn run(
             () = heartbeat => {}
         }
     };
-    // Both end when `stopping` fires.
-    tokio::join!(controlling, trigger);
+    // Both end soon after `stopping` fires; a watch whose resource is not served (its CRD
+    // deleted) keeps them waiting, so they get a moment and no more: nothing they do then needs
+    // finishing, as a reconcile that sees `stopping` returns at once.
+    let both = async { tokio::join!(controlling, trigger) };
+    let grace = async {
+        stopping.cancelled().await;
+        tokio::time::sleep(STOP_GRACE).await;
+    };
+    tokio::select! {
+        _ = both => {}
+        () = grace => warn!(?STOP_GRACE, "the watches did not stop in time; stopping without them"),
+    }
     // Running migrations saw `stopping` and are writing their checkpoints.
     context.tasks.close();
     context.tasks.wait().await;

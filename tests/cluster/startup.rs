@@ -109,6 +109,19 @@ async fn without_its_crds_the_controller_says_how_to_install_them_and_stops_at_o
     standby.wait_for_log("waiting for leadership", Duration::from_secs(60)).await;
     stop(&mut standby, "INT");
 
+    // Running with its watches refused (RBAC that lets it read the CRDs but not list the
+    // migrations): they never sync, and kube-runtime's graceful shutdown waits for that.
+    let kubeconfig = may_only_read_crds(&control_plane, &client).await;
+    let mut refused = KubeSvm::start_as(
+        &control_plane,
+        "refused",
+        &["controller", "--leader-elect=false"],
+        &kubeconfig,
+    );
+    refused.wait_for_log("controller started", Duration::from_secs(60)).await;
+    refused.wait_for_log("forbidden", Duration::from_secs(60)).await;
+    stop(&mut refused, "TERM");
+
     // Running, when the CRDs are deleted under it: its watches cannot list any more.
     let mut running =
         KubeSvm::start(&control_plane, "running", &["controller", "--leader-elect=false"]).await;
@@ -119,6 +132,42 @@ async fn without_its_crds_the_controller_says_how_to_install_them_and_stops_at_o
     }
     running.wait_for_log("404", Duration::from_secs(60)).await;
     stop(&mut running, "TERM");
+}
+
+/// A kubeconfig for a user who may read CRDs and nothing else.
+async fn may_only_read_crds(control_plane: &ControlPlane, client: &Client) -> std::path::PathBuf {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let user = "crd-reader";
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": { "name": user },
+        "rules": [{
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "verbs": ["get"],
+        }],
+    }))
+    .expect("valid");
+    Api::<ClusterRole>::all(client.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("created");
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": { "name": user },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user },
+        "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }],
+    }))
+    .expect("valid");
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("created");
+    let admin = std::fs::read_to_string(control_plane.kubeconfig()).expect("the kubeconfig");
+    let (before, after) = admin.split_once("    token: ").expect("a token user");
+    let (token, rest) = after.split_once('\n').expect("a line");
+    let path = control_plane.path("kubeconfig-crd-reader");
+    std::fs::write(&path, format!("{before}    token: {token}\n    as: {user}\n{rest}"))
+        .expect("written");
+    path
 }
 
 /// kube-storage-version-migrator's CRDs, whose status schema holds only `conditions`: the
