@@ -358,7 +358,8 @@ async fn successes_that_prove_nothing_back_off() {
     let controller = start(&control_plane, "controller", "0").await;
     // Retries wait 2, 4, 8 then 16 s (the follow-up poll, doubling): the fifth comes at least
     // 16 s after the fourth ended. Without the backoff it came at the next poll, 2 s later.
-    let deadline = Instant::now() + Duration::from_secs(180);
+    // The first waits its turn behind every built-in resource's first migration.
+    let deadline = Instant::now() + Duration::from_secs(300);
     let found = loop {
         let found = migrations::triggered(&client, &widgets, "discovery").await;
         if found.len() >= 5 {
