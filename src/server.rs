@@ -1,5 +1,5 @@
 //! The admin HTTP server (default `:2112`, as kube-storage-version-migrator's): `/metrics`,
-//! `/healthz` (the process's loops are alive) and `/readyz` (CRDs established, caches synced,
+//! `/healthz` (the process's loops are alive) and `/readyz` (CRDs usable, caches synced,
 //! leadership known).
 
 use std::net::SocketAddr;
@@ -20,7 +20,9 @@ const STALE_HEARTBEAT: Duration = Duration::from_secs(30);
 
 /// What the probes report, set by the parts of the controller as they come up.
 pub struct Health {
-    pub crds_established: AtomicBool,
+    /// Why kube-svm's CRDs cannot be used yet (not installed, someone else's schema, not
+    /// established); `None` once they can.
+    crds: Mutex<Option<String>>,
     pub caches_synced: AtomicBool,
     pub leadership_known: AtomicBool,
     heartbeat: Mutex<Instant>,
@@ -29,7 +31,7 @@ pub struct Health {
 impl Default for Health {
     fn default() -> Self {
         Health {
-            crds_established: AtomicBool::new(false),
+            crds: Mutex::new(Some("CRDs not checked yet".to_owned())),
             caches_synced: AtomicBool::new(false),
             leadership_known: AtomicBool::new(false),
             heartbeat: Mutex::new(Instant::now()),
@@ -43,21 +45,26 @@ impl Health {
         *self.heartbeat.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
 
+    /// Records why kube-svm's CRDs cannot be used, or (`None`) that they can.
+    pub fn set_crds_unusable(&self, why: Option<String>) {
+        *self.crds.lock().unwrap_or_else(|p| p.into_inner()) = why;
+    }
+
     fn alive(&self) -> bool {
         self.heartbeat.lock().unwrap_or_else(|p| p.into_inner()).elapsed() < STALE_HEARTBEAT
     }
 
     /// What is not ready yet; empty when ready.
-    fn not_ready(&self) -> Vec<&'static str> {
+    fn not_ready(&self) -> Vec<String> {
         let mut missing = Vec::new();
-        if !self.crds_established.load(Ordering::Relaxed) {
-            missing.push("CRDs not established");
+        if let Some(why) = self.crds.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            missing.push(why);
         }
         if !self.caches_synced.load(Ordering::Relaxed) {
-            missing.push("caches not synced");
+            missing.push("caches not synced".to_owned());
         }
         if !self.leadership_known.load(Ordering::Relaxed) {
-            missing.push("leadership not known");
+            missing.push("leadership not known".to_owned());
         }
         missing
     }

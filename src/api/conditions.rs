@@ -106,6 +106,9 @@ pub mod events {
     pub const APISERVER_UNAVAILABLE: &str = "ApiserverUnavailable";
     /// The in-tree migrator is migrating the same resource; the migration waits for it.
     pub const WAITING_FOR_IN_TREE: &str = "WaitingForInTreeMigrator";
+    /// On one of kube-svm's own CRDs, not a migration: the installed CRD is someone else's
+    /// (kube-storage-version-migrator's) and would drop fields kube-svm writes.
+    pub const INCOMPATIBLE_SCHEMA: &str = "IncompatibleSchema";
 }
 
 /// Which of the three states a migration is in, from its first condition.

@@ -5,6 +5,7 @@
 //! committed under `config/crd/` is generated from these types (`kube-svm crds`).
 
 pub mod conditions;
+pub mod installed;
 mod migration;
 mod storage_state;
 

@@ -142,7 +142,18 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         .with_context(|| format!("failed to listen on {metrics_bind_address}"))?;
     tokio::spawn(server::serve(listener, metrics.clone(), health.clone(), server_stop.clone()));
     let _stop_server = server_stop.drop_guard();
-    tokio::spawn(wait_for_crds(client.clone(), health.clone()));
+    // Nothing is watched or migrated until the CRDs can carry what kube-svm writes.
+    let usable = controller::crds::wait_until_usable(
+        &client,
+        &health,
+        &identity,
+        request_timeout,
+        &shutdown,
+    );
+    if !usable.await {
+        info!("stopped before kube-svm's CRDs could be used");
+        return Ok(());
+    }
 
     if !leader_elect.unwrap_or_else(in_cluster) {
         health.leadership_known.store(true, Ordering::Relaxed);
@@ -164,8 +175,13 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     };
     // A deposed leader stops every write, then stands again as a candidate.
     loop {
-        let acquired =
-            leader::acquire(client.clone(), leader_settings.clone(), &shutdown, on_attempt).await;
+        // However long acquiring takes, a signal ends the wait at once.
+        let acquiring =
+            leader::acquire(client.clone(), leader_settings.clone(), &shutdown, on_attempt);
+        let acquired = tokio::select! {
+            acquired = acquiring => acquired,
+            () = shutdown.cancelled() => None,
+        };
         let Some(leadership) = acquired else {
             info!("stopped before becoming the leader");
             return Ok(());
@@ -190,29 +206,6 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
                 warn!("lost leadership: every write stopped; waiting to lead again");
             }
         }
-    }
-}
-
-/// Marks the CRDs established once the apiserver says both are.
-async fn wait_for_crds(client: kube::Client, health: Arc<Health>) {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let crds: kube::Api<CustomResourceDefinition> = kube::Api::all(client);
-    loop {
-        let mut established = true;
-        for crd in crate::api::crds() {
-            let name = crd.metadata.name.unwrap_or_default();
-            let conditions = match crds.get_opt(&name).await {
-                Ok(Some(found)) => found.status.and_then(|s| s.conditions).unwrap_or_default(),
-                Ok(None) | Err(_) => Vec::new(),
-            };
-            established &=
-                conditions.iter().any(|c| c.type_ == "Established" && c.status == "True");
-        }
-        if established {
-            health.crds_established.store(true, Ordering::Relaxed);
-            return;
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
     }
 }
 

@@ -4,10 +4,12 @@
 //!   first, a bounded number at once, discovery failures retried later without holding a slot)
 //!   and starts it;
 //! - `migration`: one running migration, as a short list of named steps;
+//! - [`crds`]: the start-up gate, until kube-svm's CRDs are installed and kube-svm's own;
 //! - [`status`]: the pure status computations; `status_writer`: conditional status writes;
 //! - what a migration does around the engine (its CRD, the checks at the end) is in
 //!   [`crate::steps`], shared with `kube-svm migrate`.
 
+pub mod crds;
 mod migration;
 mod reconcile;
 pub mod status;
@@ -41,6 +43,11 @@ use crate::steps;
 
 /// How often the controller's loop reports that it is alive.
 const HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// How long the watches get to stop once the controller stops: they stop in milliseconds
+/// unless stuck (kube-runtime's graceful shutdown waits on a watch that cannot list), and a
+/// signal must end the process within a couple of seconds.
+const STOP_GRACE: Duration = Duration::from_secs(1);
 
 /// How the controller schedules and checkpoints migrations.
 #[derive(Clone, Debug)]
@@ -247,8 +254,18 @@ pub async fn run(
             () = heartbeat => {}
         }
     };
-    // Both end when `stopping` fires.
-    tokio::join!(controlling, trigger);
+    // Both end soon after `stopping` fires; a watch whose resource is not served (its CRD
+    // deleted) keeps them waiting, so they get a moment and no more: nothing they do then needs
+    // finishing, as a reconcile that sees `stopping` returns at once.
+    let both = async { tokio::join!(controlling, trigger) };
+    let grace = async {
+        stopping.cancelled().await;
+        tokio::time::sleep(STOP_GRACE).await;
+    };
+    tokio::select! {
+        _ = both => {}
+        () = grace => warn!(?STOP_GRACE, "the watches did not stop in time; stopping without them"),
+    }
     // Running migrations saw `stopping` and are writing their checkpoints.
     context.tasks.close();
     context.tasks.wait().await;

@@ -5,7 +5,7 @@
 //! now, unless one is pending or running for it already (whoever created it). The decisions are
 //! in [`super::storage_state`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,6 +44,10 @@ pub enum Error {
     List(&'static str, #[source] RequestError),
     #[error("failed to write StorageState {0}")]
     Write(String, #[source] RequestError),
+    #[error("StorageState {0} changed since this poll read it; it is looked at again next poll")]
+    Changed(String),
+    #[error("StorageState {0} was read without a resourceVersion")]
+    NoResourceVersion(String),
     #[error("failed to create a migration of {0}")]
     Create(String, #[source] RequestError),
 }
@@ -76,8 +80,10 @@ pub async fn run(
     stop: CancellationToken,
 ) {
     let mut guard = Guard::default();
+    // Successes that proved nothing, by UID, once said.
+    let mut explained = HashSet::new();
     loop {
-        let due = match poll(&clients, &settings, &fence, &mut guard).await {
+        let due = match poll(&clients, &settings, &fence, &mut guard, &mut explained).await {
             Ok(due) => due,
             Err(error) => {
                 warn!(error = %crate::error_chain(&error), "discovery trigger poll failed");
@@ -108,6 +114,7 @@ async fn poll(
     settings: &Settings,
     fence: &crate::fence::Fence,
     guard: &mut Guard,
+    explained: &mut HashSet<String>,
 ) -> Result<Option<Duration>, Error> {
     let (discovered, unexamined) = discover(&clients.config).await?;
     if !unexamined.is_empty() {
@@ -160,8 +167,7 @@ async fn poll(
             storage_state::next_status(status, &current, proven, Timestamp::now(), stale_after);
         let stamp = next.persisted_changed || recorded_since.is_none();
         if stamp || storage_state::worth_writing(status, &next, settings.interval / 2) {
-            let written =
-                write_state(requests, &states, &name, resource, state.is_some(), &next, stamp);
+            let written = write_state(requests, &states, resource, state, &next, stamp);
             if let Err(error) = written.await {
                 skip_or_stop(error)?;
                 continue;
@@ -179,7 +185,9 @@ async fn poll(
             })
             .collect();
         let busy = of_resource.iter().any(|m| !Phase::of(m).is_terminal());
-        let (failures, last_failure) = storage_state::failures(&of_resource);
+        let proof =
+            |m: &StorageVersionMigration| storage_state::proof(m, resource, &current, Some(since));
+        let (failures, last_failure) = storage_state::failures(&of_resource, |m| proof(m).is_ok());
         let retry = storage_state::retry_after(failures, follow_up(settings), settings.interval);
         let since_failure =
             last_failure.map(|ended| Timestamp::now().duration_since(ended).unsigned_abs());
@@ -189,7 +197,13 @@ async fn poll(
             // A failing resource is tried again at the regular polls, not at every follow-up.
             (false, Some(wait)) => {
                 look_again(wait);
-                debug!(resource = %name, failures, ?wait, "its migrations failed; trying again later");
+                let last = storage_state::last_ended(&of_resource);
+                match last.map(|m| (m, proof(m))) {
+                    Some((last, Err(unproven))) if Phase::of(last) == Phase::Succeeded => {
+                        explain(explained, &name, last, unproven, failures, wait);
+                    }
+                    _ => debug!(resource = %name, failures, ?wait, "failing; trying again later"),
+                }
             }
             (false, None) => {
                 let created = create_migration(requests, &migrations, resource, version, &current);
@@ -205,6 +219,30 @@ async fn poll(
     Ok(due)
 }
 
+/// Says why a success proves nothing when it holds the next migration of its resource back:
+/// once per migration, not at every poll while it waits.
+fn explain(
+    explained: &mut HashSet<String>,
+    resource: &str,
+    migration: &StorageVersionMigration,
+    unproven: storage_state::Unproven,
+    failures: u32,
+    wait: Duration,
+) {
+    if !explained.insert(migration.metadata.uid.clone().unwrap_or_default()) {
+        return;
+    }
+    warn!(
+        resource,
+        migration = migration.metadata.name.as_deref().unwrap_or_default(),
+        why = unproven.reason(),
+        failures,
+        ?wait,
+        "a migration succeeded but does not prove the objects are stored in the current version; \
+         the next one waits as after a failure"
+    );
+}
+
 /// A write for one resource that failed is said and skipped: the others go on. A closed fence
 /// ends the poll, as nothing more may be written.
 fn skip_or_stop(error: Error) -> Result<(), Error> {
@@ -214,7 +252,12 @@ fn skip_or_stop(error: Error) -> Result<(), Error> {
     {
         return Err(error);
     }
-    warn!(error = %crate::error_chain(&error), "discovery trigger: skipped one resource this poll");
+    let said = "discovery trigger: skipped one resource this poll";
+    match error {
+        // Someone wrote it after this poll read it (another replica's trigger): no harm done.
+        Error::Changed(_) => info!(error = %crate::error_chain(&error), "{said}"),
+        _ => warn!(error = %crate::error_chain(&error), "{said}"),
+    }
     Ok(())
 }
 
@@ -264,45 +307,58 @@ async fn discover(config: &kube::Config) -> Result<(Vec<Discovered>, Vec<String>
     Ok((discovered, unexamined))
 }
 
-async fn write_state(
+/// Writes the StorageState of `resource`: creates it when this poll found none (`read` is
+/// `None`), moves its persisted-since annotation to now when `stamp`, and writes `next`'s
+/// status. Each write is conditional on the resourceVersion this poll read (or the previous
+/// write returned): a write decided on an older read, such as a deposed leader's delayed one,
+/// gets [`Error::Changed`] and changes nothing.
+pub async fn write_state(
     requests: Requests<'_>,
     states: &Api<StorageState>,
-    name: &str,
     resource: &GroupResource,
-    exists: bool,
+    read: Option<&StorageState>,
     next: &storage_state::Next,
     stamp: bool,
 ) -> Result<(), Error> {
-    let failed = |e| Error::Write(name.to_owned(), e);
+    let name = resource.name();
+    let failed = |e: RequestError| match is_code(&e, 409) {
+        true => Error::Changed(name.clone()),
+        false => Error::Write(name.clone(), e),
+    };
     let since = stamp.then(|| Timestamp::now().to_string());
-    if !exists {
-        let state = StorageState {
-            metadata: ObjectMeta {
-                name: Some(name.to_owned()),
-                annotations: since
-                    .clone()
-                    .map(|t| [(PERSISTED_SINCE_ANNOTATION.to_owned(), t)].into()),
-                ..ObjectMeta::default()
-            },
-            spec: StorageStateSpec { resource: resource.clone() },
-            status: None,
-        };
-        match requests.send(states.create(&PostParams::default(), &state)).await {
-            Ok(_) => {}
-            // Created meanwhile (by another trigger): its status is written below all the same.
-            Err(error) if is_code(&error, 409) => {}
-            Err(error) => return Err(failed(error)),
+    let version = match (read, since) {
+        (None, since) => {
+            let state = StorageState {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    annotations: since.map(|t| [(PERSISTED_SINCE_ANNOTATION.to_owned(), t)].into()),
+                    ..ObjectMeta::default()
+                },
+                spec: StorageStateSpec { resource: resource.clone() },
+                status: None,
+            };
+            // A 409 here is a state created meanwhile (by another trigger): read next poll.
+            let params = PostParams::default();
+            let created = requests.send(states.create(&params, &state)).await.map_err(failed)?;
+            resource_version(&created, &name)?.to_owned()
         }
-    } else if let Some(since) = since {
-        let annotate = serde_json::json!({ "metadata": { "annotations": { PERSISTED_SINCE_ANNOTATION: since } } });
-        requests
-            .send(states.patch(name, &PatchParams::default(), &Patch::Merge(&annotate)))
-            .await
-            .map_err(failed)?;
-    }
-    let status = serde_json::json!({ "status": next.status });
+        (Some(read), Some(since)) => {
+            let annotate = serde_json::json!({ "metadata": {
+                "resourceVersion": resource_version(read, &name)?,
+                "annotations": { PERSISTED_SINCE_ANNOTATION: since },
+            }});
+            let (params, patch) = (PatchParams::default(), Patch::Merge(&annotate));
+            let patched = requests.send(states.patch(&name, &params, &patch)).await;
+            resource_version(&patched.map_err(failed)?, &name)?.to_owned()
+        }
+        (Some(read), None) => resource_version(read, &name)?.to_owned(),
+    };
+    let status = serde_json::json!({
+        "metadata": { "resourceVersion": version },
+        "status": next.status,
+    });
     requests
-        .send(states.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)))
+        .send(states.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)))
         .await
         .map_err(failed)?;
     if next.persisted_changed {
@@ -313,6 +369,11 @@ async fn write_state(
         );
     }
     Ok(())
+}
+
+/// The resourceVersion of `state`, which every conditional write carries.
+fn resource_version<'a>(state: &'a StorageState, name: &str) -> Result<&'a str, Error> {
+    state.metadata.resource_version.as_deref().ok_or_else(|| Error::NoResourceVersion(name.into()))
 }
 
 async fn create_migration(

@@ -129,6 +129,47 @@ pub fn needs_migration(status: &StorageStateStatus, current: &str) -> bool {
     status.persisted_storage_version_hashes != [current]
 }
 
+/// Why a migration proves nothing about how a resource's objects are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unproven {
+    OtherResource,
+    NotSucceeded,
+    /// Its status has neither `listedFromStart` nor `target`: the installed status schema drops
+    /// kube-svm's fields (kube-storage-version-migrator's CRDs), or another migrator ran it.
+    Unrecorded,
+    /// It began at a continue token another migrator left.
+    NotListedFromStart,
+    /// It targeted another hash (the late success of a migration started before a switch).
+    OtherTarget,
+    /// It began before the apiservers were shown to encode in its target.
+    EncodingUnconfirmed,
+    /// It began before the persisted hashes last changed, or its start time is not recorded.
+    StartedBefore,
+}
+
+impl Unproven {
+    /// Why, for a log line.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Unproven::OtherResource => "it migrated another resource",
+            Unproven::NotSucceeded => "it did not succeed",
+            Unproven::Unrecorded => {
+                "its status has no listedFromStart or target: the installed CRD's status schema \
+                 drops kube-svm's fields (kube-storage-version-migrator's CRDs?), or another \
+                 migrator ran it"
+            }
+            Unproven::NotListedFromStart => "it began at a continue token another migrator left",
+            Unproven::OtherTarget => "it targeted another storage version hash",
+            Unproven::EncodingUnconfirmed => {
+                "it began before the apiservers were shown to encode in its target"
+            }
+            Unproven::StartedBefore => {
+                "it began before the StorageState's persisted hashes last changed"
+            }
+        }
+    }
+}
+
 /// Whether `migration` proves every object of `resource` is stored in `current`: it
 /// succeeded, listed the resource from its first object, targeted `current` (what it recorded
 /// at its start, not what the hash is now: a late success of an older target proves nothing
@@ -140,40 +181,86 @@ pub fn proves(
     current: &str,
     persisted_since: Option<Timestamp>,
 ) -> bool {
-    let spec = &migration.spec.resource;
-    if spec.group != resource.group || spec.resource != resource.resource {
-        return false;
-    }
-    let Some(status) = migration.status.as_ref() else { return false };
-    let targeted = status.target.as_ref().and_then(|t| t.storage_version_hash.as_deref());
-    let unconfirmed = status.target.as_ref().and_then(|t| t.encoding_confirmed) == Some(false);
-    let started = status.start_time.as_ref().map(|t| t.0);
-    Phase::of(migration) == Phase::Succeeded
-        && status.listed_from_start == Some(true)
-        && targeted == Some(current)
-        && !unconfirmed
-        && match (persisted_since, started) {
-            (None, _) => true,
-            (Some(since), Some(started)) => started >= since,
-            (Some(_), None) => false,
-        }
+    proof(migration, resource, current, persisted_since).is_ok()
 }
 
-/// How many migrations of a resource failed since the last one that did not, and when the
-/// last of them ended.
-pub fn failures(migrations: &[&StorageVersionMigration]) -> (u32, Option<Timestamp>) {
+/// [`proves`], saying why not.
+pub fn proof(
+    migration: &StorageVersionMigration,
+    resource: &GroupResource,
+    current: &str,
+    persisted_since: Option<Timestamp>,
+) -> Result<(), Unproven> {
+    let spec = &migration.spec.resource;
+    if spec.group != resource.group || spec.resource != resource.resource {
+        return Err(Unproven::OtherResource);
+    }
+    if Phase::of(migration) != Phase::Succeeded {
+        return Err(Unproven::NotSucceeded);
+    }
+    let Some(status) = migration.status.as_ref() else { return Err(Unproven::NotSucceeded) };
+    let targeted = status.target.as_ref().and_then(|t| t.storage_version_hash.as_deref());
+    match (status.listed_from_start, targeted) {
+        (None, None) => return Err(Unproven::Unrecorded),
+        (Some(true), _) => {}
+        _ => return Err(Unproven::NotListedFromStart),
+    }
+    if targeted != Some(current) {
+        return Err(Unproven::OtherTarget);
+    }
+    if status.target.as_ref().and_then(|t| t.encoding_confirmed) == Some(false) {
+        return Err(Unproven::EncodingUnconfirmed);
+    }
+    // `startTime` is stored to the second, `persisted-since` to the nanosecond: compared at
+    // the second, the migration the trigger creates right after stamping proves, as it must.
+    let started = status.start_time.as_ref().map(|t| t.0.as_second());
+    match (persisted_since.map(|since| since.as_second()), started) {
+        (None, _) => Ok(()),
+        (Some(since), Some(started)) if started >= since => Ok(()),
+        (Some(_), _) => Err(Unproven::StartedBefore),
+    }
+}
+
+/// How many migrations of a resource ended without proving anything since the last one that
+/// did, and when the last of them ended. A migration that failed counts, and so does one that
+/// succeeded without proving the objects are stored in the current hash (`proves` says): the
+/// same migration created again at once would end the same way, again and again.
+pub fn failures(
+    migrations: &[&StorageVersionMigration],
+    proves: impl Fn(&StorageVersionMigration) -> bool,
+) -> (u32, Option<Timestamp>) {
     let mut ended: Vec<(Timestamp, bool)> = migrations
         .iter()
         .filter(|m| Phase::of(m).is_terminal())
-        .filter_map(|m| {
-            let at = m.status.as_ref()?.completion_time.as_ref()?.0;
-            Some((at, Phase::of(m) == Phase::Failed))
-        })
+        .filter_map(|m| Some((ended_at(m)?, !proves(m))))
         .collect();
     ended.sort_by_key(|(at, _)| *at);
     let failed = ended.iter().rev().take_while(|(_, failed)| *failed).count();
     let last = ended.last().filter(|(_, failed)| *failed).map(|(at, _)| *at);
     (u32::try_from(failed).unwrap_or(u32::MAX), last)
+}
+
+/// The newest of `migrations` that ended.
+pub fn last_ended<'a>(
+    migrations: &[&'a StorageVersionMigration],
+) -> Option<&'a StorageVersionMigration> {
+    migrations
+        .iter()
+        .copied()
+        .filter(|m| Phase::of(m).is_terminal())
+        .filter_map(|m| Some((ended_at(m)?, m)))
+        .max_by_key(|(at, _)| *at)
+        .map(|(_, m)| m)
+}
+
+/// When a migration ended: its `completionTime`, else (a status schema that drops it) when its
+/// first condition was last updated, else when it was created.
+fn ended_at(migration: &StorageVersionMigration) -> Option<Timestamp> {
+    let status = migration.status.as_ref();
+    let completed = status.and_then(|s| s.completion_time.as_ref());
+    let updated = status.and_then(|s| s.conditions.first()?.last_update_time.as_ref());
+    let created = migration.metadata.creation_timestamp.as_ref();
+    completed.or(updated).or(created).map(|t| t.0)
 }
 
 /// How long after its last failure a resource whose migrations keep failing is tried again:
@@ -320,6 +407,10 @@ mod tests {
         assert!(!proves(&migration("B", "Succeeded", false, 200), &widgets(), "B", since));
         // Started before the hashes last changed: objects may have been written since.
         assert!(!proves(&migration("B", "Succeeded", true, 50), &widgets(), "B", since));
+        assert_eq!(
+            proof(&migration("B", "Succeeded", true, 50), &widgets(), "B", since),
+            Err(Unproven::StartedBefore)
+        );
         // A state written by kube-storage-version-migrator has no such time.
         assert!(proves(&migration("B", "Succeeded", true, 50), &widgets(), "B", None));
         let other = GroupResource { group: "example.com".into(), resource: "gadgets".into() };
@@ -330,6 +421,15 @@ mod tests {
             target.encoding_confirmed = Some(false);
         }
         assert!(!proves(&unconfirmed, &widgets(), "B", since));
+    }
+
+    /// `persisted-since` is written with nanoseconds, a migration's `startTime` is stored to the
+    /// second: the migration the trigger creates right after stamping starts in the same second.
+    #[test]
+    fn a_migration_started_in_the_second_of_the_stamp_proves() {
+        let since = Some(Timestamp::new(1_800_000_100, 400_000_000).unwrap());
+        assert!(proves(&migration("B", "Succeeded", true, 100), &widgets(), "B", since));
+        assert!(!proves(&migration("B", "Succeeded", true, 99), &widgets(), "B", since));
     }
 
     #[test]
@@ -348,9 +448,42 @@ mod tests {
         };
         let (ok, failed1, failed2) =
             (ended("Succeeded", 10), ended("Failed", 20), ended("Failed", 30));
-        assert_eq!(failures(&[&failed2, &ok, &failed1]), (2, Some(ts(30))));
+        let proved = |m: &StorageVersionMigration| proves(m, &widgets(), "B", None);
+        assert_eq!(failures(&[&failed2, &ok, &failed1], proved), (2, Some(ts(30))));
         let after = ended("Succeeded", 40);
-        assert_eq!(failures(&[&failed1, &failed2, &after]), (0, None));
+        assert_eq!(failures(&[&failed1, &failed2, &after], proved), (0, None));
+        assert!(last_ended(&[&failed1, &after, &failed2]).is_some_and(|m| std::ptr::eq(m, &after)));
+    }
+
+    /// A status schema that keeps only `conditions` (kube-storage-version-migrator's CRD) makes
+    /// every success prove nothing: each counts as a failure, so the trigger backs off instead
+    /// of creating the same migration again and again.
+    #[test]
+    fn successes_that_prove_nothing_count_as_failures() {
+        let pruned = |at: i64| {
+            let mut m = migration("B", "Succeeded", true, at - 1);
+            m.status = Some(
+                serde_json::from_value::<MigrationStatus>(serde_json::json!({
+                    "conditions": [{ "type": "Succeeded", "status": "True",
+                                     "lastUpdateTime": Time(ts(at)) }],
+                }))
+                .unwrap(),
+            );
+            m
+        };
+        let (first, second) = (pruned(10), pruned(20));
+        assert_eq!(proof(&first, &widgets(), "B", None), Err(Unproven::Unrecorded));
+        let proved = |m: &StorageVersionMigration| proves(m, &widgets(), "B", None);
+        assert_eq!(failures(&[&second, &first], proved), (2, Some(ts(20))));
+        // Ordered by when they ended, from the condition when completionTime was dropped.
+        assert!(last_ended(&[&second, &first]).is_some_and(|m| std::ptr::eq(m, &second)));
+        // A success of another hash proves nothing about this one either.
+        let mut late = migration("A", "Succeeded", true, 29);
+        if let Some(status) = late.status.as_mut() {
+            status.completion_time = Some(Time(ts(30)));
+        }
+        assert_eq!(proof(&late, &widgets(), "B", None), Err(Unproven::OtherTarget));
+        assert_eq!(failures(&[&first, &late], proved), (2, Some(ts(30))));
     }
 
     #[test]

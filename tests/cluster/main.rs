@@ -14,6 +14,7 @@ mod migrate;
 mod observability;
 mod plan;
 mod readme;
+mod startup;
 mod status;
 mod storedversions;
 mod support;

@@ -79,9 +79,17 @@ async fn probes_and_metrics_follow_a_real_migration() {
         Admin { base: format!("http://127.0.0.1:{port}"), http: crate::support::http_client() };
 
     admin.wait_for("/healthz", 200, &controller).await;
-    let (code, body) = admin.get("/readyz").await;
-    assert_eq!(code, 503, "not ready before kube-svm's CRDs exist");
-    assert!(body.contains("CRDs not established"), "{body}");
+    // Not ready before kube-svm's CRDs exist, and it says so once it has looked.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (code, body) = admin.get("/readyz").await;
+        assert_eq!(code, 503, "{body}");
+        if body.contains("kube-svm's CRDs are not installed") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{body}\n{}", controller.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     install_kube_svm_crds(&client).await;
     admin.wait_for("/readyz", 200, &controller).await;
 

@@ -10,9 +10,10 @@ pub mod migrations;
 pub mod process;
 pub mod recorder;
 mod secure_etcd;
+pub mod upstream;
 pub mod webhook;
 
-pub use control_plane::{AuditEvent, CONTROLLER_NAMESPACE, ControlPlane, asset, shared};
+pub use control_plane::{AuditEvent, CONTROLLER_NAMESPACE, ControlPlane, Topology, asset, shared};
 pub use etcd::{Etcd, KeyValue};
 pub use secure_etcd::SecureEtcd;
 

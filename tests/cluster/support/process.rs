@@ -97,6 +97,31 @@ impl KubeSvm {
     pub fn logs(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Waits until the log holds `text`, at most `timeout`; returns the log.
+    pub async fn wait_for_log(&self, text: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let logs = self.logs();
+            if logs.contains(text) {
+                return logs;
+            }
+            assert!(Instant::now() < deadline, "{text:?} never logged:\n{logs}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The base URL of the controller's admin server, from its start-up log line.
+    pub async fn admin_url(&self) -> String {
+        let logs = self.wait_for_log("admin server listening", Duration::from_secs(30)).await;
+        let address = logs
+            .lines()
+            .find(|line| line.contains("admin server listening"))
+            .and_then(|line| line.split("address=").nth(1))
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no admin address in the log:\n{logs}"));
+        format!("http://{address}")
+    }
 }
 
 impl Drop for KubeSvm {
