@@ -50,8 +50,9 @@ pub const ENCODING_CONFIRMED_ANNOTATION: &str = "kube-svm.io/encoding-confirmed"
 /// etcd) whatever the input. 512 bytes keep any apiserver or webhook sentence seen in practice.
 pub const MESSAGE_LIMIT: usize = 512;
 
-/// Longest condition message, in bytes: counts and the first few failures.
-pub const CONDITION_MESSAGE_LIMIT: usize = 1024;
+/// Longest condition message, in bytes: counts and the first few failures, each with its
+/// message cut to [`MESSAGE_LIMIT`].
+pub const CONDITION_MESSAGE_LIMIT: usize = 2048;
 
 /// Longest reason kept, in bytes: reasons are one CamelCase word, unless a webhook says otherwise.
 pub const REASON_LIMIT: usize = 128;

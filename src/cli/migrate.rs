@@ -239,6 +239,8 @@ impl Migrator {
         if start.keeps_target {
             let done = start.progress.processed();
             eprintln!("{}: resuming from the checkpoint after {done} objects", name.name());
+        } else if start.event == crate::api::conditions::events::RESTARTED {
+            eprintln!("{}: {}", name.name(), start.note);
         }
         let mut last = migration.status.clone();
         let by = format!("kube-svm migrate (pid {})", std::process::id());

@@ -489,10 +489,13 @@ impl Task<'_> {
     }
 
     /// Unmarks the CRD this task marked `StorageMigrating`, if any.
+    /// The mark is forgotten only once unmarked: an unmarking cut short (the task dropped when
+    /// its migration was deleted) is done again by whoever unmarks next.
     async fn unmark_crd(&self) {
-        let marked = self.marked_crd.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let marked = self.marked_crd.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some(resource) = marked {
             steps::mark_migrating(&self.context.cluster(), &resource, false, &self.by()).await;
+            *self.marked_crd.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
     }
 

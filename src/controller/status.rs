@@ -18,8 +18,8 @@ use crate::storedversions::Run;
 const FAILURES_IN_MESSAGE: usize = 3;
 
 /// Bytes of each failure's message quoted in a Failed condition's message: three fit in
-/// [`CONDITION_MESSAGE_LIMIT`] with the counts; `failedObjects` keeps more of each.
-const FAILURE_IN_MESSAGE_LIMIT: usize = 240;
+/// [`CONDITION_MESSAGE_LIMIT`] with the counts and the objects' names.
+const FAILURE_IN_MESSAGE_LIMIT: usize = 400;
 
 /// Where a migration starts, and what kind of start it is.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -210,20 +210,29 @@ async fn an_empty_resource_succeeds_and_an_empty_crd_is_pruned() {
     assert_eq!((progress(&done).listed, progress(&done).processed), (0, 0));
 }
 
-/// Every object deleted while the migration runs: it succeeds, and prunes.
+/// Every object deleted while the migration runs: it succeeds, and prunes. A webhook holds the
+/// migration's first writes until every object is deleted, so the run meets them deleted
+/// however fast it is.
 #[tokio::test]
 async fn a_crd_emptied_mid_run_succeeds_and_is_pruned() {
     let plane = plane().await;
     let client = plane.control_plane.client().await;
     let count = scale(600);
     let widgets = stale_widgets(&client, "emptied", count, &[]).await;
+    let webhook = webhook_on(&client, &widgets, 30).await;
+    webhook.answer_all(Answer::Hold);
     let name = switch_and_wait_for_migration(&client, &widgets, &plane.controller).await;
-    wait_for(&client, &name, FINISH, &[&plane.controller], processed_at_least(50)).await;
+    let deadline = Instant::now() + FINISH;
+    while webhook.held() == 0 {
+        assert!(Instant::now() < deadline, "no write reached the webhook");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     widgets
         .api(&client, "v1", None)
         .delete_collection(&DeleteParams::default(), &ListParams::default())
         .await
         .expect("every widget is deleted");
+    webhook.release();
 
     let (done, outcome) =
         finish(&plane.control_plane, &client, &widgets, &name, 0, &[&plane.controller]).await;
@@ -231,6 +240,7 @@ async fn a_crd_emptied_mid_run_succeeds_and_is_pruned() {
     let counts = progress(&done);
     assert_eq!(counts.processed, counts.listed);
     assert!(counts.skipped > 0 && counts.listed < count as u64 + 1, "{counts:?}");
+    webhook.remove().await;
 }
 
 /// Writers update a tenth of the objects, and others are deleted, while the migration runs:

@@ -9,6 +9,7 @@ mod engine;
 mod faults;
 mod flags;
 mod foundation;
+mod ha;
 mod inspect;
 mod migrate;
 mod observability;

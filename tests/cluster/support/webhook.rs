@@ -37,6 +37,8 @@ pub enum Answer {
     NotFound,
     /// Accept the connection and the request, and never answer.
     Hang,
+    /// Hold the request until [`Webhook::release`], then allow it.
+    Hold,
 }
 
 /// What the webhook does: the answer for every object when `everyone` is set, else the one for
@@ -52,7 +54,19 @@ pub struct Webhook {
     rules: Arc<Mutex<Rules>>,
     /// Reviews received, whatever the answer.
     reviews: Arc<AtomicU64>,
+    /// Reviews held now ([`Answer::Hold`]), and the release they wait for.
+    held: Arc<AtomicU64>,
+    released: tokio::sync::watch::Sender<bool>,
     client: Client,
+}
+
+/// What the reviews of one webhook share.
+#[derive(Clone)]
+struct Shared {
+    rules: Arc<Mutex<Rules>>,
+    reviews: Arc<AtomicU64>,
+    held: Arc<AtomicU64>,
+    released: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Webhook {
@@ -80,16 +94,27 @@ impl Webhook {
             .expect("a TLS configuration");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
         let address = listener.local_addr().expect("an address");
-        let rules = Arc::new(Mutex::new(Rules::default()));
-        let reviews = Arc::new(AtomicU64::new(0));
-        tokio::spawn(serve(
-            listener,
-            TlsAcceptor::from(Arc::new(tls)),
-            rules.clone(),
-            reviews.clone(),
-        ));
+        let (released, release) = tokio::sync::watch::channel(false);
+        let shared = Shared {
+            rules: Arc::new(Mutex::new(Rules::default())),
+            reviews: Arc::new(AtomicU64::new(0)),
+            held: Arc::new(AtomicU64::new(0)),
+            released: release,
+        };
+        tokio::spawn(serve(listener, TlsAcceptor::from(Arc::new(tls)), shared.clone()));
         register(client, name, group, resources, timeout_seconds, address, ca.pem()).await;
-        Webhook { name: name.to_owned(), rules, reviews, client: client.clone() }
+        let Shared { rules, reviews, held, .. } = shared;
+        Webhook { name: name.to_owned(), rules, reviews, held, released, client: client.clone() }
+    }
+
+    /// Reviews held now ([`Answer::Hold`]).
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Lets every held review (and every later one) through, allowed.
+    pub fn release(&self) {
+        self.released.send_replace(true);
     }
 
     /// From now on, answers updates of the objects named `names` with `answer`.
@@ -149,20 +174,15 @@ async fn register(
         .expect("the webhook is registered");
 }
 
-async fn serve(
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
-    rules: Arc<Mutex<Rules>>,
-    reviews: Arc<AtomicU64>,
-) {
+async fn serve(listener: TcpListener, acceptor: TlsAcceptor, shared: Shared) {
     loop {
         let Ok((stream, _)) = listener.accept().await else { continue };
-        let (acceptor, rules, reviews) = (acceptor.clone(), rules.clone(), reviews.clone());
+        let (acceptor, shared) = (acceptor.clone(), shared.clone());
         tokio::spawn(async move {
             let Ok(stream) = acceptor.accept(stream).await else { return };
             let service = service_fn(move |request: Request<Incoming>| {
-                let (rules, reviews) = (rules.clone(), reviews.clone());
-                async move { review(request, &rules, &reviews).await }
+                let shared = shared.clone();
+                async move { review(request, shared).await }
             });
             let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
         });
@@ -171,11 +191,11 @@ async fn serve(
 
 async fn review(
     request: Request<Incoming>,
-    rules: &Mutex<Rules>,
-    reviews: &AtomicU64,
+    mut shared: Shared,
 ) -> Result<Response<Full<Bytes>>, hyper::Error> {
     let body = request.into_body().collect().await?.to_bytes();
-    reviews.fetch_add(1, Ordering::Relaxed);
+    shared.reviews.fetch_add(1, Ordering::Relaxed);
+    let rules = &shared.rules;
     let review: Value = serde_json::from_slice(&body).unwrap_or_default();
     let request = &review["request"];
     let name = request["name"].as_str().unwrap_or_default().to_owned();
@@ -186,6 +206,12 @@ async fn review(
     let response = match answer {
         None => json!({ "uid": request["uid"], "allowed": true }),
         Some(Answer::Hang) => std::future::pending().await,
+        Some(Answer::Hold) => {
+            shared.held.fetch_add(1, Ordering::Relaxed);
+            let _ = shared.released.wait_for(|released| *released).await;
+            shared.held.fetch_sub(1, Ordering::Relaxed);
+            json!({ "uid": request["uid"], "allowed": true })
+        }
         Some(Answer::Deny { code, reason, message }) => json!({
             "uid": request["uid"], "allowed": false,
             "status": { "code": code, "reason": reason, "message": message },
