@@ -474,8 +474,22 @@ fn judge_end(expected: &str, seen: &std::collections::BTreeMap<String, u32>) -> 
     }
 }
 
+/// How long one discovery sample may take: an apiserver that does not answer (frozen, or its
+/// connection hung) counts as one that does not agree, not as a wait without end.
+const SAMPLE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The hash discovery publishes for the resource, read through a new connection.
 async fn published_hash(config: &kube::Config, check: &Check) -> Result<Option<String>, String> {
+    match tokio::time::timeout(SAMPLE_TIMEOUT, published_hash_now(config, check)).await {
+        Ok(published) => published,
+        Err(_) => Err(format!("no answer within {SAMPLE_TIMEOUT:?}")),
+    }
+}
+
+async fn published_hash_now(
+    config: &kube::Config,
+    check: &Check,
+) -> Result<Option<String>, String> {
     let client = Client::try_from(config.clone()).map_err(|e| crate::error_chain(&e))?;
     let api_version = check.discovery_version();
     let list = match check.group.as_str() {

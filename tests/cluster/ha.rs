@@ -1,32 +1,251 @@
-//! Exploration.
+//! HA control planes: three kube-apiservers on one etcd behind a round-robin balancer, and a
+//! rolling upgrade across two releases. kube-apiserver 1.37 started with
+//! `--emulated-version=1.36` chooses 1.36's storage versions, and for `mutatingadmissionpolicies`
+//! (and their bindings) those differ from 1.37's: two apiservers at 1.36 and one at 1.37, then all
+//! three at 1.37, is a real upgrade of those resources' storage, with no second build.
+//!
+//! `KUBE_SVM_HA_SECONDS` sets how long an apiserver is killed and revived again and again in the
+//! fault scenario (default 60, what CI runs).
 
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::MutatingAdmissionPolicy;
+use kube::api::{ListParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use kube_svm::api::{Phase, StorageState, StorageVersionMigration};
+use kube_svm::storage_hash::storage_version_hash;
+use serde_json::json;
+
+use crate::support::fixtures::install_kube_svm_crds;
+use crate::support::process::KubeSvm;
 use crate::support::{ControlPlane, Topology};
 
-#[tokio::test]
-async fn explore() {
-    let old = vec!["--emulated-version=1.36".to_owned()];
-    let topology = Topology { apiservers: vec![old.clone(), old, vec![]], common: vec![] };
-    let plane = ControlPlane::start_ha(&topology).await.expect("starts");
-    for i in 0..plane.apiserver_count() {
-        let client = plane.direct_client(i).await;
-        let groups = client.list_api_group_resources("admissionregistration.k8s.io/v1").await;
-        let groups2 = client.list_api_group_resources("admissionregistration.k8s.io/v1beta1").await;
-        for (v, g) in [("v1", groups), ("v1beta1", groups2)] {
-            match g {
-                Ok(list) => {
-                    for r in list.resources.iter().filter(|r| r.name.starts_with("mutatingadmission")) {
-                        println!("apiserver {i} {v}: {} hash {:?}", r.name, r.storage_version_hash);
-                    }
-                }
-                Err(e) => println!("apiserver {i} {v}: {e}"),
+/// The flag that makes a 1.37 kube-apiserver behave as the release before it.
+const OLD_RELEASE: &str = "--emulated-version=1.36";
+
+const GROUP: &str = "admissionregistration.k8s.io";
+const POLICIES: &str = "mutatingadmissionpolicies";
+const KIND: &str = "MutatingAdmissionPolicy";
+
+/// How long any one phase of a scenario may take.
+const PHASE: Duration = Duration::from_secs(300);
+
+/// The StorageVersion API, as the apiservers of one topology serve it.
+const STORAGE_VERSION_API: [&str; 2] = [
+    "--feature-gates=StorageVersionAPI=true,APIServerIdentity=true",
+    "--runtime-config=internal.apiserver.k8s.io/v1alpha1=true",
+];
+
+/// Three apiservers of the old release, with the StorageVersion API or without.
+fn old_release(storage_version_api: bool) -> Topology {
+    let common = match storage_version_api {
+        true => STORAGE_VERSION_API.iter().map(ToString::to_string).collect(),
+        false => Vec::new(),
+    };
+    Topology { apiservers: vec![vec![OLD_RELEASE.to_owned()]; 3], common }
+}
+
+/// The storage version hash a release publishes for mutating admission policies.
+fn hash(version: &str) -> String {
+    storage_version_hash(GROUP, version, KIND)
+}
+
+/// Creates `count` MutatingAdmissionPolicies named `<prefix>-<i>` through the balancer, each
+/// through a connection of its own, so that they spread over the apiservers as many clients'
+/// writes would.
+async fn create_policies(control_plane: &ControlPlane, prefix: &str, count: usize) {
+    for i in 0..count {
+        let api: Api<MutatingAdmissionPolicy> = Api::all(control_plane.client().await);
+        let policy: MutatingAdmissionPolicy = serde_json::from_value(json!({
+            "metadata": { "name": format!("{prefix}-{i}") },
+            "spec": {
+                "matchConstraints": { "resourceRules": [{
+                    "apiGroups": ["example.com"], "apiVersions": ["v1"],
+                    "operations": ["CREATE"], "resources": ["gadgets"],
+                }]},
+                "mutations": [{
+                    "patchType": "ApplyConfiguration",
+                    "applyConfiguration": {
+                        "expression": "Object{metadata: Object.metadata{labels: {\"seen\": \"yes\"}}}",
+                    },
+                }],
+                "reinvocationPolicy": "Never",
+                "failurePolicy": "Ignore",
+            },
+        }))
+        .expect("a valid policy");
+        // A connection may land on an apiserver that was just killed: ask again.
+        let deadline = Instant::now() + PHASE;
+        while let Err(error) = api.create(&PostParams::default(), &policy).await {
+            if matches!(&error, kube::Error::Api(s) if s.code == 409) {
+                break;
             }
+            assert!(Instant::now() < deadline, "policy {prefix}-{i} is not created: {error}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    let client = plane.client().await;
-    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
-        kube::Api::namespaced(client.clone(), "kube-system");
-    for l in leases.list(&Default::default()).await.unwrap().items {
-        println!("lease {:?} labels {:?}", l.metadata.name, l.metadata.labels);
+}
+
+/// How etcd stores the mutating admission policies: keys by stored apiVersion.
+async fn stored(control_plane: &ControlPlane) -> BTreeMap<String, u64> {
+    let census = control_plane.etcd().census(&format!("/registry/{POLICIES}/")).await;
+    census.expect("etcd answers").api_versions
+}
+
+/// The StorageState of mutating admission policies, if the trigger has written one.
+async fn storage_state(client: &Client) -> Option<StorageState> {
+    let api: Api<StorageState> = Api::all(client.clone());
+    api.get_opt(&format!("{POLICIES}.{GROUP}")).await.ok().flatten()
+}
+
+fn persisted(state: &StorageState) -> Vec<String> {
+    state.status.as_ref().map(|s| s.persisted_storage_version_hashes.clone()).unwrap_or_default()
+}
+
+/// Waits until the StorageState of mutating admission policies persists `hashes` alone.
+async fn wait_persisted(client: &Client, hashes: &[String], controller: &KubeSvm) -> StorageState {
+    let deadline = Instant::now() + PHASE;
+    loop {
+        if let Some(state) = storage_state(client).await
+            && persisted(&state) == hashes
+        {
+            return state;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the StorageState never persisted {hashes:?}: {:?}\n{}",
+            storage_state(client).await.map(|s| s.status),
+            controller.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    plane.keep();
+}
+
+/// The migrations of mutating admission policies, oldest first.
+async fn policy_migrations(client: &Client) -> Vec<StorageVersionMigration> {
+    let api: Api<StorageVersionMigration> = Api::all(client.clone());
+    let mut found: Vec<_> = match api.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(_) => return Vec::new(),
+    };
+    found.retain(|m| m.spec.resource.group == GROUP && m.spec.resource.resource == POLICIES);
+    found.sort_by_key(|m| m.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    found
+}
+
+/// Whether a migration's status says it proved its target: Succeeded with the encoding
+/// confirmed.
+fn proved(migration: &StorageVersionMigration) -> Option<String> {
+    let status = migration.status.as_ref()?;
+    let target = status.target.as_ref()?;
+    (Phase::of(migration) == Phase::Succeeded && target.encoding_confirmed == Some(true))
+        .then(|| target.storage_version_hash.clone().unwrap_or_default())
+}
+
+/// The discovery trigger's controller on an HA control plane, as the chart's ServiceAccount,
+/// through the balancer.
+async fn controller(control_plane: &ControlPlane, name: &str) -> KubeSvm {
+    let kubeconfig = control_plane.controller_kubeconfig().await.to_owned();
+    let args = [
+        "controller",
+        "--leader-elect=false",
+        "--discovery-trigger",
+        "--discovery-interval=4",
+        "--storage-version-settle=3",
+        "--storage-version-wait=15",
+        "--concurrency=6",
+    ];
+    KubeSvm::start_as(control_plane, name, &args, &kubeconfig)
+}
+
+/// A rolling upgrade, as an operator would see it: the discovery trigger migrates everything at
+/// the old release and collapses the StorageState of mutating admission policies to the old
+/// hash; while one apiserver of three runs the new release, objects are written through both and
+/// the trigger does not flap, nor does any migration prove the new hash; once all three run the
+/// new release, one migration moves every policy to the new version, as etcd shows, and
+/// collapses the StorageState to the new hash.
+async fn rolling_upgrade(storage_version_api: bool) {
+    let control_plane =
+        ControlPlane::start_ha(&old_release(storage_version_api)).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    create_policies(&control_plane, "before", 10).await;
+    let (old, new) = (hash("v1beta1"), hash("v1"));
+    assert_eq!(stored(&control_plane).await, [(format!("{GROUP}/v1beta1"), 10)].into());
+
+    let mut controller = controller(&control_plane, "controller").await;
+    wait_persisted(&client, std::slice::from_ref(&old), &controller).await;
+
+    // One apiserver upgraded: two releases serve the same etcd.
+    let before: Vec<String> =
+        policy_migrations(&client).await.iter().map(|m| m.name_any()).collect();
+    control_plane.restart_apiserver_at(0, &[]).await.expect("apiserver 0 upgrades");
+    create_policies(&control_plane, "during", 12).await;
+    let mixed = stored(&control_plane).await;
+    assert!(mixed.len() == 2, "written through both releases: {mixed:?}");
+    // Several polls of the trigger while the releases are mixed: its heartbeat moves on.
+    let beat =
+        |state: &StorageState| state.status.as_ref().and_then(|s| s.last_heartbeat_time.clone());
+    let first = storage_state(&client).await.and_then(|s| beat(&s));
+    let deadline = Instant::now() + PHASE;
+    let mut beats = 0;
+    let mut last = first;
+    while beats < 2 {
+        let state = storage_state(&client).await.expect("the StorageState stays");
+        assert_eq!(persisted(&state), [old.clone()], "the trigger flapped mid-upgrade");
+        for migration in policy_migrations(&client).await {
+            if !before.contains(&migration.name_any()) {
+                let status = &migration.status;
+                assert_eq!(proved(&migration), None, "proved mid-upgrade: {status:?}");
+            }
+        }
+        if beat(&state) != last {
+            beats += 1;
+            last = beat(&state);
+        }
+        assert!(Instant::now() < deadline, "the trigger never polled\n{}", controller.logs());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // The upgrade ends; the controller is restarted with it, as a Deployment would be.
+    controller.signal("TERM");
+    controller.wait(Duration::from_secs(30)).expect("the controller stops");
+    control_plane.restart_apiserver_at(1, &[]).await.expect("apiserver 1 upgrades");
+    control_plane.restart_apiserver_at(2, &[]).await.expect("apiserver 2 upgrades");
+    let controller = self::controller(&control_plane, "upgraded").await;
+    wait_persisted(&client, std::slice::from_ref(&new), &controller).await;
+
+    let proving: Vec<_> = policy_migrations(&client)
+        .await
+        .iter()
+        .filter(|m| proved(m).as_deref() == Some(new.as_str()))
+        .map(|m| m.name_any())
+        .collect();
+    assert!(!proving.is_empty(), "a migration proved the new hash");
+    assert_eq!(stored(&control_plane).await, [(format!("{GROUP}/v1"), 22)].into());
+    let evidence = policy_migrations(&client)
+        .await
+        .iter()
+        .rev()
+        .find(|m| proved(m).is_some())
+        .and_then(|m| m.status.as_ref()?.target.as_ref()?.encoding_evidence.clone())
+        .expect("evidence recorded");
+    match storage_version_api {
+        true => assert!(evidence.contains("the StorageVersion API"), "{evidence}"),
+        false => assert!(
+            evidence.contains("12 samples") && evidence.contains("3 apiservers"),
+            "{evidence}"
+        ),
+    }
+}
+
+#[tokio::test]
+async fn a_rolling_upgrade_is_migrated_once_the_last_apiserver_is_upgraded() {
+    rolling_upgrade(false).await;
+}
+
+#[tokio::test]
+async fn a_rolling_upgrade_with_the_storage_version_api() {
+    rolling_upgrade(true).await;
 }

@@ -385,8 +385,7 @@ impl ControlPlane {
     /// Kills apiserver `i` (SIGKILL: no graceful shutdown); the balancer sends new connections
     /// to the others.
     pub fn kill_apiserver(&self, i: usize) -> anyhow::Result<()> {
-        if let Some(mut child) = self.apiservers[i].process.lock().expect("apiserver lock").take()
-        {
+        if let Some(mut child) = self.apiservers[i].process.lock().expect("apiserver lock").take() {
             child.kill()?;
             child.wait()?;
         }
@@ -486,7 +485,11 @@ impl ControlPlane {
                 None => None,
             };
             if let Some(status) = exited {
-                anyhow::bail!("{} exited ({status}); see {}", apiserver.name, self.log(&apiserver.name));
+                anyhow::bail!(
+                    "{} exited ({status}); see {}",
+                    apiserver.name,
+                    self.log(&apiserver.name)
+                );
             }
             let readyz = http::Request::get("/readyz").body(Vec::new())?;
             if client.request_text(readyz).await.is_ok() {
