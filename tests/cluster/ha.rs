@@ -4,7 +4,7 @@
 //! (and their bindings) those differ from 1.37's: two apiservers at 1.36 and one at 1.37, then all
 //! three at 1.37, is a real upgrade of those resources' storage, with no second build.
 //!
-//! `KUBE_SVM_HA_SECONDS` sets how long an apiserver is killed and revived again and again in the
+//! `KUBE_SVM_HA_SECONDS` sets how long apiservers are killed and revived again and again in the
 //! fault scenario (default 60, what CI runs).
 
 use std::collections::BTreeMap;
@@ -17,7 +17,8 @@ use kube_svm::api::{Phase, StorageState, StorageVersionMigration};
 use kube_svm::storage_hash::storage_version_hash;
 use serde_json::json;
 
-use crate::support::fixtures::install_kube_svm_crds;
+use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds};
+use crate::support::invariant;
 use crate::support::process::KubeSvm;
 use crate::support::{ControlPlane, Topology};
 
@@ -248,4 +249,130 @@ async fn a_rolling_upgrade_is_migrated_once_the_last_apiserver_is_upgraded() {
 #[tokio::test]
 async fn a_rolling_upgrade_with_the_storage_version_api() {
     rolling_upgrade(true).await;
+}
+
+/// How long apiservers are killed and revived in the fault scenario (`KUBE_SVM_HA_SECONDS`).
+fn chaos_duration() -> Duration {
+    let seconds = std::env::var("KUBE_SVM_HA_SECONDS").ok().and_then(|s| s.parse().ok());
+    Duration::from_secs(seconds.unwrap_or(60))
+}
+
+/// The upgrade, with faults on top: the three apiservers upgraded at once, then one apiserver
+/// after another killed (SIGKILL) and started again, over and over, while the discovery trigger
+/// and the CRD trigger migrate (mutating admission policies written through both releases, a CRD
+/// switched to a new storage version) and the controller itself is killed and started again.
+/// Every StorageState converges to its current hash alone, every migration ends Succeeded with
+/// no object failed for an apiserver's absence, and etcd agrees.
+#[tokio::test]
+async fn apiservers_and_the_controller_killed_again_and_again_lose_nothing() {
+    let control_plane = ControlPlane::start_ha(&old_release(false)).await.expect("control plane");
+    let client = control_plane.direct_client(0).await;
+    install_kube_svm_crds(&client).await;
+    create_policies(&control_plane, "before", 10).await;
+    let widgets = WidgetCrd::stale(&client, "ha-chaos", 300).await;
+    let mut controller = controller(&control_plane, "first").await;
+    wait_persisted(&client, &[hash("v1beta1")], &controller).await;
+
+    for i in 0..3 {
+        control_plane.restart_apiserver_at(i, &[]).await.expect("the apiserver upgrades");
+    }
+    create_policies(&control_plane, "after", 10).await;
+    widgets.set_storage_version(&client, "v3").await;
+
+    let chaos = chaos_duration();
+    let started = Instant::now();
+    let mut round = 0;
+    let mut restarted = false;
+    while started.elapsed() < chaos {
+        let victim = round % 3;
+        control_plane.kill_apiserver(victim).expect("killed");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        control_plane.revive_apiserver(victim).await.expect("the apiserver starts again");
+        if !restarted && started.elapsed() > chaos / 2 {
+            controller.signal("KILL");
+            controller.wait(Duration::from_secs(30)).expect("the controller dies");
+            controller = self::controller(&control_plane, "second").await;
+            restarted = true;
+        }
+        round += 1;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    assert!(restarted, "the controller was killed once (KUBE_SVM_HA_SECONDS too short?)");
+
+    // Everything converges: every StorageState to its current hash alone, every migration ended.
+    let states: Api<StorageState> = Api::all(client.clone());
+    let migrations_api: Api<StorageVersionMigration> = Api::all(client.clone());
+    let deadline = Instant::now() + PHASE;
+    loop {
+        let pending: Vec<String> = states
+            .list(&ListParams::default())
+            .await
+            .expect("StorageStates")
+            .items
+            .iter()
+            .filter(|state| {
+                let status = state.status.clone().unwrap_or_default();
+                let current = status.current_storage_version_hash.clone().unwrap_or_default();
+                status.persisted_storage_version_hashes != [current]
+            })
+            .map(|state| state.name_any())
+            .collect();
+        let running: Vec<String> = migrations_api
+            .list(&ListParams::default())
+            .await
+            .expect("migrations")
+            .items
+            .iter()
+            .filter(|m| !Phase::of(m).is_terminal())
+            .map(|m| m.name_any())
+            .collect();
+        if pending.is_empty() && running.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not converged: states {pending:?}, migrations {running:?}\n{}",
+            controller.logs()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let all = migrations_api.list(&ListParams::default()).await.expect("migrations").items;
+    for migration in &all {
+        let progress = migration.status.as_ref().and_then(|s| s.progress.clone());
+        assert_eq!(
+            Phase::of(migration),
+            Phase::Succeeded,
+            "{}: {:?}",
+            migration.name_any(),
+            migration.status
+        );
+        assert_eq!(progress.map_or(0, |p| p.failed), 0, "{}", migration.name_any());
+    }
+    assert_eq!(stored(&control_plane).await, [(format!("{GROUP}/v1"), 20)].into());
+
+    // The CRD's migration: confirmed behind the balancer only once every apiserver was asked.
+    let mut of_crd: Vec<&StorageVersionMigration> =
+        all.iter().filter(|m| m.spec.resource.group == widgets.group).collect();
+    of_crd.sort_by_key(|m| m.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    let crd_migration = of_crd
+        .into_iter()
+        .rev()
+        .find(|m| {
+            m.status
+                .as_ref()
+                .and_then(|s| s.target.as_ref())
+                .is_some_and(|t| t.encoding_confirmed == Some(true))
+        })
+        .expect("a confirmed migration of the CRD");
+    let evidence = crd_migration
+        .status
+        .as_ref()
+        .and_then(|s| s.target.as_ref()?.encoding_evidence.clone())
+        .unwrap_or_default();
+    assert!(evidence.contains("12 samples") && evidence.contains("3 apiservers"), "{evidence}");
+    let outcome =
+        invariant::check(&client, &control_plane.etcd(), &widgets, &crd_migration.name_any(), 300)
+            .await;
+    assert_eq!(outcome.stored_versions, ["v3"]);
+    assert_eq!(outcome.census.count(&widgets.api_version("v3")), 300);
 }

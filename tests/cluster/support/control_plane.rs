@@ -334,11 +334,6 @@ impl ControlPlane {
         Client::try_from(config).expect("a client")
     }
 
-    /// How many apiservers this control plane runs.
-    pub fn apiserver_count(&self) -> usize {
-        self.apiservers.len()
-    }
-
     /// Raw access to the etcd behind the apiserver.
     pub fn etcd(&self) -> Etcd {
         Etcd::new(&self.etcd_url)
