@@ -259,6 +259,7 @@ mod tests {
                 ".status.failedObjects",
                 ".status.listedFromStart",
                 ".status.progress",
+                ".status.restarts",
                 ".status.startTime",
                 ".status.target",
             ]
