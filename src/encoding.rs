@@ -47,6 +47,14 @@ pub struct Check {
     pub wait: Duration,
 }
 
+/// How long encoding checks take: discovery must agree for `settle` (with enough samples for
+/// the apiservers' number), and is waited for `wait` at most before the check gives up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EncodingPolicy {
+    pub settle: Duration,
+    pub wait: Duration,
+}
+
 /// What the apiservers must encode a resource in.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Expected {

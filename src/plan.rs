@@ -100,10 +100,10 @@ impl Entry {
 /// Why a CRD needs migrating: its `storedVersions` names more than its storage version. Also
 /// what kube-svm does with the list afterwards.
 pub fn crd_reason(crd: &CrdState) -> Option<(String, String)> {
-    let CrdState { storage_version, stored_versions, .. } = crd;
-    if stored_versions.as_slice() == [storage_version.clone()] {
+    if !crd.is_stale() {
         return None;
     }
+    let CrdState { storage_version, stored_versions, .. } = crd;
     let reason = format!(
         "status.storedVersions is {stored_versions:?}, the storage version is {storage_version}"
     );

@@ -39,6 +39,15 @@ pub struct CrdState {
 }
 
 impl CrdState {
+    /// Whether the CRD is stale: its `storedVersions` names a version other than its storage
+    /// version, so objects may be stored in it and a migration is needed before it can be
+    /// removed. A CRD whose `storedVersions` the apiserver has not set yet is not: nothing was
+    /// stored in another version. The one answer every part of kube-svm uses (the CRD trigger,
+    /// `plan`, `migrate --all-stale`, the prune).
+    pub fn is_stale(&self) -> bool {
+        self.stored_versions.iter().any(|version| *version != self.storage_version)
+    }
+
     pub fn of(crd: &CustomResourceDefinition) -> Option<CrdState> {
         let storage_version = crd.spec.versions.iter().find(|v| v.storage)?.name.clone();
         Some(CrdState {
@@ -159,7 +168,7 @@ pub fn decide(run: &Run, started: &CrdState, now: &CrdState, encoding: &Encoding
     if let Encoding::Unconfirmed(seen) = encoding {
         return Decision::Keep(Refusal::EncodingUnconfirmed(seen.clone()));
     }
-    if now.stored_versions == [now.storage_version.clone()] {
+    if !now.is_stale() && !now.stored_versions.is_empty() {
         return Decision::AlreadyPruned;
     }
     if !now.stored_versions.contains(&now.storage_version) {
@@ -205,6 +214,20 @@ pub async fn prune(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_crd_is_stale_while_stored_versions_names_another_version() {
+        let state = |stored: &[&str]| CrdState {
+            uid: None,
+            generation: 1,
+            storage_version: "v2".into(),
+            stored_versions: stored.iter().map(|v| v.to_string()).collect(),
+        };
+        assert!(state(&["v1", "v2"]).is_stale());
+        assert!(state(&["v1"]).is_stale(), "even when it does not list the storage version");
+        assert!(!state(&["v2"]).is_stale());
+        assert!(!state(&[]).is_stale(), "storedVersions not set yet: nothing stored elsewhere");
+    }
 
     fn crd(generation: i64, storage: &str, stored: &[&str]) -> CrdState {
         CrdState {

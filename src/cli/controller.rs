@@ -105,14 +105,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new().context("failed to register the metrics")?);
     let health = Arc::new(Health::default());
     let config = kube.config().await?;
-    let Built {
-        engine,
-        requests,
-        request_timeout,
-        storage_version_settle,
-        storage_version_wait,
-        write_to_status,
-    } = engine.build(config.clone(), metrics.clone())?;
+    let Built { engine, requests, request_timeout, encoding, write_to_status } =
+        engine.build(config.clone(), metrics.clone())?;
     let clients = controller::Clients {
         requests: kube::Client::try_from(requests.clone()).context("failed to create a client")?,
         watches: kube::Client::try_from(config.clone()).context("failed to create a client")?,
@@ -124,8 +118,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         concurrency,
         checkpoint_interval: seconds(checkpoint_interval),
         identity: identity.clone(),
-        storage_version_settle,
-        storage_version_wait,
+        encoding,
         crd_trigger,
         write_to_status,
         request_timeout,
@@ -158,8 +151,11 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     if !leader_elect.unwrap_or_else(in_cluster) {
         health.leadership_known.store(true, Ordering::Relaxed);
         metrics.leader.set(1);
-        let never = CancellationToken::new();
-        controller::run(clients, engine, settings, health, shutdown, never, Fence::open()).await;
+        let leadership_lost = CancellationToken::new();
+        let fence = Fence::open();
+        let run =
+            controller::Run { clients, engine, settings, health, shutdown, leadership_lost, fence };
+        controller::run(run).await;
         return Ok(());
     }
     let leader_settings = leader::Settings::new(
@@ -186,15 +182,15 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             info!("stopped before becoming the leader");
             return Ok(());
         };
-        let stopped = controller::run(
-            clients.clone(),
-            engine.clone(),
-            settings.clone(),
-            health.clone(),
-            shutdown.clone(),
-            leadership.lost(),
-            leadership.fence(),
-        )
+        let stopped = controller::run(controller::Run {
+            clients: clients.clone(),
+            engine: engine.clone(),
+            settings: settings.clone(),
+            health: health.clone(),
+            shutdown: shutdown.clone(),
+            leadership_lost: leadership.lost(),
+            fence: leadership.fence(),
+        })
         .await;
         metrics.leader.set(0);
         match stopped {

@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use clap::Args;
 
 use super::values;
+use crate::encoding::EncodingPolicy;
 use crate::engine::{self, Engine, RateLimiter, rate_limit};
 use crate::metrics::Metrics;
 
@@ -68,8 +69,7 @@ pub struct Built {
     /// The cluster's configuration with a deadline on every request.
     pub requests: kube::Config,
     pub request_timeout: Duration,
-    pub storage_version_settle: Duration,
-    pub storage_version_wait: Duration,
+    pub encoding: EncodingPolicy,
     pub write_to_status: bool,
 }
 
@@ -102,8 +102,10 @@ impl EngineArgs {
             engine,
             requests,
             request_timeout,
-            storage_version_settle: seconds(storage_version_settle),
-            storage_version_wait: seconds(storage_version_wait),
+            encoding: EncodingPolicy {
+                settle: seconds(storage_version_settle),
+                wait: seconds(storage_version_wait),
+            },
             write_to_status,
         })
     }

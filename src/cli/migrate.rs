@@ -1,41 +1,43 @@
 //! `kube-svm migrate`: migrations run in this process, without the controller or its CRDs (a
-//! laptop, a CI job, a Helm hook). Each resource takes the controller's steps ([`crate::steps`])
-//! with the same engine, the same status computations ([`crate::controller::status`]) and the
-//! same pruning rules. What the controller keeps in a migration's status is kept in a checkpoint
-//! file instead, so a run that was interrupted goes on from where it stopped.
+//! laptop, a CI job, a Helm hook). Each resource goes through the controller's
+//! [`lifecycle`](crate::lifecycle), with this command as its host: what the controller keeps in
+//! a migration's status is kept in a checkpoint file ([`super::checkpoints`]), so a run that was
+//! interrupted goes on from where it stopped, and the operator reads lines on standard error and
+//! a progress bar.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context as _;
 use clap::Args;
-use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
 
 use super::cancel_on_signal;
+use super::checkpoints::{Checkpoints, cluster_identity};
 use super::engine::{Built, EngineArgs};
 use super::kube::KubeArgs;
 use super::progress::{self, Display, Show};
 use super::status;
-use crate::api::conditions::{STATUS_TRUE, STORED_VERSIONS_PRUNED, SUCCEEDED};
+use crate::api::conditions::{STATUS_TRUE, STORED_VERSIONS_PRUNED, SUCCEEDED, events, reasons};
 use crate::api::{
     GroupResource, GroupVersionResource, MigrationTarget, StorageVersionMigration,
     StorageVersionMigrationSpec, StorageVersionMigrationStatus,
 };
-use crate::controller::status::{self as computed, Start};
 use crate::encoding::Observer;
-use crate::engine::{Engine, Finished, Job, Progress, Resource};
+use crate::engine::{Progress, Resource};
 use crate::fence::Fence;
+use crate::lifecycle::steps::Cluster;
+use crate::lifecycle::{
+    self, End, Lifecycle, Moment, Notice, Unrecorded, Unresolved, status as computed,
+};
 use crate::metrics::Metrics;
-use crate::steps::{self, Cluster};
 use crate::storedversions::CrdState;
 
 /// How often `--wait-for-others` looks whether the other migration ended.
@@ -135,12 +137,12 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     for (i, name) in names.iter().enumerate() {
         let display = name.name();
         match migrator.migrate(name).await {
-            Outcome::Succeeded(summary) => println!("{display}: {summary}"),
-            Outcome::Failed(why) => {
+            Ending::Succeeded(summary) => println!("{display}: {summary}"),
+            Ending::Failed(why) => {
                 println!("{display}: FAILED: {why}");
                 failed.push(display);
             }
-            Outcome::Interrupted(how) => {
+            Ending::Interrupted(how) => {
                 println!("{display}: interrupted: {how}");
                 let rest: Vec<String> = names[i + 1..].iter().map(GroupResource::name).collect();
                 if !rest.is_empty() {
@@ -171,7 +173,7 @@ async fn stale_crds(client: &Client) -> anyhow::Result<Vec<GroupResource>> {
     Ok(crds
         .items
         .iter()
-        .filter(|crd| CrdState::of(crd).is_some_and(|s| crate::plan::crd_reason(&s).is_some()))
+        .filter(|crd| CrdState::of(crd).is_some_and(|s| s.is_stale()))
         .map(|crd| GroupResource {
             group: crd.spec.group.clone(),
             resource: crd.spec.names.plural.clone(),
@@ -180,7 +182,7 @@ async fn stale_crds(client: &Client) -> anyhow::Result<Vec<GroupResource>> {
 }
 
 /// How one resource's migration ended, in words for the operator.
-enum Outcome {
+enum Ending {
     Succeeded(String),
     Failed(String),
     Interrupted(String),
@@ -209,123 +211,55 @@ impl Migrator {
             config: &self.built.requests,
             fence: &self.fence,
             request_timeout: self.built.request_timeout,
-            storage_version_settle: self.built.storage_version_settle,
-            storage_version_wait: self.built.storage_version_wait,
+            encoding: self.built.encoding,
             observer: &self.observer,
         }
     }
 
-    /// The steps of one resource's migration, as the controller takes them: a change of the
-    /// storage version (or of the CRD) after the first write starts the run over from the first
-    /// object, a bounded number of times.
-    async fn migrate(&self, name: &GroupResource) -> Outcome {
+    /// One resource's migration, through the controller's lifecycle.
+    async fn migrate(&self, name: &GroupResource) -> Ending {
+        if let Err(ending) = self.wait_for_others(name).await {
+            return ending;
+        }
         let spec = GroupVersionResource {
             group: name.group.clone(),
             version: String::new(),
             resource: name.resource.clone(),
         };
-        let cluster = self.cluster();
-        let (mut resource, mut crd) = match self.resolve(&spec).await {
-            Ok(resolved) => resolved,
-            Err(outcome) => return outcome,
+        let marked = Mutex::new(None);
+        let host = Host {
+            migrator: self,
+            name,
+            migration: self.previous(name, spec),
+            display: None,
+            saved: None,
         };
-        if let Err(outcome) = self.wait_for_others(name).await {
-            return outcome;
-        }
-        let migration = self.previous(name, spec);
-        let hash = resource.storage_version_hash.as_deref();
-        let crd_now = crd.as_ref().map(computed::CrdNow::of);
-        let mut start = computed::start_point(&migration, hash, crd_now.as_ref());
-        if start.keeps_target {
-            let done = start.progress.processed();
-            eprintln!("{}: resuming from the checkpoint after {done} objects", name.name());
-        } else if start.event == crate::api::conditions::events::RESTARTED {
-            eprintln!("{}: {}", name.name(), start.note);
-        }
-        let mut last = migration.status.clone();
-        let by = format!("kube-svm migrate (pid {})", std::process::id());
-        let mut marked = None;
-        let mut retargets = 0;
-        let outcome = loop {
-            let target = tokio::select! {
-                target = self.target(&cluster, last.as_ref(), &resource, crd.as_ref(), &start) => target,
-                () = self.stop.cancelled() => {
-                    break Outcome::Interrupted("stopped before the first write".into());
-                }
-            };
-            if let Some(change) = steps::target_changed(&cluster, &resource, &target).await {
-                retargets += 1;
-                eprintln!(
-                    "{}: {}; before the first write, so only the target changes",
-                    name.name(),
-                    change.message
-                );
-                if retargets > computed::MAX_RETARGETS {
-                    let done = computed::kept_changing(last.as_ref(), &change, Timestamp::now());
-                    break describe(&Progress::default(), &done);
-                }
-            } else {
-                let current = computed::started(last.as_ref(), &target, &start, Timestamp::now());
-                self.checkpoints.save(name, &migration, &current);
-                if target.crd_generation.is_some() && marked.is_none() {
-                    steps::mark_migrating(&cluster, &resource, true, &by).await;
-                    marked = Some(resource.clone());
-                }
-                let ran =
-                    self.run_engine(name, &migration, &resource, &target, start.clone(), current);
-                let (change, current) = match ran.await {
-                    Ended::Interrupted(how) => break Outcome::Interrupted(how),
-                    Ended::Changed(change, current) => (change, *current),
-                    Ended::Done(progress, done) => {
-                        let spec = &migration.spec.resource;
-                        match self.verify(&cluster, spec, &resource, &target, *done).await {
-                            Verified::StartOver(change, current) => (change, current),
-                            Verified::Done(done) => {
-                                let done = self.settle(&cluster, &resource, &target, done).await;
-                                self.checkpoints.remove(name);
-                                break describe(&progress, &done);
-                            }
-                        }
-                    }
-                };
-                let restarts = start.restarts + 1;
-                match computed::restart(&current, &change, restarts, Timestamp::now()) {
-                    Ok(next) => {
-                        eprintln!("{}: {}", name.name(), next.note);
-                        (start, last) = (next, Some(current));
-                    }
-                    Err(failed) => {
-                        self.checkpoints.remove(name);
-                        break describe(&Progress::default(), &failed);
-                    }
-                }
+        let mut lifecycle = Lifecycle {
+            cluster: self.cluster(),
+            engine: &self.built.engine,
+            host,
+            cancel: &self.stop,
+            marked: &marked,
+            by: format!("kube-svm migrate (pid {})", std::process::id()),
+        };
+        let end = lifecycle.run().await;
+        // A run stopped mid-way leaves its CRD marked by no one.
+        lifecycle.unmark().await;
+        match end {
+            End::Finished(done) => describe(&done),
+            End::Stopped { progress, .. } => {
+                let processed = progress.processed();
+                Ending::Interrupted(match &lifecycle.host.saved {
+                    Some(path) => format!(
+                        "{processed} objects handled; the checkpoint is in {}",
+                        path.display()
+                    ),
+                    None => format!(
+                        "{processed} objects handled; no checkpoint could be saved, so the next run starts over"
+                    ),
+                })
             }
-            (resource, crd) = match self.resolve(&migration.spec.resource).await {
-                Ok(resolved) => resolved,
-                Err(outcome) => break outcome,
-            };
-        };
-        if let Some(resource) = marked {
-            steps::mark_migrating(&cluster, &resource, false, &by).await;
-        }
-        outcome
-    }
-
-    /// The resource through discovery, and the CRD behind it.
-    async fn resolve(
-        &self,
-        spec: &GroupVersionResource,
-    ) -> Result<(Resource, Option<CustomResourceDefinition>), Outcome> {
-        let resource = match Resource::resolve(&self.client, spec, false).await {
-            Ok(resource) => resource,
-            Err(error) => return Err(Outcome::Failed(crate::error_chain(&error))),
-        };
-        match steps::crd_of(&self.cluster(), &resource).await {
-            Ok(crd) => Ok((resource, crd)),
-            Err(error) => {
-                let error = crate::error_chain(&error);
-                Err(Outcome::Failed(format!("failed to read the CRD of {resource}: {error}")))
-            }
+            End::Later(why) => Ending::Failed(format!("could not go on ({why:?}); run it again")),
         }
     }
 
@@ -345,11 +279,11 @@ impl Migrator {
     /// Returns once no other migrator is migrating `name` (at most one migration per resource at
     /// a time, whoever runs it): at once, or after waiting with `--wait-for-others`. Otherwise
     /// the outcome that refuses it.
-    async fn wait_for_others(&self, name: &GroupResource) -> Result<(), Outcome> {
+    async fn wait_for_others(&self, name: &GroupResource) -> Result<(), Ending> {
         let mut said = false;
         loop {
             let rows = self.migrations().await.map_err(|error| {
-                Outcome::Failed(format!(
+                Ending::Failed(format!(
                     "cannot tell whether another migrator is migrating it, so it was not started: {error:#}"
                 ))
             })?;
@@ -357,7 +291,7 @@ impl Migrator {
             let Some(running) = running else { return Ok(()) };
             let other = format!("the {} migration {}", running.migrator, running.name);
             if !self.wait_for_others {
-                return Err(Outcome::Failed(format!(
+                return Err(Ending::Failed(format!(
                     "refused: {other} is migrating it now; wait for it to end (kube-svm status -w), or pass --wait-for-others"
                 )));
             }
@@ -368,7 +302,7 @@ impl Migrator {
             tokio::select! {
                 () = tokio::time::sleep(OTHERS_POLL) => {}
                 () = self.stop.cancelled() => {
-                    return Err(Outcome::Interrupted(format!("stopped while waiting for {other}")));
+                    return Err(Ending::Interrupted(format!("stopped while waiting for {other}")));
                 }
             }
         }
@@ -395,207 +329,130 @@ impl Migrator {
             tokio::time::sleep(OTHERS_POLL).await;
         }
     }
+}
 
-    /// What the migration targets: as recorded at its first start when it resumes; for a CRD,
-    /// its generation, storage version and whether the apiservers already encode in it.
-    async fn target(
-        &self,
-        cluster: &Cluster<'_>,
-        previous: Option<&StorageVersionMigrationStatus>,
-        resource: &Resource,
-        crd: Option<&CustomResourceDefinition>,
-        start: &Start,
-    ) -> MigrationTarget {
-        if let Some(known) = computed::known_target(previous, start) {
-            return known;
-        }
-        let name =
-            GroupResource { group: resource.group.clone(), resource: resource.plural.clone() };
-        let storage = match crd.and_then(CrdState::of) {
-            Some(state) => state.storage_version,
-            None => format!(
-                "storage version hash {}",
-                resource.storage_version_hash.as_deref().unwrap_or("none")
-            ),
-        };
-        eprintln!(
-            "{}: confirming that the apiservers encode in {storage} before the first write",
-            name.name()
-        );
-        let target = steps::target_of(cluster, resource, crd, false).await;
-        let evidence = target.encoding_evidence.as_deref().unwrap_or_default();
-        match target.encoding_confirmed {
-            Some(true) => eprintln!("{}: {evidence}", name.name()),
-            _ => eprintln!(
-                "{}: not confirmed, so storedVersions will be kept; migrating anyway: {evidence}",
-                name.name()
-            ),
-        }
-        target
-    }
+/// This command as the lifecycle's host.
+struct Host<'a> {
+    migrator: &'a Migrator,
+    name: &'a GroupResource,
+    /// The migration as the checkpoint left it (or a new one).
+    migration: StorageVersionMigration,
+    /// Progress on standard error while the engine runs, with the updates it shows.
+    display: Option<(Display, watch::Receiver<Progress>)>,
+    /// Where the last checkpoint was saved.
+    saved: Option<PathBuf>,
+}
 
-    /// The engine, showing progress and saving checkpoints as it goes.
-    async fn run_engine(
-        &self,
-        name: &GroupResource,
-        migration: &StorageVersionMigration,
-        resource: &Resource,
-        target: &MigrationTarget,
-        start: Start,
-        current: StorageVersionMigrationStatus,
-    ) -> Ended {
-        let mut display = Display::new(self.show, self.terminal, &name.name(), &start.progress);
-        let (report, mut updates) = watch::channel(start.progress.clone());
-        let job = Job {
-            resource: resource.clone(),
-            write_to_status: self.built.write_to_status && resource.patchable_status,
-            resume: start.progress,
-            fence: self.fence.clone(),
-        };
-        let engine: &Engine = &self.built.engine;
-        // This run only: a change of the target stops it, and the migration goes on.
-        let cancel = self.stop.child_token();
-        let run = engine.run(job, &report, &cancel);
-        tokio::pin!(run);
-        let cluster = self.cluster();
-        let guard = steps::guard(&cluster, resource, target);
-        tokio::pin!(guard);
-        let finished = loop {
-            tokio::select! {
-                finished = &mut run => break finished,
-                Ok(()) = updates.changed() => {
-                    let progress = updates.borrow_and_update().clone();
-                    display.update(&progress);
-                    let checkpoint = computed::running(Some(&current), target, &progress, Timestamp::now());
-                    self.checkpoints.save(name, migration, &checkpoint);
-                }
-                change = &mut guard => {
-                    cancel.cancel();
-                    let _ = (&mut run).await;
-                    display.finish();
-                    let progress = updates.borrow().clone();
-                    let current = computed::running(Some(&current), target, &progress, Timestamp::now());
-                    return Ended::Changed(change, Box::new(current));
-                }
-            }
-        };
-        display.update(&updates.borrow().clone());
-        display.finish();
-        let now = Timestamp::now();
-        match finished {
-            Ok(Finished::Completed(progress)) => {
-                let done = computed::completed(Some(&current), target, &progress, now);
-                Ended::Done(progress, Box::new(done))
-            }
-            Ok(Finished::Cancelled(progress)) => {
-                let checkpoint = computed::running(Some(&current), target, &progress, now);
-                let saved = self.checkpoints.save(name, migration, &checkpoint);
-                let processed = progress.processed();
-                Ended::Interrupted(match saved {
-                    Some(path) => format!(
-                        "{processed} objects handled; the checkpoint is in {}",
-                        path.display()
-                    ),
-                    None => format!(
-                        "{processed} objects handled; no checkpoint could be saved, so the next run starts over"
-                    ),
-                })
-            }
-            Err(error) => {
-                let progress = updates.borrow().clone();
-                let failed =
-                    computed::engine_failed(Some(&current), target, &progress, &error, now);
-                Ended::Done(progress, Box::new(failed))
-            }
+impl Host<'_> {
+    /// Shows the last progress and ends the display, once the engine has stopped.
+    fn finish_display(&mut self) {
+        if let Some((mut display, updates)) = self.display.take() {
+            display.update(&updates.borrow().clone());
+            display.finish();
         }
-    }
-
-    /// The check at the end of a completed run, as the controller makes it: a change of the
-    /// resource's storage version (or of its CRD) starts the run over; the resource no longer
-    /// served fails it.
-    async fn verify(
-        &self,
-        cluster: &Cluster<'_>,
-        spec: &GroupVersionResource,
-        resource: &Resource,
-        target: &MigrationTarget,
-        done: StorageVersionMigrationStatus,
-    ) -> Verified {
-        if done.conditions.first().map(|c| c.type_.as_str()) != Some(SUCCEEDED) {
-            return Verified::Done(done);
-        }
-        match steps::changed_since_start(cluster, spec, false, resource, target).await {
-            None => Verified::Done(done),
-            Some(change) if change.starts_over() => Verified::StartOver(change, done),
-            Some(change) if change.then == steps::Then::Unproven => {
-                eprintln!("{resource}: the objects were rewritten, but {}", change.message);
-                Verified::Done(computed::unproven(done, &change.message))
-            }
-            Some(change) => {
-                let message = format!(
-                    "{}; objects written before the change may be stored in the old version: migrate again",
-                    change.message
-                );
-                Verified::Done(computed::failed(
-                    Some(&done),
-                    change.reason,
-                    message,
-                    Timestamp::now(),
-                ))
-            }
-        }
-    }
-
-    /// `storedVersions` after a run, as the controller decides it.
-    async fn settle(
-        &self,
-        cluster: &Cluster<'_>,
-        resource: &Resource,
-        target: &MigrationTarget,
-        mut done: StorageVersionMigrationStatus,
-    ) -> StorageVersionMigrationStatus {
-        let run = computed::run_of(&done);
-        if let Some(pruned) = steps::settle_stored_versions(cluster, resource, target, &run).await {
-            done.conditions.retain(|c| c.type_ != pruned.type_);
-            done.conditions.push(pruned);
-        }
-        done
     }
 }
 
-/// How the engine's part ended.
-enum Ended {
-    /// Completed or failed, with the status it leads to.
-    Done(Progress, Box<StorageVersionMigrationStatus>),
-    /// The target changed under the run; the status with its progress then.
-    Changed(steps::Change, Box<StorageVersionMigrationStatus>),
-    Interrupted(String),
-}
+impl lifecycle::Host for Host<'_> {
+    fn migration(&self) -> &StorageVersionMigration {
+        &self.migration
+    }
 
-/// What the check at the end of a completed run found.
-enum Verified {
-    /// Nothing changed (or the run failed): this is the status.
-    Done(StorageVersionMigrationStatus),
-    /// The target changed while the run went on: start over.
-    StartOver(steps::Change, StorageVersionMigrationStatus),
+    fn write_to_status(&self, resource: &Resource) -> bool {
+        self.migrator.built.write_to_status && resource.patchable_status
+    }
+
+    async fn record(
+        &mut self,
+        status: &StorageVersionMigrationStatus,
+        moment: Moment,
+    ) -> Result<(), Unrecorded> {
+        self.finish_display();
+        let checkpoints = &self.migrator.checkpoints;
+        match moment {
+            Moment::Start | Moment::Interrupted => {
+                self.saved = checkpoints.save(self.name, &self.migration, status);
+            }
+            Moment::End => checkpoints.remove(self.name),
+        }
+        Ok(())
+    }
+
+    async fn follow(
+        &mut self,
+        current: &mut StorageVersionMigrationStatus,
+        target: &MigrationTarget,
+        mut updates: watch::Receiver<Progress>,
+    ) -> Unrecorded {
+        let migrator = self.migrator;
+        let start = updates.borrow().clone();
+        let display = Display::new(migrator.show, migrator.terminal, &self.name.name(), &start);
+        self.display = Some((display, updates.clone()));
+        while updates.changed().await.is_ok() {
+            let progress = updates.borrow_and_update().clone();
+            if let Some((display, _)) = self.display.as_mut() {
+                display.update(&progress);
+            }
+            let checkpoint = computed::running(Some(current), target, &progress, Timestamp::now());
+            self.saved = migrator.checkpoints.save(self.name, &self.migration, &checkpoint);
+        }
+        // The engine is gone; the select around this ends first.
+        std::future::pending().await
+    }
+
+    async fn tell(&self, notice: Notice<'_>) {
+        let name = self.name.name();
+        match notice {
+            Notice::Start { event, .. } if event == events::RESUMED => {
+                let status = self.migration.status.as_ref();
+                let done = status.and_then(|s| s.progress.as_ref()).map_or(0, |p| p.processed);
+                eprintln!("{name}: resuming from the checkpoint after {done} objects");
+            }
+            Notice::Start { event, note } if event == events::RESTARTED => eprintln!("{note}"),
+            Notice::Confirming { storage, .. } => eprintln!(
+                "{name}: confirming that the apiservers encode in {storage} before the first write"
+            ),
+            Notice::Encoding { confirmed: Some(true), evidence, .. } => {
+                eprintln!("{name}: {evidence}");
+            }
+            Notice::Encoding { evidence, .. } => eprintln!(
+                "{name}: not confirmed, so storedVersions will be kept; migrating anyway: {evidence}"
+            ),
+            Notice::Retarget(change) => eprintln!(
+                "{name}: {}; before the first write, so only the target changes",
+                change.message
+            ),
+            Notice::Unproven(change) => {
+                eprintln!("{name}: the objects were rewritten, but {}", change.message);
+            }
+            Notice::Start { .. } | Notice::StoredVersions(_) | Notice::Ended { .. } => {}
+        }
+    }
+
+    async fn unresolved(&mut self, failure: Unresolved) -> End {
+        let Unresolved { transient, message } = failure;
+        let reason = match transient {
+            true => reasons::DISCOVERY_FAILED,
+            false => reasons::INVALID_RESOURCE,
+        };
+        End::Finished(Box::new(computed::failed(None, reason, message, Timestamp::now())))
+    }
 }
 
 /// The operator's summary of a finished migration. A CRD whose `storedVersions` was kept has not
 /// reached what the migration was for, so that is a failure too, with the reason.
-fn describe(progress: &Progress, done: &StorageVersionMigrationStatus) -> Outcome {
+fn describe(done: &StorageVersionMigrationStatus) -> Ending {
     let first = done.conditions.first();
     let message = |c: Option<&crate::api::MigrationCondition>| {
         c.and_then(|c| c.message.clone()).unwrap_or_default()
     };
     if first.map(|c| c.type_.as_str()) != Some(SUCCEEDED) {
-        return Outcome::Failed(message(first));
+        return Ending::Failed(message(first));
     }
+    let progress = done.progress.clone().unwrap_or_default();
     let counts = format!(
         "Succeeded: {} objects ({} rewritten, {} already current, {} skipped)",
-        progress.processed(),
-        progress.rewritten,
-        progress.already_current,
-        progress.skipped
+        progress.processed, progress.rewritten, progress.already_current, progress.skipped
     );
     let elapsed = match (&done.start_time, &done.completion_time) {
         (Some(start), Some(end)) => {
@@ -606,129 +463,13 @@ fn describe(progress: &Progress, done: &StorageVersionMigrationStatus) -> Outcom
     };
     let pruned = done.conditions.iter().find(|c| c.type_ == STORED_VERSIONS_PRUNED);
     match pruned {
-        None => Outcome::Succeeded(format!("{counts}{elapsed}")),
+        None => Ending::Succeeded(format!("{counts}{elapsed}")),
         Some(c) if c.status == STATUS_TRUE => {
-            Outcome::Succeeded(format!("{counts}{elapsed}; {}", message(Some(c))))
+            Ending::Succeeded(format!("{counts}{elapsed}; {}", message(Some(c))))
         }
-        Some(c) => Outcome::Failed(format!(
+        Some(c) => Ending::Failed(format!(
             "the objects were migrated ({counts}{elapsed}), but storedVersions was kept: {}",
             message(Some(c))
         )),
-    }
-}
-
-/// What tells this cluster from any other, for checkpoints: the uid of its `kube-system`
-/// namespace (a cluster created again at the same address has another). `None`, said once,
-/// when it cannot be read: then nothing is checkpointed, as nothing could be resumed safely.
-async fn cluster_identity(client: &Client) -> Option<String> {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    match namespaces.get_metadata("kube-system").await {
-        Ok(namespace) => namespace.metadata.uid,
-        Err(error) => {
-            warn!(%error, "cannot read the kube-system namespace to tell this cluster apart; an interrupted run will start over");
-            None
-        }
-    }
-}
-
-/// Checkpoint files, one per resource and cluster: the migration's status as the controller
-/// would have recorded it.
-struct Checkpoints {
-    dir: Option<PathBuf>,
-    /// Tells the clusters apart (see [`cluster_identity`]).
-    cluster: String,
-    /// Whether saving failed already (said once, not on every page).
-    failed: std::sync::atomic::AtomicBool,
-}
-
-impl Checkpoints {
-    fn new(dir: Option<PathBuf>, cluster: Option<String>) -> Checkpoints {
-        let Some(cluster) = cluster else {
-            return Checkpoints { dir: None, cluster: String::new(), failed: Default::default() };
-        };
-        let dir = dir.or_else(|| {
-            let state = std::env::var_os("XDG_STATE_HOME").map(PathBuf::from).or_else(|| {
-                std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".local/state"))
-            })?;
-            Some(state.join("kube-svm/migrate"))
-        });
-        Checkpoints { dir, cluster, failed: Default::default() }
-    }
-
-    fn path(&self, name: &GroupResource) -> Option<PathBuf> {
-        let dir = self.dir.as_ref()?;
-        Some(dir.join(format!("{}@{}.json", name.name(), self.cluster)))
-    }
-
-    /// The migration saved for `name`; an unreadable checkpoint is said and ignored.
-    fn load(&self, name: &GroupResource) -> Option<StorageVersionMigration> {
-        let path = self.path(name)?;
-        let text = match std::fs::read(&path) {
-            Ok(text) => text,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
-            Err(error) => {
-                warn!(path = %path.display(), %error, "cannot read the checkpoint; starting over");
-                return None;
-            }
-        };
-        match serde_json::from_slice(&text) {
-            Ok(migration) => Some(migration),
-            Err(error) => {
-                warn!(path = %path.display(), %error, "the checkpoint is damaged; starting over");
-                None
-            }
-        }
-    }
-
-    /// Saves `status` as the checkpoint of `name`; returns where, or `None` when it could not be.
-    fn save(
-        &self,
-        name: &GroupResource,
-        migration: &StorageVersionMigration,
-        status: &StorageVersionMigrationStatus,
-    ) -> Option<PathBuf> {
-        let path = self.path(name)?;
-        let mut migration = migration.clone();
-        migration.status = Some(status.clone());
-        let written = (|| -> std::io::Result<()> {
-            let dir = path.parent().unwrap_or(&path);
-            std::fs::create_dir_all(dir)?;
-            let temporary = path.with_extension("json.tmp");
-            std::fs::write(&temporary, serde_json::to_vec_pretty(&migration)?)?;
-            std::fs::rename(&temporary, &path)
-        })();
-        match written {
-            Ok(()) => Some(path),
-            Err(error) => {
-                if !self.failed.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                    warn!(path = %path.display(), %error, "cannot save checkpoints; an interrupted run will start over");
-                }
-                None
-            }
-        }
-    }
-
-    fn remove(&self, name: &GroupResource) {
-        if let Some(path) = self.path(name) {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn checkpoints_are_kept_apart_by_cluster() {
-        let dir = PathBuf::from("/state");
-        let a = Checkpoints::new(Some(dir.clone()), Some("uid-a".into()));
-        let b = Checkpoints::new(Some(dir.clone()), Some("uid-b".into()));
-        let unknown = Checkpoints::new(Some(dir), None);
-        let widgets = GroupResource::parse("widgets.example.com");
-        assert_ne!(a.path(&widgets), b.path(&widgets));
-        let file = a.path(&widgets).map(|p| p.display().to_string()).unwrap_or_default();
-        assert_eq!(file, "/state/widgets.example.com@uid-a.json");
-        assert_eq!(unknown.path(&widgets), None, "a cluster not told apart is not checkpointed");
     }
 }

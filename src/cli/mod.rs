@@ -1,5 +1,6 @@
 //! The `kube-svm` command line: one binary, one subcommand per job.
 
+mod checkpoints;
 mod controller;
 mod crds;
 mod engine;

@@ -3,19 +3,18 @@
 //! - [`reconcile`](self::reconcile): decides when a migration may start (one per resource, oldest
 //!   first, a bounded number at once, discovery failures retried later without holding a slot)
 //!   and starts it;
-//! - `migration`: one running migration, as a short list of named steps;
+//! - `migration`: one running migration: the [`lifecycle`](crate::lifecycle), shared with
+//!   `kube-svm migrate`, with the controller as its host (status, Events, metrics);
 //! - [`crds`]: the start-up gate, until kube-svm's CRDs are installed and kube-svm's own;
-//! - [`status`]: the pure status computations; `status_writer`: conditional status writes;
-//! - what a migration does around the engine (its CRD, the checks at the end) is in
-//!   [`crate::steps`], shared with `kube-svm migrate`.
+//! - `status_writer`: conditional status writes;
+//! - `triggers`: the CRD and discovery triggers, wired to the controller's settings.
 
 pub mod crds;
 mod migration;
 mod reconcile;
-pub mod status;
+mod status_writer;
 
 pub use reconcile::DISCOVERY_ATTEMPTS;
-mod status_writer;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -35,11 +34,11 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::api::{GroupResource, StorageVersionMigration};
-use crate::encoding::Observer;
+use crate::encoding::{EncodingPolicy, Observer};
 use crate::engine::Engine;
 use crate::fence::Fence;
+use crate::lifecycle::steps::Cluster;
 use crate::server::Health;
-use crate::steps;
 
 /// How often the controller's loop reports that it is alive.
 const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -60,11 +59,8 @@ pub struct Settings {
     pub identity: String,
     /// Whether to run the CRD trigger (on the leader only).
     pub crd_trigger: bool,
-    /// How long the discovery hash must be seen unchanged before a CRD's encoding is trusted.
-    pub storage_version_settle: Duration,
-    /// How long to wait, in all, for discovery to publish a CRD's new storage version hash and
-    /// hold it for the settle period.
-    pub storage_version_wait: Duration,
+    /// How long encoding checks take (and how long the discovery trigger must see a new hash).
+    pub encoding: EncodingPolicy,
     /// Write through the `status` subresource wherever a resource has one.
     pub write_to_status: bool,
     /// Longest time one request (other than a watch) may go unanswered.
@@ -123,14 +119,13 @@ pub(crate) struct Context {
 
 impl Context {
     /// What the steps around the engine need.
-    fn cluster(&self) -> steps::Cluster<'_> {
-        steps::Cluster {
+    fn cluster(&self) -> Cluster<'_> {
+        Cluster {
             client: &self.client,
             config: &self.config,
             fence: &self.fence,
             request_timeout: self.settings.request_timeout,
-            storage_version_settle: self.settings.storage_version_settle,
-            storage_version_wait: self.settings.storage_version_wait,
+            encoding: self.settings.encoding,
             observer: &self.observer,
         }
     }
@@ -144,18 +139,26 @@ impl Context {
     }
 }
 
+/// What the controller runs with: its clients, engine and settings, where it reports its
+/// health, and the signals that stop it.
+pub struct Run {
+    pub clients: Clients,
+    pub engine: Engine,
+    pub settings: Settings,
+    pub health: Arc<Health>,
+    /// Fires when the process stops: running migrations checkpoint.
+    pub shutdown: CancellationToken,
+    /// Fires when this process stops leading: every write stops.
+    pub leadership_lost: CancellationToken,
+    /// The leader's term: nothing is written once it closes.
+    pub fence: Fence,
+}
+
 /// Runs the controller until `shutdown` or `leadership_lost` fires, then lets running migrations
 /// checkpoint (on shutdown; a deposed leader's fence is closed, so it writes nothing) and
 /// returns.
-pub async fn run(
-    clients: Clients,
-    engine: Engine,
-    settings: Settings,
-    health: Arc<Health>,
-    shutdown: CancellationToken,
-    leadership_lost: CancellationToken,
-    fence: Fence,
-) -> Stopped {
+pub async fn run(run: Run) -> Stopped {
+    let Run { clients, engine, settings, health, shutdown, leadership_lost, fence } = run;
     let Clients { requests: client, watches, config } = clients;
     let api: Api<StorageVersionMigration> = Api::all(watches.clone());
     let stopping = CancellationToken::new();
@@ -210,44 +213,7 @@ pub async fn run(
             tokio::time::sleep(HEARTBEAT).await;
         }
     };
-    // The CRD watch runs either way: it starts encoding checks at storage switches; it creates
-    // migrations only with the CRD trigger on.
-    let trigger = async {
-        let clients = crate::trigger::Clients {
-            requests: context.client.clone(),
-            watches: watches.clone(),
-            config: context.config.clone(),
-        };
-        let discovery = context.settings.discovery_trigger.map(|interval| {
-            crate::trigger::discovery::Settings {
-                interval,
-                window: context.settings.storage_version_settle,
-                poke: Arc::new(tokio::sync::Notify::new()),
-                request_timeout: context.settings.request_timeout,
-            }
-        });
-        let settings = crate::trigger::crd::Settings {
-            create: context.settings.crd_trigger,
-            observer: context.observer.clone(),
-            settle: context.settings.storage_version_settle,
-            wait: context.settings.storage_version_wait,
-            poke: discovery.as_ref().map(|d| d.poke.clone()),
-            request_timeout: context.settings.request_timeout,
-        };
-        let crd = crate::trigger::crd::run(
-            clients.clone(),
-            settings,
-            context.fence.clone(),
-            stopping.clone(),
-        );
-        let discovery = async {
-            if let Some(settings) = discovery {
-                let fence = context.fence.clone();
-                crate::trigger::discovery::run(clients, settings, fence, stopping.clone()).await;
-            }
-        };
-        tokio::join!(crd, discovery);
-    };
+    let trigger = triggers(&context, watches, stopping.clone());
     let controlling = async {
         tokio::select! {
             () = reconciling => {}
@@ -271,4 +237,38 @@ pub async fn run(
     context.tasks.wait().await;
     info!("controller stopped");
     if leadership_lost.is_cancelled() { Stopped::LeadershipLost } else { Stopped::Shutdown }
+}
+
+/// The CRD watch, and the discovery trigger when it is on, until `stop` fires. The CRD watch
+/// runs either way: it starts encoding checks at storage switches, and creates migrations only
+/// with the CRD trigger on.
+async fn triggers(context: &Context, watches: Client, stop: CancellationToken) {
+    let clients = crate::trigger::Clients {
+        requests: context.client.clone(),
+        watches,
+        config: context.config.clone(),
+    };
+    let settings = &context.settings;
+    let discovery =
+        settings.discovery_trigger.map(|interval| crate::trigger::discovery::Settings {
+            interval,
+            encoding: settings.encoding,
+            poke: Arc::new(tokio::sync::Notify::new()),
+            request_timeout: settings.request_timeout,
+        });
+    let crd_settings = crate::trigger::crd::Settings {
+        create: settings.crd_trigger,
+        observer: context.observer.clone(),
+        encoding: settings.encoding,
+        poke: discovery.as_ref().map(|d| d.poke.clone()),
+        request_timeout: settings.request_timeout,
+    };
+    let fence = context.fence.clone();
+    let crd = crate::trigger::crd::run(clients.clone(), crd_settings, fence.clone(), stop.clone());
+    let discovery = async {
+        if let Some(discovery) = discovery {
+            crate::trigger::discovery::run(clients, discovery, fence, stop).await;
+        }
+    };
+    tokio::join!(crd, discovery);
 }

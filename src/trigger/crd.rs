@@ -28,9 +28,10 @@ use super::{Clients, Requests, is_code};
 use crate::api::{
     GroupVersionResource, Phase, StorageVersionMigration, StorageVersionMigrationSpec,
 };
-use crate::encoding::{Check, Expected, Observer};
+use crate::encoding::{Check, EncodingPolicy, Expected, Observer};
 use crate::fence::Fence;
 use crate::fence::RequestError;
+use crate::storedversions::CrdState;
 
 /// Annotation on a CRD: `"false"` keeps kube-svm from migrating it on its own.
 pub const OPT_OUT_ANNOTATION: &str = "kube-svm.io/auto-migrate";
@@ -74,8 +75,7 @@ pub fn needed_migration(crd: &CustomResourceDefinition) -> Option<(String, Group
         return None;
     }
     let storage = &crd.spec.versions.iter().find(|v| v.storage)?.name;
-    let stored = crd.status.as_ref()?.stored_versions.as_ref()?;
-    if stored.iter().all(|v| v == storage) {
+    if !CrdState::of(crd)?.is_stale() {
         return None;
     }
     let plural = &crd.spec.names.plural;
@@ -97,9 +97,8 @@ pub struct Settings {
     pub create: bool,
     /// Where encoding checks start as soon as a storage switch is seen.
     pub observer: Observer,
-    /// The settle period and the overall wait of those checks.
-    pub settle: Duration,
-    pub wait: Duration,
+    /// How long those checks take.
+    pub encoding: EncodingPolicy,
     /// Told of every CRD change (the discovery trigger polls then).
     pub poke: Option<Arc<tokio::sync::Notify>>,
     /// Longest time one request may go unanswered.
@@ -109,8 +108,7 @@ pub struct Settings {
 /// The encoding check a CRD with stale `storedVersions` needs before it can be pruned.
 fn encoding_check(crd: &CustomResourceDefinition, settings: &Settings) -> Option<Check> {
     let storage = &crd.spec.versions.iter().find(|v| v.storage)?.name;
-    let stored = crd.status.as_ref()?.stored_versions.as_ref()?;
-    if stored.iter().all(|v| v == storage) {
+    if !CrdState::of(crd)?.is_stale() {
         return None;
     }
     Some(Check {
@@ -119,8 +117,8 @@ fn encoding_check(crd: &CustomResourceDefinition, settings: &Settings) -> Option
         kind: crd.spec.names.kind.clone(),
         expected: Expected::StorageVersion(storage.clone()),
         generation: crd.metadata.generation.unwrap_or_default(),
-        settle: settings.settle,
-        wait: settings.wait,
+        settle: settings.encoding.settle,
+        wait: settings.encoding.wait,
     })
 }
 

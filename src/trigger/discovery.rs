@@ -23,6 +23,7 @@ use crate::api::{
     GroupResource, GroupVersionResource, PERSISTED_SINCE_ANNOTATION, Phase, StorageState,
     StorageStateSpec, StorageVersionMigration, StorageVersionMigrationSpec,
 };
+use crate::encoding::EncodingPolicy;
 use crate::fence::RequestError;
 
 /// Annotation on the migrations this trigger creates: the storage version hash it saw when it
@@ -56,8 +57,9 @@ pub enum Error {
 pub struct Settings {
     /// Time between two polls when nothing is pending.
     pub interval: Duration,
-    /// How long a new hash must be shown on every poll before it is acted on.
-    pub window: Duration,
+    /// Its settle period: how long a new hash must be shown on every poll before it is acted
+    /// on.
+    pub encoding: EncodingPolicy,
     /// Fired when a CRD changes: poll now.
     pub poke: Arc<Notify>,
     /// Longest time one request may go unanswered.
@@ -104,7 +106,7 @@ pub async fn run(
 
 /// How soon a poll that waits on something looks again.
 fn follow_up(settings: &Settings) -> Duration {
-    settings.window.max(MIN_FOLLOW_UP).min(settings.interval)
+    settings.encoding.settle.max(MIN_FOLLOW_UP).min(settings.interval)
 }
 
 /// One poll; returns how soon something it waits on (a migration running, a failed one to try
@@ -144,13 +146,14 @@ async fn poll(
     let now = Instant::now();
     let mut due: Option<Duration> = None;
     let mut look_again = |after: Duration| due = Some(due.map_or(after, |d| d.min(after)));
-    let stale_after = settings.interval * 2 + settings.window;
+    let stale_after = settings.interval * 2 + settings.encoding.settle;
     for Discovered { resource, version, hash } in &discovered {
         let name = resource.name();
         let state = existing_states.get(&name);
         let status = state.and_then(|s| s.status.as_ref());
         let recorded = status.and_then(|s| s.current_storage_version_hash.as_deref());
-        let Some(current) = guard.observe(resource, hash, recorded, now, settings.window) else {
+        let Some(current) = guard.observe(resource, hash, recorded, now, settings.encoding.settle)
+        else {
             continue;
         };
         let recorded_since = state

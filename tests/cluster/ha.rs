@@ -194,7 +194,11 @@ async fn rolling_upgrade(storage_version_api: bool) {
     let mut last = first;
     while beats < 2 {
         let state = storage_state(&client).await.expect("the StorageState stays");
-        assert_eq!(persisted(&state), [old.clone()], "the trigger flapped mid-upgrade");
+        assert_eq!(
+            persisted(&state),
+            std::slice::from_ref(&old),
+            "the trigger flapped mid-upgrade"
+        );
         for migration in policy_migrations(&client).await {
             if !before.contains(&migration.name_any()) {
                 let status = &migration.status;

@@ -1,17 +1,17 @@
 //! Computing a migration's status from engine progress, and where a migration starts. Pure: the
-//! controller sends what these functions return.
+//! lifecycle records what these functions return.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
+use super::steps::Change;
 use crate::api::conditions::{FAILED, Phase, RUNNING, STATUS_TRUE, SUCCEEDED, events, reasons};
 use crate::api::{
     CONDITION_MESSAGE_LIMIT, Checkpoint, FailedObject, MigrationCondition, MigrationProgress,
     MigrationTarget, StorageVersionMigration, StorageVersionMigrationStatus, cut,
 };
 use crate::engine::{self, ObjectFailure, Progress};
-use crate::steps::Change;
 use crate::storedversions::Run;
 
 /// Failures named in a Failed condition's message.
@@ -626,7 +626,7 @@ mod tests {
         let change = Change {
             reason: reasons::STORAGE_VERSION_CHANGED,
             message: "the storage version of widgets.example.com changed from v2 to v1".into(),
-            then: crate::steps::Then::StartOver,
+            then: super::super::steps::Then::StartOver,
         };
         let current = running(None, &target("h2"), &progress(0), now());
         let next = restart(&current, &change, 1, now()).expect("starts over");

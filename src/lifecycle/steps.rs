@@ -1,7 +1,6 @@
-//! The steps of a migration around the engine, shared by the controller's migration tasks and
-//! `kube-svm migrate`: what it targets when it starts (for a CRD, whether the apiservers already
-//! encode in its storage version), marking the CRD `StorageMigrating` while it runs, checking at
-//! the end that the resource is still served in the same storage version, and pruning
+//! The requests a migration makes around the engine: what it targets when it starts, and whether
+//! the apiservers already encode in it; marking the CRD `StorageMigrating` while it runs;
+//! watching the target while it runs and checking it again at the end; and pruning
 //! `storedVersions` afterwards when [`storedversions::decide`] allows it.
 
 use std::time::Duration;
@@ -20,7 +19,7 @@ use crate::api::conditions::{
     storage_migrating, stored_versions,
 };
 use crate::api::{GroupVersionResource, MigrationCondition, MigrationTarget};
-use crate::encoding::{self, Encoding, Observer};
+use crate::encoding::{self, Encoding, EncodingPolicy, Observer};
 use crate::engine::{ResolveError, Resource};
 use crate::fence::{Fence, RequestError, bounded};
 use crate::storage_hash::storage_version_hash;
@@ -33,6 +32,7 @@ const PRUNE_CONFLICT_RETRIES: u32 = 5;
 const VERIFY_ATTEMPTS: u32 = 5;
 
 /// What the steps need of the process running them.
+#[derive(Clone, Copy)]
 pub struct Cluster<'a> {
     /// For requests: every request has a deadline.
     pub client: &'a Client,
@@ -43,10 +43,8 @@ pub struct Cluster<'a> {
     pub fence: &'a Fence,
     /// Longest time one request may go unanswered.
     pub request_timeout: Duration,
-    /// How long the discovery hash must be seen unchanged before a CRD's encoding is trusted.
-    pub storage_version_settle: Duration,
-    /// How long to wait, in all, for discovery to publish a CRD's new storage version hash.
-    pub storage_version_wait: Duration,
+    /// How long the encoding checks take.
+    pub encoding: EncodingPolicy,
     /// Encoding checks, shared by the migrations that need the same one.
     pub observer: &'a Observer,
 }
@@ -109,8 +107,8 @@ pub async fn target_of(
                 kind: resource.kind.clone(),
                 expected,
                 generation: state.as_ref().map_or(0, |s| s.generation),
-                settle: cluster.storage_version_settle,
-                wait: cluster.storage_version_wait,
+                settle: cluster.encoding.settle,
+                wait: cluster.encoding.wait,
             };
             cluster.observer.confirm(cluster.client, cluster.config, &check).await
         }

@@ -1,0 +1,536 @@
+//! One migration, from its resource to its end, the same for the controller and for
+//! `kube-svm migrate`:
+//!
+//! 1. resolve the resource (and the CRD behind it);
+//! 2. where to start: the checkpoint to resume, or the first object;
+//! 3. the target, and whether the apiservers already encode in it ([`crate::encoding`]);
+//! 4. record the start, and mark the CRD `StorageMigrating`;
+//! 5. run the engine, with progress recorded beside it and the target watched: a change of the
+//!    storage version after the first write starts the run over (a bounded number of times), one
+//!    before it only retargets;
+//! 6. check at the end that the target still holds;
+//! 7. settle the CRD's `storedVersions` ([`crate::storedversions`]);
+//! 8. record the end.
+//!
+//! What differs between the two is the [`Host`]: where the record goes (the migration's status,
+//! or a checkpoint file), how the operator hears of it (Events and metrics, or lines on standard
+//! error), and how progress is shown. [`status`] computes every status the steps record (pure);
+//! [`steps`] holds the requests around the engine.
+
+pub mod status;
+pub mod steps;
+
+use std::sync::Mutex;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::jiff::Timestamp;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::api::conditions::SUCCEEDED;
+use crate::api::{
+    GroupVersionResource, MigrationCondition, MigrationTarget, StorageVersionMigration,
+    StorageVersionMigrationStatus,
+};
+use crate::engine::{self, Engine, Job, Progress, Resource};
+use status::{CrdNow, Start};
+use steps::{Change, Cluster, Then};
+
+/// When the host is asked to record a status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Moment {
+    /// The run starts (Running, its target and where it starts).
+    Start,
+    /// The run was stopped (the process stops, or is interrupted): its last whole page.
+    Interrupted,
+    /// The migration ended, Succeeded or Failed.
+    End,
+}
+
+/// Why the record could not be written.
+#[derive(Debug)]
+pub enum Unrecorded {
+    /// Nothing more may be written: this process lost its term, or the migration was deleted or
+    /// finished by someone else.
+    Stop(String),
+    /// Writing failed for now; the migration is taken up again later.
+    Later(String),
+}
+
+/// What the operator is told as the migration goes.
+#[derive(Debug)]
+pub enum Notice<'a> {
+    /// A run starts: the Event reason (Started, Resumed, Restarted) and what kind of start.
+    Start { event: &'static str, note: &'a str },
+    /// The encoding check is about to run (it may take a settle period).
+    Confirming { resource: &'a Resource, storage: &'a str },
+    /// What the encoding check found: `vouched` when an operator said so on the migration.
+    Encoding { vouched: bool, confirmed: Option<bool>, evidence: &'a str },
+    /// The target changed before the first write: it is worked out again.
+    Retarget(&'a Change),
+    /// The run proved nothing about the encoding (apiservers disagreed at the end).
+    Unproven(&'a Change),
+    /// What was done with `storedVersions`, and why.
+    StoredVersions(&'a MigrationCondition),
+    /// The migration of `resource` ended, as `status` says.
+    Ended { resource: &'a Resource, status: &'a StorageVersionMigrationStatus },
+}
+
+/// The resource could not be resolved.
+#[derive(Debug)]
+pub struct Unresolved {
+    /// Whether asking again later may succeed (discovery or the CRD could not be read), as
+    /// opposed to the resource being wrong.
+    pub transient: bool,
+    pub message: String,
+}
+
+/// How a migration's lifecycle ended.
+#[derive(Debug)]
+pub enum End {
+    /// It ended Succeeded or Failed, recorded as this status.
+    Finished(Box<StorageVersionMigrationStatus>),
+    /// It stopped before its end (cancelled, or this process may no longer write); `why` says
+    /// where it can be taken up again, when known.
+    Stopped { progress: Box<Progress>, why: String },
+    /// What it needs could not be read (discovery, its CRD), or it could not be recorded; it
+    /// is taken up again later.
+    Later(LaterBecause),
+}
+
+/// Why a migration is to be taken up again later.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LaterBecause {
+    /// Discovery or the CRD could not be read.
+    Discovery,
+    /// The migration's record could not be written.
+    Unrecorded,
+}
+
+/// What differs between the controller and `kube-svm migrate`.
+pub trait Host {
+    /// The migration as it was before this lifecycle (spec, status to go on from).
+    fn migration(&self) -> &StorageVersionMigration;
+
+    /// Whether to write through the `status` subresource of `resource`.
+    fn write_to_status(&self, resource: &Resource) -> bool;
+
+    /// Records `status` at `moment`.
+    fn record(
+        &mut self,
+        status: &StorageVersionMigrationStatus,
+        moment: Moment,
+    ) -> impl Future<Output = Result<(), Unrecorded>>;
+
+    /// Records (and shows) progress while the engine runs, from `updates`, each as the status
+    /// after `current`; returns only when the migration must stop, saying why.
+    fn follow(
+        &mut self,
+        current: &mut StorageVersionMigrationStatus,
+        target: &MigrationTarget,
+        updates: watch::Receiver<Progress>,
+    ) -> impl Future<Output = Unrecorded>;
+
+    /// Tells the operator.
+    fn tell(&self, notice: Notice<'_>) -> impl Future<Output = ()>;
+
+    /// The resource could not be resolved (`failures` times before): the end to give the
+    /// migration, recording it when it fails.
+    fn unresolved(&mut self, failure: Unresolved) -> impl Future<Output = End>;
+}
+
+/// A migration's lifecycle: what it runs with, and its host.
+pub struct Lifecycle<'a, H: Host> {
+    pub cluster: Cluster<'a>,
+    pub engine: &'a Engine,
+    pub host: H,
+    /// Fires when the migration must stop (deleted, the process stopping).
+    pub cancel: &'a CancellationToken,
+    /// The resource whose CRD this lifecycle marked `StorageMigrating`, so that whoever stops
+    /// it can unmark it.
+    pub marked: &'a Mutex<Option<Resource>>,
+    /// Who migrates, as the CRD's `StorageMigrating` condition names it.
+    pub by: String,
+}
+
+/// How one run ended.
+enum Attempt {
+    Ended(End),
+    /// The target changed before the first write: work it out again.
+    Retarget(Change),
+    /// The target changed after writes began (`current` is the status then): start over.
+    StartOver {
+        change: Change,
+        current: Box<StorageVersionMigrationStatus>,
+    },
+    /// The run finished, Succeeded or Failed as its status says.
+    Finished(Box<Finished>),
+}
+
+/// A run that finished: its target and the status it ends with.
+struct Finished {
+    target: MigrationTarget,
+    done: StorageVersionMigrationStatus,
+}
+
+/// How the engine's part of a run ended.
+enum Ran {
+    Ended(End),
+    /// The resource's CRD changed under the run; `current` is the status with its progress.
+    Changed {
+        change: Change,
+        current: StorageVersionMigrationStatus,
+    },
+    /// Completed or failed, with the status it leads to.
+    Finished {
+        progress: Progress,
+        done: StorageVersionMigrationStatus,
+    },
+}
+
+impl<H: Host> Lifecycle<'_, H> {
+    /// Runs the migration to its end, or until it must stop.
+    pub async fn run(&mut self) -> End {
+        let spec = self.host.migration().spec.resource.clone();
+        let (mut resource, mut crd) = match self.resolve(&spec).await {
+            Ok(resolved) => resolved,
+            Err(end) => return end,
+        };
+        let hash = resource.storage_version_hash.as_deref();
+        let crd_now = crd.as_ref().map(CrdNow::of);
+        let mut start = status::start_point(self.host.migration(), hash, crd_now.as_ref());
+        let mut last = self.host.migration().status.clone();
+        let mut retargets = 0;
+        loop {
+            let attempt = self.attempt(&spec, &resource, crd.as_ref(), &start, last.as_ref());
+            match attempt.await {
+                Attempt::Ended(end) => return end,
+                Attempt::Finished(finished) => {
+                    let Finished { target, mut done } = *finished;
+                    if crd.is_some() {
+                        self.settle_stored_versions(&resource, &target, &mut done).await;
+                    }
+                    return self.record_end(&resource, done).await;
+                }
+                Attempt::Retarget(change) => {
+                    retargets += 1;
+                    self.host.tell(Notice::Retarget(&change)).await;
+                    if retargets > status::MAX_RETARGETS {
+                        let done = status::kept_changing(last.as_ref(), &change, Timestamp::now());
+                        return self.record_end(&resource, done).await;
+                    }
+                }
+                Attempt::StartOver { change, current } => {
+                    let restarts = start.restarts + 1;
+                    warn!(
+                        change = change.message,
+                        restarts, "the target changed mid-run; starting over"
+                    );
+                    match status::restart(&current, &change, restarts, Timestamp::now()) {
+                        Ok(next) => (start, last) = (next, Some(*current)),
+                        Err(failed) => return self.record_end(&resource, *failed).await,
+                    }
+                }
+            }
+            (resource, crd) = match self.resolve(&spec).await {
+                Ok(resolved) => resolved,
+                Err(end) => return end,
+            };
+        }
+    }
+
+    /// The resource, through discovery, and the CRD behind it.
+    async fn resolve(
+        &mut self,
+        spec: &GroupVersionResource,
+    ) -> Result<(Resource, Option<CustomResourceDefinition>), End> {
+        let requires_status = self.host.migration().requests_status_writes();
+        let failure = match Resource::resolve(self.cluster.client, spec, requires_status).await {
+            Err(error) => {
+                Unresolved { transient: error.is_transient(), message: crate::error_chain(&error) }
+            }
+            Ok(resource) => match steps::crd_of(&self.cluster, &resource).await {
+                Ok(crd) => return Ok((resource, crd)),
+                Err(error) => Unresolved {
+                    transient: true,
+                    message: format!(
+                        "failed to read the CRD of {resource}: {}",
+                        crate::error_chain(&error)
+                    ),
+                },
+            },
+        };
+        Err(self.host.unresolved(failure).await)
+    }
+
+    /// One run from `start`, after `last` (the status last recorded): target, start, engine and
+    /// the check at the end.
+    async fn attempt(
+        &mut self,
+        spec: &GroupVersionResource,
+        resource: &Resource,
+        crd: Option<&CustomResourceDefinition>,
+        start: &Start,
+        last: Option<&StorageVersionMigrationStatus>,
+    ) -> Attempt {
+        // The encoding check may wait minutes: a stopping process does not wait for it.
+        let target = tokio::select! {
+            target = self.target(resource, crd, start, last) => target,
+            () = self.cancel.cancelled() => return Attempt::Ended(self.stopped(start, "stopped before the first write")),
+        };
+        if let Some(change) = steps::target_changed(&self.cluster, resource, &target).await {
+            return Attempt::Retarget(change);
+        }
+        let current = match self.record_start(resource, &target, start, last).await {
+            Ok(current) => current,
+            Err(end) => return Attempt::Ended(end),
+        };
+        let (progress, mut done) =
+            match self.run_engine(resource, &target, start.clone(), current).await {
+                Ran::Ended(end) => return Attempt::Ended(end),
+                Ran::Changed { change, current } => {
+                    return Attempt::StartOver { change, current: Box::new(current) };
+                }
+                Ran::Finished { progress, done } => (progress, done),
+            };
+        let change = tokio::select! {
+            change = self.check_at_end(spec, resource, &target, &done) => change,
+            // Stopping: the migration is taken up again from its last checkpoint.
+            () = self.cancel.cancelled() => {
+                return Attempt::Ended(self.stopped(start, "stopped during the check at the end"));
+            }
+        };
+        match change {
+            Some(change) if change.starts_over() => {
+                return Attempt::StartOver { change, current: Box::new(done) };
+            }
+            Some(change) if change.then == Then::Unproven => {
+                self.host.tell(Notice::Unproven(&change)).await;
+                done = status::unproven(done, &change.message);
+            }
+            Some(change) => {
+                let message = format!(
+                    "{}; {} objects were processed, but those written before the change may be stored in the old version: migrate again",
+                    change.message,
+                    progress.processed()
+                );
+                done = status::failed(Some(&done), change.reason, message, Timestamp::now());
+            }
+            None => {}
+        }
+        Attempt::Finished(Box::new(Finished { target, done }))
+    }
+
+    fn stopped(&self, start: &Start, why: &str) -> End {
+        End::Stopped { progress: Box::new(start.progress.clone()), why: why.to_owned() }
+    }
+
+    /// What the run targets. A resumed run keeps what it recorded when it first started;
+    /// otherwise the storage version (hash) and whether the apiservers already encode in it
+    /// (confirmed before the first write, or vouched for by the operator).
+    async fn target(
+        &self,
+        resource: &Resource,
+        crd: Option<&CustomResourceDefinition>,
+        start: &Start,
+        last: Option<&StorageVersionMigrationStatus>,
+    ) -> MigrationTarget {
+        if let Some(known) = status::known_target(last, start) {
+            return known;
+        }
+        let storage = match crd.and_then(crate::storedversions::CrdState::of) {
+            Some(state) => state.storage_version,
+            None => format!(
+                "storage version hash {}",
+                resource.storage_version_hash.as_deref().unwrap_or("none")
+            ),
+        };
+        self.host.tell(Notice::Confirming { resource, storage: &storage }).await;
+        let vouched = self.host.migration().encoding_vouched_for();
+        let target = steps::target_of(&self.cluster, resource, crd, vouched).await;
+        let evidence = target.encoding_evidence.clone().unwrap_or_default();
+        let confirmed = target.encoding_confirmed;
+        self.host.tell(Notice::Encoding { vouched, confirmed, evidence: &evidence }).await;
+        target
+    }
+
+    /// The Running status, the CRD's `StorageMigrating` condition, what kind of start it is.
+    async fn record_start(
+        &mut self,
+        resource: &Resource,
+        target: &MigrationTarget,
+        start: &Start,
+        last: Option<&StorageVersionMigrationStatus>,
+    ) -> Result<StorageVersionMigrationStatus, End> {
+        let current = status::started(last, target, start, Timestamp::now());
+        if let Err(unrecorded) = self.host.record(&current, Moment::Start).await {
+            return Err(self.unrecorded(unrecorded, start.progress.clone()));
+        }
+        let unmarked = self.marked().is_none();
+        if target.crd_generation.is_some() && unmarked {
+            steps::mark_migrating(&self.cluster, resource, true, &self.by).await;
+            *self.marked.lock().unwrap_or_else(|p| p.into_inner()) = Some(resource.clone());
+        }
+        let note = format!("{resource}: {}", start.note);
+        self.host.tell(Notice::Start { event: start.event, note: &note }).await;
+        Ok(current)
+    }
+
+    /// The engine, with progress recorded beside it (never pausing it) and the resource's CRD
+    /// watched for a change of the target.
+    async fn run_engine(
+        &mut self,
+        resource: &Resource,
+        target: &MigrationTarget,
+        start: Start,
+        mut current: StorageVersionMigrationStatus,
+    ) -> Ran {
+        // This run only: a change of the target stops it, and the migration goes on.
+        let cancel = self.cancel.child_token();
+        let (report, updates) = watch::channel(start.progress.clone());
+        let job = Job {
+            resource: resource.clone(),
+            write_to_status: self.host.write_to_status(resource),
+            resume: start.progress,
+            fence: self.cluster.fence.clone(),
+        };
+        let latest = updates.clone();
+        let run = self.engine.run(job, &report, &cancel);
+        tokio::pin!(run);
+        let stopped = {
+            let follow = self.host.follow(&mut current, target, updates);
+            tokio::select! {
+                finished = &mut run => Ok(finished),
+                stop = follow => Err(stop),
+                change = steps::guard(&self.cluster, resource, target) => {
+                    cancel.cancel();
+                    let _ = (&mut run).await;
+                    let progress = latest.borrow().clone();
+                    let now = Timestamp::now();
+                    let current = status::running(Some(&current), target, &progress, now);
+                    return Ran::Changed { change, current };
+                }
+            }
+        };
+        let finished = match stopped {
+            Ok(finished) => finished,
+            Err(stop) => {
+                info!(reason = ?stop, "stopping the migration");
+                self.cancel.cancel();
+                let _ = (&mut run).await;
+                // Deleted or finished by someone else: the CRD is no longer being migrated by
+                // this lifecycle. A process that lost its term leaves it to the next one.
+                if self.cluster.fence.holds() {
+                    self.unmark().await;
+                }
+                let progress = latest.borrow().clone();
+                return Ran::Ended(self.unrecorded(stop, progress));
+            }
+        };
+        let now = Timestamp::now();
+        match finished {
+            Ok(engine::Finished::Completed(progress)) => {
+                let done = status::completed(Some(&current), target, &progress, now);
+                Ran::Finished { progress, done }
+            }
+            Ok(engine::Finished::Cancelled(progress)) => {
+                let checkpoint = status::running(Some(&current), target, &progress, now);
+                let why = match self.host.record(&checkpoint, Moment::Interrupted).await {
+                    Ok(()) => format!("{} objects handled; checkpointed", progress.processed()),
+                    Err(unrecorded) => format!(
+                        "{} objects handled; no checkpoint ({unrecorded:?})",
+                        progress.processed()
+                    ),
+                };
+                Ran::Ended(End::Stopped { progress: Box::new(progress), why })
+            }
+            Err(error) => {
+                let progress = latest.borrow().clone();
+                let done = status::engine_failed(Some(&current), target, &progress, &error, now);
+                Ran::Finished { progress, done }
+            }
+        }
+    }
+
+    /// A run that completed proves nothing if the resource stopped being served, or its storage
+    /// version (or its CRD) changed, while it ran: then objects written earlier may be stored in
+    /// the old version. The change, if any, for a Succeeded run.
+    async fn check_at_end(
+        &self,
+        spec: &GroupVersionResource,
+        resource: &Resource,
+        target: &MigrationTarget,
+        done: &StorageVersionMigrationStatus,
+    ) -> Option<Change> {
+        if done.conditions.first().map(|c| c.type_.as_str()) != Some(SUCCEEDED) {
+            return None;
+        }
+        let requires_status = self.host.migration().requests_status_writes();
+        steps::changed_since_start(&self.cluster, spec, requires_status, resource, target).await
+    }
+
+    /// Prunes the CRD's `storedVersions` when that is proven safe; says what was done, and why,
+    /// in a condition of `done` and to the operator.
+    async fn settle_stored_versions(
+        &self,
+        resource: &Resource,
+        target: &MigrationTarget,
+        done: &mut StorageVersionMigrationStatus,
+    ) {
+        let run = status::run_of(done);
+        let Some(pruned) =
+            steps::settle_stored_versions(&self.cluster, resource, target, &run).await
+        else {
+            return;
+        };
+        self.host.tell(Notice::StoredVersions(&pruned)).await;
+        done.conditions.retain(|c| c.type_ != pruned.type_);
+        done.conditions.push(pruned);
+    }
+
+    /// The CRD unmarked, then the final status recorded and told.
+    async fn record_end(
+        &mut self,
+        resource: &Resource,
+        done: StorageVersionMigrationStatus,
+    ) -> End {
+        // The CRD first: whoever sees the migration finished finds its CRD settled too.
+        self.unmark().await;
+        if let Err(unrecorded) = self.host.record(&done, Moment::End).await {
+            let progress = Progress::default();
+            return self.unrecorded(unrecorded, progress);
+        }
+        self.host.tell(Notice::Ended { resource, status: &done }).await;
+        End::Finished(Box::new(done))
+    }
+
+    /// Unmarks the CRD this lifecycle marked `StorageMigrating`, if any.
+    pub async fn unmark(&self) {
+        unmark(&self.cluster, self.marked, &self.by).await;
+    }
+
+    fn marked(&self) -> Option<Resource> {
+        self.marked.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// What a record that could not be written means for the migration.
+    fn unrecorded(&self, unrecorded: Unrecorded, progress: Progress) -> End {
+        warn!(?unrecorded, "could not record the migration");
+        match unrecorded {
+            Unrecorded::Stop(why) => End::Stopped { progress: Box::new(progress), why },
+            Unrecorded::Later(_) => End::Later(LaterBecause::Unrecorded),
+        }
+    }
+}
+
+/// Unmarks the CRD `marked` names, if any. The mark is forgotten only once unmarked: an
+/// unmarking cut short (a lifecycle dropped when its migration was deleted) is done again by
+/// whoever unmarks next.
+pub async fn unmark(cluster: &Cluster<'_>, marked: &Mutex<Option<Resource>>, by: &str) {
+    let resource = marked.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    if let Some(resource) = resource {
+        steps::mark_migrating(cluster, &resource, false, by).await;
+        *marked.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
