@@ -42,7 +42,7 @@ pub async fn list(client: &Client) -> Result<Vec<DynamicObject>, kube::Error> {
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &api_resource());
     match api.list(&ListParams::default()).await {
         Ok(list) => Ok(list.items),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(Vec::new()),
+        Err(error) if crate::answers::is_not_found(&error) => Ok(Vec::new()),
         Err(error) => Err(error),
     }
 }

@@ -6,6 +6,7 @@
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+pub mod answers;
 pub mod api;
 pub mod census;
 pub mod cli;

@@ -205,7 +205,7 @@ pub async fn prune(
     match tokio::time::timeout(limit, api.replace_status(&name, &PostParams::default(), &crd)).await
     {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(kube::Error::Api(status))) if status.code == 409 => Err(PruneError::Conflict),
+        Ok(Err(error)) if crate::answers::is_conflict(&error) => Err(PruneError::Conflict),
         Ok(Err(error)) => Err(PruneError::Write(error)),
         Err(_) => Err(PruneError::TimedOut(limit)),
     }

@@ -318,8 +318,7 @@ impl Migrator {
                 Err(error) => error,
             };
             let transient = match error.downcast_ref::<kube::Error>() {
-                Some(kube::Error::Api(status)) => status.code == 429 || status.code >= 500,
-                Some(_) => true,
+                Some(error) => crate::answers::is_transient(error),
                 None => false,
             };
             if !transient || attempt == LIST_ATTEMPTS {

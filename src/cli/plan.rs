@@ -158,7 +158,7 @@ where
 {
     match api.list(&ListParams::default()).await {
         Ok(list) => Ok(list.items),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(Vec::new()),
+        Err(error) if crate::answers::is_not_found(&error) => Ok(Vec::new()),
         Err(error) => Err(error).context("failed to list what the plan is made of"),
     }
 }

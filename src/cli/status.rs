@@ -93,7 +93,7 @@ pub(super) async fn gather(client: &Client) -> anyhow::Result<Vec<Row>> {
     match Api::<StorageVersionMigration>::all(client.clone()).list(&ListParams::default()).await {
         Ok(list) => rows.extend(list.items.iter().map(|m| row(m, now))),
         // kube-svm's CRDs are not installed (`kube-svm migrate` runs without them).
-        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(error) if crate::answers::is_not_found(&error) => {}
         Err(error) => {
             return Err(error).context("failed to list migration.k8s.io StorageVersionMigrations");
         }

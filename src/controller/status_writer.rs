@@ -14,6 +14,7 @@ use kube::{Api, ResourceExt};
 use tokio::time::Instant;
 use tracing::warn;
 
+use crate::answers;
 use crate::api::{
     Phase, StorageVersionMigration, StorageVersionMigrationSpec, StorageVersionMigrationStatus,
 };
@@ -49,8 +50,7 @@ impl Error {
     fn is_transient(&self) -> bool {
         match self {
             Error::TimedOut(..) | Error::Conflicts(_) => true,
-            Error::Write(_, kube::Error::Api(status)) => status.code >= 500 || status.code == 429,
-            Error::Write(..) => true,
+            Error::Write(_, error) => crate::answers::is_transient(error),
             Error::Fenced | Error::Gone(_) | Error::Superseded(_) => false,
         }
     }
@@ -130,12 +130,12 @@ impl StatusWriter {
                     self.resource_version = written.resource_version();
                     return Ok(());
                 }
-                Ok(Err(kube::Error::Api(answer))) if answer.code == 409 => {
+                Ok(Err(error)) if answers::is_conflict(&error) => {
                     if self.reread(status).await? {
                         return Ok(());
                     }
                 }
-                Ok(Err(kube::Error::Api(answer))) if answer.code == 404 => {
+                Ok(Err(error)) if answers::is_not_found(&error) => {
                     return Err(Error::Gone(self.name.clone()));
                 }
                 Ok(Err(error)) => return Err(Error::Write(self.name.clone(), error)),

@@ -27,7 +27,7 @@ use kube::api::PostParams;
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::retry::{Failure, Retry};
+use super::retry::Retry;
 use super::{Attempts, Engine, Next, Resource, RunState};
 
 /// How long a review's answer is reused.
@@ -81,8 +81,7 @@ impl Engine {
         if count >= limit {
             return Next::GiveUp;
         }
-        if let Retry::After(wait) =
-            self.settings.backoff.decide(Failure::Transport, count, fastrand::f64())
+        if let Retry::After(wait) = self.settings.backoff.decide(None, None, count, fastrand::f64())
         {
             tokio::time::sleep(wait).await;
         }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::ObjectFailure;
+use crate::api::FailedObject;
 
 /// Objects with a failed attempt, none succeeding since, that end a run at once. No resource
 /// with a few bad objects has fifty of them in a row: objects are written as they are listed,
@@ -50,7 +50,7 @@ pub struct KeepFailing {
     /// How long no write succeeded.
     pub for_seconds: u64,
     /// The last failure: the cause an operator acts on.
-    pub last: ObjectFailure,
+    pub last: FailedObject,
 }
 
 impl FailingWrites {
@@ -70,7 +70,7 @@ impl FailingWrites {
     pub(super) fn failed(
         &mut self,
         first: bool,
-        failure: &ObjectFailure,
+        failure: &FailedObject,
         now: Instant,
     ) -> Option<KeepFailing> {
         self.attempts += 1;
@@ -93,8 +93,8 @@ impl FailingWrites {
 mod tests {
     use super::*;
 
-    fn failure(name: &str) -> ObjectFailure {
-        ObjectFailure {
+    fn failure(name: &str) -> FailedObject {
+        FailedObject {
             namespace: String::new(),
             name: name.into(),
             code: 500,

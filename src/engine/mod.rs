@@ -38,16 +38,17 @@ use crate::fence::Fence;
 use crate::metrics::{self, Metrics, results};
 use denial::Access;
 use outage::{Availability, Verdict};
+use request::Failure;
 pub use request::NoReply;
-use request::Reply;
 
+use crate::api::FailedObject;
 pub use failing::KeepFailing;
 pub use pager::Listed;
 pub use rate_limit::RateLimiter;
 pub use resource::{ResolveError, Resource, migratable};
-pub use retry::{Backoff, Failure, Retry};
+pub use retry::{Backoff, Retry};
 use window::Window;
-pub use writer::{NAMESPACE_GONE, ObjectFailure, Outcome};
+pub use writer::{NAMESPACE_GONE, Outcome};
 
 /// How the engine pages and writes.
 #[derive(Clone, Debug)]
@@ -124,7 +125,7 @@ pub struct Progress {
     /// Times the run paused because the apiserver was not ready.
     pub outages: u64,
     /// The first failures, at most [`Settings::failures_kept`].
-    pub failures: Vec<ObjectFailure>,
+    pub failures: Vec<FailedObject>,
 }
 
 impl Progress {
@@ -178,8 +179,8 @@ pub enum Error {
 }
 
 /// One failure in words: `namespace/name: code reason: message`.
-pub fn describe(failure: &ObjectFailure) -> String {
-    let ObjectFailure { namespace, name, code, reason, message } = failure;
+pub fn describe(failure: &FailedObject) -> String {
+    let FailedObject { namespace, name, code, reason, message } = failure;
     match namespace.as_str() {
         "" => format!("{name}: {code} {reason}: {message}"),
         namespace => format!("{namespace}/{name}: {code} {reason}: {message}"),
@@ -219,7 +220,7 @@ impl RunState {
     }
 
     /// Records a failed write attempt; says when the run should end.
-    fn write_failed(&self, first: bool, failure: &ObjectFailure) -> Option<KeepFailing> {
+    fn write_failed(&self, first: bool, failure: &FailedObject) -> Option<KeepFailing> {
         self.failing().failed(first, failure, Instant::now())
     }
 
@@ -234,12 +235,6 @@ impl RunState {
         progress.expired_tokens += self.expired_tokens.swap(0, Ordering::Relaxed);
         progress.outages += self.availability.outages.swap(0, Ordering::Relaxed);
     }
-}
-
-/// A request that failed: no answer at all, or an answer that is an error.
-enum Failed {
-    NoAnswer(NoReply),
-    Answer(Reply),
 }
 
 /// What to do after a failed request.
@@ -307,17 +302,13 @@ impl Engine {
         run: &RunState,
         request: &Access<'_>,
         sent: Instant,
-        failed: &Failed,
+        failed: &Failure,
         attempts: &mut Attempts,
         other_limit: u32,
     ) -> Next {
-        let (outage_like, failure) = match failed {
-            Failed::NoAnswer(_) => (true, Failure::Transport),
-            Failed::Answer(reply) => (reply.code >= 500, reply.failure()),
-        };
-        if let Failed::Answer(reply) = failed
-            && reply.code == 403
-        {
+        // No answer, or a server error: maybe the apiserver is down, not the request at fault.
+        let outage_like = failed.code().is_none_or(|code| code >= 500);
+        if failed.code() == Some(403) {
             return self.after_denial(run, request, attempts, other_limit).await;
         }
         if outage_like {
@@ -330,7 +321,7 @@ impl Engine {
                 Verdict::Charge => {}
             }
         }
-        match self.retry_decision(failure, attempts, other_limit) {
+        match self.retry_decision(failed, attempts, other_limit) {
             Retry::After(wait) => {
                 tokio::time::sleep(wait).await;
                 Next::Retry
@@ -341,9 +332,9 @@ impl Engine {
 
     /// The retry decision after a failure, counting it in `attempts`; gives up once the
     /// throttled or the other failures reach their limit (`other_limit`).
-    fn retry_decision(&self, failure: Failure, attempts: &mut Attempts, other_limit: u32) -> Retry {
-        let (count, limit) = match failure {
-            Failure::Status { code: 429, .. } => {
+    fn retry_decision(&self, failed: &Failure, attempts: &mut Attempts, other_limit: u32) -> Retry {
+        let (count, limit) = match failed.code() {
+            Some(crate::answers::TOO_MANY_REQUESTS) => {
                 (&mut attempts.throttled, self.settings.throttled_attempts)
             }
             _ => (&mut attempts.other, other_limit),
@@ -352,7 +343,8 @@ impl Engine {
         if *count >= limit {
             return Retry::Never;
         }
-        self.settings.backoff.decide(failure, *count, fastrand::f64())
+        let (code, retry_after) = (failed.code(), failed.retry_after());
+        self.settings.backoff.decide(code, retry_after, *count, fastrand::f64())
     }
 }
 

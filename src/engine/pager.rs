@@ -9,7 +9,7 @@ use tracing::warn;
 
 use super::denial::Access;
 use super::request::{NoReply, Reply};
-use super::{Attempts, Engine, Error, Failed, Next, Resource, RunState};
+use super::{Attempts, Engine, Error, Failure, Next, Resource, RunState};
 
 /// What a write needs of a listed object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -113,9 +113,9 @@ impl Engine {
                         message: reply.status().message,
                     });
                 }
-                Ok(reply) => Failed::Answer(reply),
+                Ok(reply) => Failure::Answer(reply),
                 Err(NoReply::Fenced) => return Err(Error::Fenced),
-                Err(error) => Failed::NoAnswer(error),
+                Err(error) => Failure::NoAnswer(error),
             };
             let access = Access { resource, verb: "list", namespace: "", subresource: None };
             let limit = self.settings.list_attempts;
@@ -129,10 +129,10 @@ impl Engine {
                 }
                 Next::GiveUp => {
                     return Err(match failed {
-                        Failed::NoAnswer(error) => {
+                        Failure::NoAnswer(error) => {
                             Error::ListTransport(resource.to_string(), error)
                         }
-                        Failed::Answer(reply) => {
+                        Failure::Answer(reply) => {
                             let status = reply.status();
                             Error::List {
                                 resource: resource.to_string(),

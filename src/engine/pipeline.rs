@@ -17,7 +17,7 @@ use tracing::{info, instrument};
 
 use super::pager::{Listed, Page};
 use super::writer::Halt;
-use super::{Engine, Error, Finished, Job, ObjectFailure, Outcome, Progress, RunState};
+use super::{Engine, Error, FailedObject, Finished, Job, Outcome, Progress, RunState};
 
 /// Writes started but not finished (in flight, waiting for the window, or backing off), per
 /// window slot: enough that the window never waits for the dispatcher, few enough that memory
@@ -41,7 +41,7 @@ struct Tally {
     rewritten: u64,
     already_current: u64,
     skipped: u64,
-    failures: Vec<ObjectFailure>,
+    failures: Vec<FailedObject>,
     failed: u64,
 }
 
@@ -274,7 +274,7 @@ mod tests {
         first.tally.record(Outcome::Rewritten, 1);
         first.tally.record(Outcome::Deleted, 1);
         first.tally.record(
-            Outcome::Failed(ObjectFailure {
+            Outcome::Failed(FailedObject {
                 namespace: String::new(),
                 name: "a".into(),
                 code: 422,
@@ -292,7 +292,7 @@ mod tests {
         assert_eq!((progress.pages, progress.remaining, progress.failures.len()), (1, Some(7), 1));
         let mut last = page(1, None);
         last.tally.record(
-            Outcome::Failed(ObjectFailure {
+            Outcome::Failed(FailedObject {
                 namespace: String::new(),
                 name: "b".into(),
                 code: 422,

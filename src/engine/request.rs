@@ -9,7 +9,6 @@ use http::header::RETRY_AFTER;
 use kube::client::Body;
 use serde::Deserialize;
 
-use super::retry::Failure;
 use super::{Engine, RunState};
 
 /// An HTTP answer from the apiserver.
@@ -40,10 +39,29 @@ impl Reply {
     pub fn status(&self) -> ApiStatus {
         serde_json::from_slice(&self.body).unwrap_or_default()
     }
+}
 
-    /// This reply as a failure, for the retry decision.
-    pub fn failure(&self) -> Failure {
-        Failure::Status { code: self.code, retry_after: self.retry_after }
+/// Why a request failed: no answer at all, or an answer that is an error.
+pub enum Failure {
+    NoAnswer(NoReply),
+    Answer(Reply),
+}
+
+impl Failure {
+    /// The answer's status code; `None` when there was no answer.
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            Failure::NoAnswer(_) => None,
+            Failure::Answer(reply) => Some(reply.code),
+        }
+    }
+
+    /// How long the apiserver asked to wait before asking again.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Failure::NoAnswer(_) => None,
+            Failure::Answer(reply) => reply.retry_after,
+        }
     }
 }
 

@@ -90,7 +90,7 @@ impl Resource {
         };
         let list = match list {
             Ok(list) => list,
-            Err(kube::Error::Api(status)) if status.code == 404 => {
+            Err(error) if crate::answers::is_not_found(&error) => {
                 return Err(ResolveError::UnknownGroupVersion(api_version));
             }
             Err(error) => return Err(ResolveError::Discovery(api_version, error)),

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::answers;
+
 /// What to do after a failed request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Retry {
@@ -9,15 +11,6 @@ pub enum Retry {
     After(Duration),
     /// The failure is final for this request.
     Never,
-}
-
-/// Why a request failed, as far as retrying is concerned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Failure {
-    /// No HTTP response: connection refused or reset, timeout, TLS failure.
-    Transport,
-    /// The apiserver answered with this status code, and maybe a `Retry-After` header.
-    Status { code: u16, retry_after: Option<Duration> },
 }
 
 /// Exponential backoff with full jitter, capped; `Retry-After` from the server wins.
@@ -45,18 +38,25 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    /// The decision after the `attempt`-th failure (1 for the first), with `jitter` in [0, 1).
-    pub fn decide(&self, failure: Failure, attempt: u32, jitter: f64) -> Retry {
-        match failure {
-            Failure::Transport => Retry::After(self.exponential(attempt, jitter)),
-            Failure::Status { code, retry_after } if is_retryable(code) => match retry_after {
+    /// The decision after the `attempt`-th failure (1 for the first), with `jitter` in [0, 1):
+    /// the failure answered `code` (`None`: no answer at all) and maybe `Retry-After`.
+    pub fn decide(
+        &self,
+        code: Option<u16>,
+        retry_after: Option<Duration>,
+        attempt: u32,
+        jitter: f64,
+    ) -> Retry {
+        match code {
+            None => Retry::After(self.exponential(attempt, jitter)),
+            Some(code) if answers::is_transient_code(code) => match retry_after {
                 // A little jitter spreads the writers the server throttled together.
                 Some(wait) => {
                     Retry::After(wait.min(self.retry_after_cap).mul_f64(1.0 + jitter / 10.0))
                 }
                 None => Retry::After(self.exponential(attempt, jitter)),
             },
-            Failure::Status { .. } => Retry::Never,
+            Some(_) => Retry::Never,
         }
     }
 
@@ -68,32 +68,23 @@ impl Backoff {
     }
 }
 
-/// Throttling (429) and server-side failures (5xx) are transient; any other status is an answer.
-pub fn is_retryable(code: u16) -> bool {
-    code == 429 || (500..600).contains(&code)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn status(code: u16) -> Failure {
-        Failure::Status { code, retry_after: None }
-    }
 
     #[test]
     fn client_errors_are_final() {
         let backoff = Backoff::default();
         for code in [400, 403, 404, 409, 410, 422] {
-            assert_eq!(backoff.decide(status(code), 1, 0.5), Retry::Never, "{code}");
+            assert_eq!(backoff.decide(Some(code), None, 1, 0.5), Retry::Never, "{code}");
         }
     }
 
     #[test]
     fn throttling_server_errors_and_transport_errors_are_retried() {
         let backoff = Backoff::default();
-        for failure in [status(429), status(500), status(503), status(504), Failure::Transport] {
-            assert!(matches!(backoff.decide(failure, 1, 0.5), Retry::After(_)), "{failure:?}");
+        for code in [Some(429), Some(500), Some(503), Some(504), None] {
+            assert!(matches!(backoff.decide(code, None, 1, 0.5), Retry::After(_)), "{code:?}");
         }
     }
 
@@ -101,17 +92,17 @@ mod tests {
     fn retry_after_is_honoured_and_capped() {
         let backoff = Backoff::default();
         let throttled =
-            |secs| Failure::Status { code: 429, retry_after: Some(Duration::from_secs(secs)) };
-        assert_eq!(backoff.decide(throttled(3), 1, 0.0), Retry::After(Duration::from_secs(3)));
-        assert_eq!(backoff.decide(throttled(3600), 1, 0.0), Retry::After(Duration::from_secs(60)));
-        let Retry::After(jittered) = backoff.decide(throttled(10), 1, 0.99) else { panic!() };
+            |secs, jitter| backoff.decide(Some(429), Some(Duration::from_secs(secs)), 1, jitter);
+        assert_eq!(throttled(3, 0.0), Retry::After(Duration::from_secs(3)));
+        assert_eq!(throttled(3600, 0.0), Retry::After(Duration::from_secs(60)));
+        let Retry::After(jittered) = throttled(10, 0.99) else { panic!() };
         assert!(jittered >= Duration::from_secs(10) && jittered < Duration::from_secs(11));
     }
 
     #[test]
     fn backoff_doubles_with_jitter_up_to_the_cap() {
         let backoff = Backoff::default();
-        let delay = |attempt, jitter| match backoff.decide(Failure::Transport, attempt, jitter) {
+        let delay = |attempt, jitter| match backoff.decide(None, None, attempt, jitter) {
             Retry::After(delay) => delay,
             Retry::Never => panic!("transport errors are retried"),
         };

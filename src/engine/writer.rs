@@ -11,7 +11,8 @@ use super::denial::Access;
 use super::pager::Listed;
 use super::request::{ApiStatus, NoReply, Reply};
 use super::window::Signal;
-use super::{Attempts, Engine, Failed, KeepFailing, Next, Resource, RunState};
+use super::{Attempts, Engine, Failure, KeepFailing, Next, Resource, RunState};
+use crate::api::FailedObject;
 
 /// What became of one object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,18 +26,7 @@ pub enum Outcome {
     /// Deleted since it was listed (404).
     Deleted,
     /// Could not be migrated.
-    Failed(ObjectFailure),
-}
-
-/// Why an object could not be migrated.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ObjectFailure {
-    pub namespace: String,
-    pub name: String,
-    /// HTTP status of the last attempt; 0 when no response came.
-    pub code: u16,
-    pub reason: String,
-    pub message: String,
+    Failed(FailedObject),
 }
 
 /// Reason recorded for objects listed in a namespace that no longer exists.
@@ -165,12 +155,12 @@ impl Engine {
                         run.write_succeeded();
                         return Ok(outcome);
                     }
-                    None => Failed::Answer(reply),
+                    None => Failure::Answer(reply),
                 },
                 Err(NoReply::Fenced) => return Err(Halt::Fenced),
                 Err(error) => {
                     debug!(%resource, name = object.name, %error, "write request failed");
-                    Failed::NoAnswer(error)
+                    Failure::NoAnswer(error)
                 }
             };
             let access = Access {
@@ -183,11 +173,11 @@ impl Engine {
             let charged_before = attempts.other;
             let next = self.after_failure(run, &access, sent, &failed, &mut attempts, limit).await;
             let failure = || match &failed {
-                Failed::Answer(reply) => {
+                Failure::Answer(reply) => {
                     let status = reply.status();
                     failure(object, reply.code, &status.reason, status.message)
                 }
-                Failed::NoAnswer(error) => failure(object, 0, TRANSPORT_ERROR, error.to_string()),
+                Failure::NoAnswer(error) => failure(object, 0, TRANSPORT_ERROR, error.to_string()),
             };
             // Throttling and outages are waited out, not counted against the run.
             let charged = attempts.other > charged_before || matches!(next, Next::GiveUp);
@@ -293,9 +283,9 @@ impl Engine {
                     let mut found = list.items.into_iter().map(|item| item.metadata);
                     return Ok(found.find(|meta| meta.name == object.name));
                 }
-                Ok(reply) => Failed::Answer(reply),
+                Ok(reply) => Failure::Answer(reply),
                 Err(NoReply::Fenced) => return Err(NoReread::Fenced),
-                Err(error) => Failed::NoAnswer(error),
+                Err(error) => Failure::NoAnswer(error),
             };
             let access =
                 Access { resource, verb: "list", namespace: &object.namespace, subresource: None };
@@ -305,11 +295,11 @@ impl Engine {
                 Next::Unavailable { waited } => return Err(NoReread::Unavailable(waited)),
                 Next::GiveUp => {
                     return Err(match failed {
-                        Failed::Answer(reply) => {
+                        Failure::Answer(reply) => {
                             let status = reply.status();
                             NoReread::Answer(reply.code, status.reason, status.message)
                         }
-                        Failed::NoAnswer(error) => NoReread::NoAnswer(error.to_string()),
+                        Failure::NoAnswer(error) => NoReread::NoAnswer(error.to_string()),
                     });
                 }
             }
@@ -392,7 +382,7 @@ pub const REFUSED: &str = "Refused";
 /// Reason recorded when an object answered 409 or 404 could not be read again to tell why.
 pub const RECHECK_FAILED: &str = "RecheckFailed";
 
-fn refused(object: &Listed, reply: &Reply) -> ObjectFailure {
+fn refused(object: &Listed, reply: &Reply) -> FailedObject {
     let status = reply.status();
     let reason = if status.reason.is_empty() { REFUSED.to_owned() } else { status.reason };
     let message = format!(
@@ -402,7 +392,7 @@ fn refused(object: &Listed, reply: &Reply) -> ObjectFailure {
     failure(object, reply.code, &reason, message)
 }
 
-fn unchecked(object: &Listed, reply: &Reply, error: NoReread) -> ObjectFailure {
+fn unchecked(object: &Listed, reply: &Reply, error: NoReread) -> FailedObject {
     let status = reply.status();
     let message = format!(
         "answered {} {} ({}), and reading it again to tell whether it was written or deleted failed: {error}",
@@ -470,8 +460,8 @@ fn not_found(object: &Listed, namespace_exists: Result<bool, NamespaceUnread>) -
 
 /// A failure of `object`, its reason and message cut to a bounded size: they may come from an
 /// admission webhook, and a migration's status must stay small whatever the input.
-fn failure(object: &Listed, code: u16, reason: &str, message: String) -> ObjectFailure {
-    ObjectFailure {
+fn failure(object: &Listed, code: u16, reason: &str, message: String) -> FailedObject {
+    FailedObject {
         namespace: object.namespace.clone(),
         name: object.name.clone(),
         code,

@@ -8,10 +8,10 @@ use k8s_openapi::jiff::Timestamp;
 use super::steps::Change;
 use crate::api::conditions::{FAILED, Phase, RUNNING, STATUS_TRUE, SUCCEEDED, events, reasons};
 use crate::api::{
-    CONDITION_MESSAGE_LIMIT, Checkpoint, FailedObject, MigrationCondition, MigrationProgress,
-    MigrationTarget, StorageVersionMigration, StorageVersionMigrationStatus, cut,
+    CONDITION_MESSAGE_LIMIT, Checkpoint, MigrationCondition, MigrationProgress, MigrationTarget,
+    StorageVersionMigration, StorageVersionMigrationStatus, cut,
 };
-use crate::engine::{self, ObjectFailure, Progress};
+use crate::engine::{self, Progress};
 use crate::storedversions::Run;
 
 /// Failures named in a Failed condition's message.
@@ -163,7 +163,7 @@ pub fn start_point(
                 failed: counts.failed,
                 remaining: counts.remaining,
                 continue_token: Some(continue_token.clone()),
-                failures: status.failed_objects.into_iter().map(object_failure).collect(),
+                failures: status.failed_objects,
                 ..Progress::default()
             },
             // A checkpoint written before kube-svm recorded this is not trusted for pruning.
@@ -238,7 +238,7 @@ pub fn running(
             continue_token: progress.continue_token.clone().unwrap_or_default(),
             time: Some(Time(now)),
         }),
-        failed_objects: progress.failures.iter().map(failed_object).collect(),
+        failed_objects: progress.failures.clone(),
         target: Some(target.clone()),
         start_time: previous.start_time.or(Some(Time(now))),
         completion_time: None,
@@ -357,16 +357,8 @@ fn failed_message(progress: &Progress) -> String {
         .iter()
         .take(FAILURES_IN_MESSAGE)
         .map(|f| {
-            let name = match f.namespace.as_str() {
-                "" => f.name.clone(),
-                namespace => format!("{namespace}/{}", f.name),
-            };
-            format!(
-                "{name}: {} {}: {}",
-                f.code,
-                f.reason,
-                cut(&f.message, FAILURE_IN_MESSAGE_LIMIT)
-            )
+            let message = cut(&f.message, FAILURE_IN_MESSAGE_LIMIT);
+            engine::describe(&crate::api::FailedObject { message, ..f.clone() })
         })
         .collect();
     format!(
@@ -392,19 +384,10 @@ fn counts(progress: &Progress) -> MigrationProgress {
     }
 }
 
-fn failed_object(failure: &ObjectFailure) -> FailedObject {
-    let ObjectFailure { namespace, name, code, reason, message } = failure.clone();
-    FailedObject { namespace, name, code, reason, message }
-}
-
-fn object_failure(failed: FailedObject) -> ObjectFailure {
-    let FailedObject { namespace, name, code, reason, message } = failed;
-    ObjectFailure { namespace, name, code, reason, message }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::FailedObject;
     use crate::api::StorageVersionMigrationSpec;
 
     fn now() -> Timestamp {
@@ -413,7 +396,7 @@ mod tests {
 
     fn progress(failed: u64) -> Progress {
         let failures = (0..failed)
-            .map(|i| ObjectFailure {
+            .map(|i| FailedObject {
                 namespace: "ns".into(),
                 name: format!("o-{i}"),
                 code: 422,

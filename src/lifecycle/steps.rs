@@ -14,6 +14,7 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use tracing::warn;
 
+use crate::answers;
 use crate::api::conditions::{
     STATUS_FALSE, STATUS_TRUE, STORAGE_MIGRATING, STORED_VERSIONS_PRUNED, reasons,
     storage_migrating, stored_versions,
@@ -419,8 +420,8 @@ pub async fn mark_migrating(cluster: &Cluster<'_>, resource: &Resource, migratin
     for _ in 0..2 {
         match set_condition(cluster, &name, migrating, by).await {
             Ok(()) => return,
-            Err(RequestError::Api(kube::Error::Api(status))) if status.code == 409 => continue,
-            Err(RequestError::Api(kube::Error::Api(status))) if status.code == 404 => return,
+            Err(RequestError::Api(error)) if answers::is_conflict(&error) => continue,
+            Err(RequestError::Api(error)) if answers::is_not_found(&error) => return,
             Err(error) => {
                 warn!(
                     error = %crate::error_chain(&error),

@@ -24,7 +24,7 @@ use tracing::{debug, info, warn};
 use sha2::{Digest, Sha256};
 
 pub use super::TRIGGER_LABEL;
-use super::{Clients, Requests, is_code};
+use super::{Clients, Requests, is_conflict};
 use crate::api::{
     GroupVersionResource, Phase, StorageVersionMigration, StorageVersionMigrationSpec,
 };
@@ -209,7 +209,7 @@ async fn reconcile(
             migration = name,
             "created a migration for stale storedVersions"
         ),
-        Err(error) if is_code(&error, 409) => {
+        Err(error) if is_conflict(&error) => {
             debug!(migration = name, "a migration for this CRD state exists already");
         }
         Err(error) => return Err(Error::Create(name, error)),

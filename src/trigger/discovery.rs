@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::storage_state::{self, Guard};
-use super::{Clients, Requests, TRIGGER_LABEL, is_code};
+use super::{Clients, Requests, TRIGGER_LABEL, is_conflict};
 use crate::api::{
     GroupResource, GroupVersionResource, PERSISTED_SINCE_ANNOTATION, Phase, StorageState,
     StorageStateSpec, StorageVersionMigration, StorageVersionMigrationSpec,
@@ -324,7 +324,7 @@ pub async fn write_state(
     stamp: bool,
 ) -> Result<(), Error> {
     let name = resource.name();
-    let failed = |e: RequestError| match is_code(&e, 409) {
+    let failed = |e: RequestError| match is_conflict(&e) {
         true => Error::Changed(name.clone()),
         false => Error::Write(name.clone(), e),
     };

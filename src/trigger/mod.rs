@@ -36,8 +36,8 @@ impl Requests<'_> {
 }
 
 /// Whether `error` is an answer with HTTP `code`.
-fn is_code(error: &RequestError, code: u16) -> bool {
-    matches!(error, RequestError::Api(kube::Error::Api(status)) if status.code == code)
+fn is_conflict(error: &RequestError) -> bool {
+    matches!(error, RequestError::Api(error) if crate::answers::is_conflict(error))
 }
 
 /// The clients a trigger talks through.
