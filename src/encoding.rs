@@ -228,6 +228,12 @@ pub async fn apiservers(client: &Client) -> Result<usize, String> {
     }
 }
 
+/// How many kube-apiservers serve the cluster ([`apiservers`]), or as many as are assumed when
+/// they cannot be counted.
+pub async fn apiservers_or_assumed(client: &Client) -> usize {
+    apiservers(client).await.unwrap_or(ASSUMED_APISERVERS)
+}
+
 impl Check {
     /// The `group/version` discovery is read at.
     fn discovery_version(&self) -> String {
@@ -453,7 +459,7 @@ pub enum AtEnd {
 /// Samples discovery through fresh connections as often as the apiservers' number asks, and
 /// says whether they all still publish `check`'s expected hash.
 pub async fn at_end(client: &Client, config: &kube::Config, check: &Check) -> AtEnd {
-    let apiservers = apiservers(client).await.unwrap_or(ASSUMED_APISERVERS);
+    let apiservers = apiservers_or_assumed(client).await;
     let mut seen = std::collections::BTreeMap::new();
     for _ in 0..samples_needed(apiservers) {
         let sample = match published_hash(config, check).await {

@@ -7,8 +7,8 @@ use kube::api::ListParams;
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, Client};
 
-use crate::api::GroupResource;
 use crate::api::conditions::{FAILED, RUNNING, STATUS_TRUE, SUCCEEDED};
+use crate::api::{GroupResource, Phase};
 
 const GROUP: &str = "storagemigration.k8s.io";
 const VERSION: &str = "v1";
@@ -21,12 +21,14 @@ pub fn api_resource() -> ApiResource {
 
 /// Where an in-tree migration stands: `Succeeded`, `Failed`, `Running`, or `New` before the
 /// in-tree migrator has picked it up.
-pub fn phase(migration: &DynamicObject) -> &'static str {
+pub fn phase(migration: &DynamicObject) -> Phase {
     let conditions = migration.data["status"]["conditions"].as_array();
     let holds = |type_: &str| {
         conditions.into_iter().flatten().any(|c| c["type"] == type_ && c["status"] == STATUS_TRUE)
     };
-    [SUCCEEDED, FAILED, RUNNING].into_iter().find(|t| holds(t)).unwrap_or("New")
+    let phases =
+        [(SUCCEEDED, Phase::Succeeded), (FAILED, Phase::Failed), (RUNNING, Phase::Running)];
+    phases.into_iter().find(|(type_, _)| holds(type_)).map_or(Phase::New, |(_, phase)| phase)
 }
 
 /// The resource an in-tree migration migrates.
@@ -55,7 +57,7 @@ pub async fn running_for(
     let migrations = list(client).await?;
     Ok(migrations
         .iter()
-        .find(|m| phase(m) == RUNNING && self::resource(m) == *resource)
+        .find(|m| phase(m) == Phase::Running && self::resource(m) == *resource)
         .map(|m| m.metadata.name.clone().unwrap_or_default()))
 }
 
@@ -74,14 +76,14 @@ mod tests {
 
     #[test]
     fn the_phase_is_the_condition_that_holds() {
-        assert_eq!(phase(&migration(serde_json::json!([]))), "New");
+        assert_eq!(phase(&migration(serde_json::json!([]))), Phase::New);
         let running = serde_json::json!([{ "type": "Running", "status": "True" }]);
-        assert_eq!(phase(&migration(running)), RUNNING);
+        assert_eq!(phase(&migration(running)), Phase::Running);
         let done = serde_json::json!([
             { "type": "Running", "status": "False" },
             { "type": "Succeeded", "status": "True" },
         ]);
-        assert_eq!(phase(&migration(done)), SUCCEEDED);
+        assert_eq!(phase(&migration(done)), Phase::Succeeded);
         let widgets = GroupResource { group: "example.com".into(), resource: "widgets".into() };
         assert_eq!(resource(&migration(serde_json::json!([]))), widgets);
     }

@@ -42,7 +42,8 @@ pub struct Entry {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ExistingMigration {
     pub name: String,
-    pub phase: String,
+    /// `New`, `Running`, `Succeeded` or `Failed`.
+    pub phase: crate::api::Phase,
 }
 
 /// The whole plan.

@@ -112,7 +112,7 @@ pub mod events {
 }
 
 /// Which of the three states a migration is in, from its first condition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum Phase {
     /// Not picked up yet.
     New,
@@ -134,5 +134,21 @@ impl Phase {
 
     pub fn is_terminal(self) -> bool {
         matches!(self, Phase::Succeeded | Phase::Failed)
+    }
+
+    /// As tables and JSON name it: `New`, `Running`, `Succeeded`, `Failed`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::New => "New",
+            Phase::Running => RUNNING,
+            Phase::Succeeded => SUCCEEDED,
+            Phase::Failed => FAILED,
+        }
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }

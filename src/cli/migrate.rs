@@ -23,11 +23,11 @@ use super::cancel_on_signal;
 use super::checkpoints::{Checkpoints, cluster_identity};
 use super::engine::{Built, EngineArgs};
 use super::kube::KubeArgs;
-use super::progress::{self, Display, Show};
+use super::progress::{Display, Show};
 use super::status;
 use crate::api::conditions::{STATUS_TRUE, STORED_VERSIONS_PRUNED, SUCCEEDED, events, reasons};
 use crate::api::{
-    GroupResource, GroupVersionResource, MigrationTarget, StorageVersionMigration,
+    GroupResource, GroupVersionResource, MigrationTarget, Phase, StorageVersionMigration,
     StorageVersionMigrationSpec, StorageVersionMigrationStatus,
 };
 use crate::encoding::Observer;
@@ -287,9 +287,10 @@ impl Migrator {
                     "cannot tell whether another migrator is migrating it, so it was not started: {error:#}"
                 ))
             })?;
-            let running = rows.iter().find(|r| r.resource == name.name() && r.phase == "Running");
+            let running =
+                rows.iter().find(|r| r.resource == name.name() && r.phase == Phase::Running);
             let Some(running) = running else { return Ok(()) };
-            let other = format!("the {} migration {}", running.migrator, running.name);
+            let other = format!("the {} migration {}", running.migrator.name(), running.name);
             if !self.wait_for_others {
                 return Err(Ending::Failed(format!(
                     "refused: {other} is migrating it now; wait for it to end (kube-svm status -w), or pass --wait-for-others"
@@ -456,7 +457,7 @@ fn describe(done: &StorageVersionMigrationStatus) -> Ending {
     let elapsed = match (&done.start_time, &done.completion_time) {
         (Some(start), Some(end)) => {
             let seconds = end.0.duration_since(start.0).as_secs_f64().max(0.0);
-            format!(" in {}", progress::clock(std::time::Duration::from_secs_f64(seconds)))
+            format!(" in {}", super::figures::clock(std::time::Duration::from_secs_f64(seconds)))
         }
         _ => String::new(),
     };

@@ -5,6 +5,7 @@ mod controller;
 mod crds;
 mod engine;
 mod etcd;
+mod figures;
 mod inspect;
 pub mod kube;
 mod migrate;

@@ -204,7 +204,7 @@ fn existing(
     let chosen = of.iter().find(|m| !Phase::of(m).is_terminal()).or_else(|| of.last())?;
     Some(ExistingMigration {
         name: chosen.metadata.name.clone().unwrap_or_default(),
-        phase: format!("{:?}", Phase::of(chosen)),
+        phase: Phase::of(chosen),
     })
 }
 

@@ -8,6 +8,7 @@ use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::time::Instant;
 
+use super::figures;
 use crate::engine::Progress;
 
 /// Least time between two plain progress lines: often enough to show life in a log, rarely
@@ -43,15 +44,8 @@ impl Figures {
         let processed = progress.processed();
         // Listed objects not yet handled, and those the apiserver says are still to list.
         let total = progress.remaining.map(|remaining| progress.listed.max(processed) + remaining);
-        let seconds = elapsed.as_secs_f64();
-        let done_here = processed.saturating_sub(processed_at_start);
-        let rate = (seconds >= 1.0 && done_here > 0).then(|| done_here as f64 / seconds);
-        let eta = match (total, rate) {
-            (Some(total), Some(rate)) => {
-                Some(Duration::from_secs_f64((total.saturating_sub(processed)) as f64 / rate))
-            }
-            _ => None,
-        };
+        let rate = figures::rate(processed.saturating_sub(processed_at_start), elapsed);
+        let eta = total.and_then(|total| figures::eta(total.saturating_sub(processed), rate));
         Figures { processed, total, rate, eta }
     }
 
@@ -69,19 +63,9 @@ impl Figures {
             out.push_str(&format!(", {rate:.0} objects/s"));
         }
         if let Some(eta) = self.eta {
-            out.push_str(&format!(", ETA {}", clock(eta)));
+            out.push_str(&format!(", ETA {}", figures::clock(eta)));
         }
         out
-    }
-}
-
-/// `1h02m`, `4m05s`, `15s`.
-pub fn clock(duration: Duration) -> String {
-    let seconds = duration.as_secs();
-    match seconds {
-        0..60 => format!("{seconds}s"),
-        60..3600 => format!("{}m{:02}s", seconds / 60, seconds % 60),
-        _ => format!("{}h{:02}m", seconds / 3600, (seconds % 3600) / 60),
     }
 }
 
@@ -119,7 +103,7 @@ impl Display {
             bar.set_length(figures.total.unwrap_or(figures.processed).max(figures.processed));
             bar.set_position(figures.processed);
             let rate = figures.rate.map_or(String::new(), |r| format!("{r:.0} objects/s"));
-            let eta = figures.eta.map_or(String::new(), |e| format!(", ETA {}", clock(e)));
+            let eta = figures.eta.map_or(String::new(), |e| format!(", ETA {}", figures::clock(e)));
             bar.set_message(format!("{rate}{eta}"));
         }
         let due = self.last_line.is_none_or(|last| last.elapsed() >= LINE_INTERVAL);
@@ -181,12 +165,5 @@ mod tests {
         let unknown = Figures::of(&progress(500, 500, None), 0, Duration::from_secs(5));
         assert_eq!(unknown.eta, None);
         assert_eq!(unknown.line(), "500 objects, 100 objects/s");
-    }
-
-    #[test]
-    fn clocks_read_as_hours_minutes_seconds() {
-        assert_eq!(clock(Duration::from_secs(15)), "15s");
-        assert_eq!(clock(Duration::from_secs(245)), "4m05s");
-        assert_eq!(clock(Duration::from_secs(3720)), "1h02m");
     }
 }

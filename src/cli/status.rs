@@ -12,9 +12,9 @@ use kube::core::DynamicObject;
 use kube::{Api, Client};
 use serde::Serialize;
 
+use super::figures;
 use super::kube::KubeArgs;
 use super::table::{self, Output};
-use crate::api::conditions::SUCCEEDED;
 use crate::api::{GroupResource, Phase, StorageVersionMigration};
 use crate::in_tree;
 
@@ -40,16 +40,39 @@ pub struct StatusArgs {
     pub output: Output,
 }
 
-/// One migration as `status` shows it.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+/// Who runs a migration.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum Migrator {
+    /// kube-svm (`migration.k8s.io`).
+    #[default]
+    #[serde(rename = "kube-svm")]
+    KubeSvm,
+    /// The in-tree migrator of kube-controller-manager (`storagemigration.k8s.io`).
+    #[serde(rename = "in-tree")]
+    InTree,
+}
+
+impl Migrator {
+    /// As the table and messages name it: `kube-svm`, `in-tree`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Migrator::KubeSvm => "kube-svm",
+            Migrator::InTree => "in-tree",
+        }
+    }
+}
+
+/// One migration as `status` shows it; with `-o json`, a contract scripts can rely on.
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Row {
     pub name: String,
     /// `kube-svm` or `in-tree`.
-    pub migrator: String,
+    pub migrator: Migrator,
     /// `resource.group`.
     pub resource: String,
-    pub phase: String,
+    /// `New`, `Running`, `Succeeded` or `Failed`.
+    pub phase: Phase,
     /// Percent of the objects handled, when the total is known.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub progress_percent: Option<u8>,
@@ -114,8 +137,8 @@ pub fn row(migration: &StorageVersionMigration, now: Timestamp) -> Row {
         true => status.completion_time.as_ref().map_or(now, |t| t.0),
         false => now,
     };
-    let elapsed = started.map(|s| until.duration_since(s).as_secs_f64());
-    let rate = elapsed.filter(|e| *e > 0.0).map(|e| progress.processed as f64 / e);
+    let elapsed = started.map(|s| until.duration_since(s).unsigned_abs()).unwrap_or_default();
+    let rate = figures::rate(progress.processed, elapsed);
     let remaining = match phase {
         Phase::Succeeded => Some(0),
         _ => progress.remaining,
@@ -126,20 +149,18 @@ pub fn row(migration: &StorageVersionMigration, now: Timestamp) -> Row {
         (_, Some(total)) => Some(u8::try_from(progress.processed * 100 / total).unwrap_or(100)),
         (_, None) => None,
     };
-    let eta_seconds = match (phase, remaining, rate) {
-        (Phase::Running, Some(remaining), Some(rate)) if rate > 0.0 => {
-            Some((remaining as f64 / rate).ceil() as u64)
-        }
+    let eta_seconds = match (phase, remaining) {
+        (Phase::Running, Some(remaining)) => figures::eta(remaining, rate).map(|e| e.as_secs()),
         _ => None,
     };
     Row {
         name: migration.metadata.name.clone().unwrap_or_default(),
-        migrator: "kube-svm".into(),
+        migrator: Migrator::KubeSvm,
         resource: GroupResource::name_of(
             &migration.spec.resource.group,
             &migration.spec.resource.resource,
         ),
-        phase: format!("{phase:?}"),
+        phase,
         progress_percent,
         processed: progress.processed,
         remaining,
@@ -155,12 +176,16 @@ fn in_tree_row(migration: &DynamicObject, now: Timestamp) -> Row {
     let phase = in_tree::phase(migration);
     Row {
         name: migration.metadata.name.clone().unwrap_or_default(),
-        migrator: "in-tree".into(),
+        migrator: Migrator::InTree,
         resource: in_tree::resource(migration).name(),
-        phase: phase.into(),
-        progress_percent: (phase == SUCCEEDED).then_some(100),
+        phase,
+        progress_percent: (phase == Phase::Succeeded).then_some(100),
+        processed: 0,
+        remaining: None,
+        failed: 0,
+        objects_per_second: None,
+        eta_seconds: None,
         age_seconds: age(migration.metadata.creation_timestamp.as_ref().map(|t| t.0), now),
-        ..Row::default()
     }
 }
 
@@ -168,14 +193,9 @@ fn age(created: Option<Timestamp>, now: Timestamp) -> u64 {
     created.map_or(0, |c| now.duration_since(c).as_secs().max(0).unsigned_abs())
 }
 
-/// `90` → `1m30s`, as kubectl prints ages.
+/// `seconds` as [`figures::clock`] writes durations.
 fn duration(seconds: u64) -> String {
-    match seconds {
-        s if s < 60 => format!("{s}s"),
-        s if s < 3600 => format!("{}m{}s", s / 60, s % 60),
-        s if s < 86400 => format!("{}h{}m", s / 3600, (s % 3600) / 60),
-        s => format!("{}d{}h", s / 86400, (s % 86400) / 3600),
-    }
+    figures::clock(std::time::Duration::from_secs(seconds))
 }
 
 fn render(rows: &Vec<Row>) -> String {
@@ -188,12 +208,12 @@ fn render(rows: &Vec<Row>) -> String {
     ];
     let or_dash = |value: Option<String>| value.unwrap_or_else(|| "-".into());
     for row in rows {
-        let in_tree = row.migrator == "in-tree";
+        let in_tree = row.migrator == Migrator::InTree;
         table.push([
             row.name.clone(),
-            row.migrator.clone(),
+            row.migrator.name().to_owned(),
             row.resource.clone(),
-            row.phase.clone(),
+            row.phase.to_string(),
             or_dash(row.progress_percent.map(|p| format!("{p}%"))),
             or_dash(row.objects_per_second.map(|r| format!("{r:.1}"))),
             or_dash(row.eta_seconds.map(duration)),
@@ -248,8 +268,8 @@ mod tests {
     fn a_finished_migration_keeps_its_rate_and_has_no_eta() {
         let row = row(&migration("Succeeded", 1000, None), at(500));
         assert_eq!(
-            (row.phase.as_str(), row.progress_percent, row.remaining),
-            ("Succeeded", Some(100), Some(0))
+            (row.phase, row.progress_percent, row.remaining),
+            (Phase::Succeeded, Some(100), Some(0))
         );
         assert_eq!((row.objects_per_second, row.eta_seconds), (Some(10.0), None));
     }
@@ -261,10 +281,11 @@ mod tests {
     }
 
     #[test]
-    fn durations_read_like_kubectl_ages() {
-        assert_eq!(duration(42), "42s");
-        assert_eq!(duration(90), "1m30s");
-        assert_eq!(duration(7260), "2h1m");
-        assert_eq!(duration(90000), "1d1h");
+    fn the_json_is_a_contract_of_names_not_debug_output() {
+        let row = row(&migration("Running", 500, Some(1500)), at(50));
+        let json = serde_json::to_value(&row).expect("serializes");
+        assert_eq!(json["phase"], "Running");
+        assert_eq!(json["migrator"], "kube-svm");
+        assert_eq!(serde_json::to_value(Migrator::InTree).expect("serializes"), "in-tree");
     }
 }

@@ -111,7 +111,15 @@ pub async fn target_of(
                 settle: cluster.encoding.settle,
                 wait: cluster.encoding.wait,
             };
-            cluster.observer.confirm(cluster.client, cluster.config, &check).await
+            let confirming = cluster.observer.confirm(cluster.client, cluster.config, &check);
+            // A CRD that changes during the check makes its verdict moot: no need to wait it out.
+            match &state {
+                Some(state) => tokio::select! {
+                    encoding = confirming => encoding,
+                    moved = crd_moves(cluster, resource, state) => Encoding::Unconfirmed(moved),
+                },
+                None => confirming.await,
+            }
         }
     };
     let (confirmed, evidence) = match encoding {
@@ -212,6 +220,27 @@ pub fn crd_change(
         );
         Change::new(reasons::STORAGE_VERSION_CHANGED, why)
     })
+}
+
+/// Resolves once the CRD behind `resource` is no longer at the generation (or uid) of `state`,
+/// reading it every [`GUARD_INTERVAL`]; says how it moved.
+async fn crd_moves(cluster: &Cluster<'_>, resource: &Resource, state: &CrdState) -> String {
+    loop {
+        tokio::time::sleep(GUARD_INTERVAL).await;
+        let Ok(crd) = crd_of(cluster, resource).await else { continue };
+        let now = crd.as_ref().and_then(CrdState::of);
+        let moved = now
+            .as_ref()
+            .is_none_or(|now| now.generation != state.generation || now.uid != state.uid);
+        if moved {
+            let generation =
+                now.map_or_else(|| "none".to_owned(), |now| now.generation.to_string());
+            return format!(
+                "the CRD of {resource} changed during the encoding check (generation {} then {generation})",
+                state.generation
+            );
+        }
+    }
 }
 
 /// Whether the CRD behind `resource` still is what `target` recorded, read now: `None` when it

@@ -17,13 +17,13 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::storage_state::{self, Guard};
+use super::storage_state::{self, Guard, Trust};
 use super::{Clients, Requests, TRIGGER_LABEL, is_conflict};
 use crate::api::{
     GroupResource, GroupVersionResource, PERSISTED_SINCE_ANNOTATION, Phase, StorageState,
     StorageStateSpec, StorageVersionMigration, StorageVersionMigrationSpec,
 };
-use crate::encoding::EncodingPolicy;
+use crate::encoding::{self, EncodingPolicy};
 use crate::fence::RequestError;
 
 /// Annotation on the migrations this trigger creates: the storage version hash it saw when it
@@ -143,6 +143,12 @@ async fn poll(
         .map_err(|e| Error::List("StorageVersionMigrations", e))?
         .items;
 
+    // Each poll asks one apiserver (a new connection): a new hash must be seen on as many polls
+    // in a row as make it unlikely that one apiserver was never asked.
+    let trust = Trust {
+        window: settings.encoding.settle,
+        polls: encoding::samples_needed(encoding::apiservers_or_assumed(client).await),
+    };
     let now = Instant::now();
     let mut due: Option<Duration> = None;
     let mut look_again = |after: Duration| due = Some(due.map_or(after, |d| d.min(after)));
@@ -152,8 +158,7 @@ async fn poll(
         let state = existing_states.get(&name);
         let status = state.and_then(|s| s.status.as_ref());
         let recorded = status.and_then(|s| s.current_storage_version_hash.as_deref());
-        let Some(current) = guard.observe(resource, hash, recorded, now, settings.encoding.settle)
-        else {
+        let Some(current) = guard.observe(resource, hash, recorded, now, trust) else {
             continue;
         };
         let recorded_since = state

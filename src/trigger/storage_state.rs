@@ -10,29 +10,39 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{GroupResource, Phase, StorageStateStatus, StorageVersionMigration, UNKNOWN_HASH};
 
-/// Trusts a hash only once discovery has shown it on every poll for a while: during a rolling
-/// upgrade, apiservers of two releases answer discovery in turn, and their hashes must not make
-/// the trigger flap between them.
+/// Trusts a hash only once discovery has shown it on every poll for a while, and on enough polls
+/// that every apiserver was likely asked: during a rolling upgrade, apiservers of two releases
+/// answer discovery in turn, and their hashes must not make the trigger flap between them.
 #[derive(Debug, Default)]
 pub struct Guard {
     /// The hash each resource was last trusted at.
     trusted: HashMap<GroupResource, String>,
-    /// A different hash seen on every poll since the instant given.
-    candidates: HashMap<GroupResource, (String, Instant)>,
+    /// A different hash seen on every poll since the instant given, and on how many polls.
+    candidates: HashMap<GroupResource, (String, Instant, u32)>,
+}
+
+/// How much agreement a new hash needs before the trigger acts on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Trust {
+    /// How long every poll must show it.
+    pub window: Duration,
+    /// How many polls in a row must show it ([`crate::encoding::samples_needed`] for the number
+    /// of apiservers: each poll reads discovery through a new connection).
+    pub polls: u32,
 }
 
 impl Guard {
     /// Records that discovery shows `seen` for `resource` at `now`, and returns the hash to act
-    /// on: `seen` once it has been shown on every poll for `window` (or at once when it is the
-    /// hash already trusted or `recorded` in the StorageState), else the hash trusted before
-    /// (`None` for a resource never trusted).
+    /// on: `seen` once it has been shown on every poll for as long and as often as `trust` asks
+    /// (or at once when it is the hash already trusted or `recorded` in the StorageState), else
+    /// the hash trusted before (`None` for a resource never trusted).
     pub fn observe(
         &mut self,
         resource: &GroupResource,
         seen: &str,
         recorded: Option<&str>,
         now: Instant,
-        window: Duration,
+        trust: Trust,
     ) -> Option<String> {
         let trusted = self.trusted.get(resource).cloned().or(recorded.map(str::to_owned));
         if trusted.as_deref() == Some(seen) {
@@ -40,16 +50,16 @@ impl Guard {
             self.trusted.insert(resource.clone(), seen.to_owned());
             return trusted;
         }
-        let since = match self.candidates.get(resource) {
-            Some((hash, since)) if hash == seen => *since,
-            _ => now,
+        let (since, polls) = match self.candidates.get(resource) {
+            Some((hash, since, polls)) if hash == seen => (*since, polls + 1),
+            _ => (now, 1),
         };
-        if now.duration_since(since) >= window {
+        if now.duration_since(since) >= trust.window && polls >= trust.polls {
             self.candidates.remove(resource);
             self.trusted.insert(resource.clone(), seen.to_owned());
             return Some(seen.to_owned());
         }
-        self.candidates.insert(resource.clone(), (seen.to_owned(), since));
+        self.candidates.insert(resource.clone(), (seen.to_owned(), since, polls));
         trusted
     }
 
@@ -284,7 +294,7 @@ mod tests {
         GroupResource { group: "example.com".into(), resource: "widgets".into() }
     }
 
-    const WINDOW: Duration = Duration::from_secs(10);
+    const WINDOW: Trust = Trust { window: Duration::from_secs(10), polls: 2 };
 
     #[test]
     fn a_new_hash_is_trusted_once_seen_for_the_whole_window() {
@@ -300,6 +310,20 @@ mod tests {
         assert_eq!(guard.observe(&widgets(), "B", None, at(20), WINDOW).as_deref(), Some("A"));
         assert_eq!(guard.observe(&widgets(), "B", None, at(25), WINDOW).as_deref(), Some("A"));
         assert_eq!(guard.observe(&widgets(), "B", None, at(30), WINDOW).as_deref(), Some("B"));
+    }
+
+    #[test]
+    fn behind_three_apiservers_a_new_hash_needs_twelve_polls_in_a_row() {
+        let mut guard = Guard::default();
+        let start = Instant::now();
+        let three = Trust { window: Duration::from_secs(3), polls: 12 };
+        guard.observe(&widgets(), "A", Some("A"), start, three);
+        let at = |s: u64| start + Duration::from_secs(s);
+        // Two polls in a row reached the one upgraded apiserver: not enough.
+        for s in 1..12 {
+            assert_eq!(guard.observe(&widgets(), "B", None, at(s), three).as_deref(), Some("A"));
+        }
+        assert_eq!(guard.observe(&widgets(), "B", None, at(12), three).as_deref(), Some("B"));
     }
 
     #[test]

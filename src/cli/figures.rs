@@ -1,0 +1,64 @@
+//! How kube-svm's commands put a migration's numbers into words, in one place so that `status`
+//! and `migrate` read alike: durations (`15s`, `4m05s`, `2h01m`, `3d04h`), and how fast a
+//! migration goes and how long it has left.
+
+use std::time::Duration;
+
+/// `15s`, `4m05s`, `2h01m`, `3d04h`: the two largest units, as kubectl prints ages.
+pub fn clock(duration: Duration) -> String {
+    let seconds = duration.as_secs();
+    match seconds {
+        0..60 => format!("{seconds}s"),
+        60..3600 => format!("{}m{:02}s", seconds / 60, seconds % 60),
+        3600..86400 => format!("{}h{:02}m", seconds / 3600, (seconds % 3600) / 60),
+        _ => format!("{}d{:02}h", seconds / 86400, (seconds % 86400) / 3600),
+    }
+}
+
+/// Objects a second, `done` in `elapsed`; none before a second has passed or an object is done
+/// (the first page's burst would say nothing of the rate).
+pub fn rate(done: u64, elapsed: Duration) -> Option<f64> {
+    let seconds = elapsed.as_secs_f64();
+    (seconds >= 1.0 && done > 0).then(|| done as f64 / seconds)
+}
+
+/// The time `left` objects take at `rate`.
+pub fn eta(left: u64, rate: Option<f64>) -> Option<Duration> {
+    rate.filter(|r| *r > 0.0).map(|rate| Duration::from_secs_f64(left as f64 / rate).ceil_secs())
+}
+
+/// Rounding up to whole seconds: an ETA of 0.4 s is shown as `1s`, never `0s`.
+trait CeilSecs {
+    fn ceil_secs(self) -> Duration;
+}
+
+impl CeilSecs for Duration {
+    fn ceil_secs(self) -> Duration {
+        Duration::from_secs(self.as_secs_f64().ceil() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clocks_read_as_the_two_largest_units() {
+        let clock_of = |seconds| clock(Duration::from_secs(seconds));
+        assert_eq!(clock_of(42), "42s");
+        assert_eq!(clock_of(90), "1m30s");
+        assert_eq!(clock_of(245), "4m05s");
+        assert_eq!(clock_of(7260), "2h01m");
+        assert_eq!(clock_of(90000), "1d01h");
+    }
+
+    #[test]
+    fn rates_wait_for_a_second_and_an_object_and_etas_round_up() {
+        assert_eq!(rate(10, Duration::from_millis(500)), None);
+        assert_eq!(rate(0, Duration::from_secs(5)), None);
+        assert_eq!(rate(500, Duration::from_secs(50)), Some(10.0));
+        assert_eq!(eta(1500, Some(10.0)), Some(Duration::from_secs(150)));
+        assert_eq!(eta(3, Some(10.0)), Some(Duration::from_secs(1)));
+        assert_eq!(eta(3, None), None);
+    }
+}
