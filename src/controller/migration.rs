@@ -37,17 +37,17 @@ const DELETION_CHECK: Duration = Duration::from_millis(250);
 /// (and the migration is taken up again later).
 const RECORD_PATIENCE: Duration = Duration::from_secs(60);
 
-/// How a migration task ended, for the scheduler.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Ended {
-    /// Nothing left to do now: finished, failed, deleted, or stopped with a checkpoint.
-    Done,
+/// When the scheduler takes a migration up again after its task ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Requeue {
+    /// Not before it changes: finished, failed, deleted, or stopped with a checkpoint.
+    Never,
     /// Discovery (or the CRD) could not be read; try again later.
-    DiscoveryFailed,
+    AfterDiscoveryFailure,
     /// The migration's status could not be written; take it up again later.
-    Unrecorded,
+    AfterUnrecorded,
     /// The in-tree migrator is migrating the same resource; take it up again later.
-    Deferred,
+    AfterInTree,
 }
 
 #[instrument(skip_all, fields(migration = %migration.name_any(), resource = %migration.spec.resource.resource))]
@@ -55,12 +55,12 @@ pub(super) async fn run(
     context: &Context,
     migration: Arc<StorageVersionMigration>,
     discovery_failures: u32,
-) -> Ended {
+) -> Requeue {
     let metrics = context.engine.metrics().clone();
     metrics.migrations_running.inc();
     let _running = scopeguard(move || metrics.migrations_running.dec());
     if in_tree_migrating(context, &migration).await {
-        return Ended::Deferred;
+        return Requeue::AfterInTree;
     }
     let cancel = context.stopping.child_token();
     let marked = Mutex::new(None);
@@ -77,24 +77,24 @@ pub(super) async fn run(
         marked: &marked,
         by: by.clone(),
     };
-    let ended = tokio::select! {
-        end = lifecycle.run() => ended(end),
+    let requeue = tokio::select! {
+        end = lifecycle.run() => requeue(end),
         () = watch_deletion(context, &migration, cancel.clone()) => {
             info!("migration deleted; stopped");
             lifecycle::unmark(&context.cluster(), &marked, &by).await;
-            Ended::Done
+            Requeue::Never
         }
     };
-    info!(?ended, "migration task ended");
-    ended
+    info!(?requeue, "migration task ended");
+    requeue
 }
 
-/// What the scheduler does after a lifecycle's end.
-fn ended(end: End) -> Ended {
+/// When the scheduler takes the migration up again after its lifecycle's end.
+fn requeue(end: End) -> Requeue {
     match end {
-        End::Finished(_) | End::Stopped { .. } => Ended::Done,
-        End::Later(LaterBecause::Discovery) => Ended::DiscoveryFailed,
-        End::Later(LaterBecause::Unrecorded) => Ended::Unrecorded,
+        End::Finished(_) | End::Stopped { .. } => Requeue::Never,
+        End::Later(LaterBecause::Discovery) => Requeue::AfterDiscoveryFailure,
+        End::Later(LaterBecause::Unrecorded) => Requeue::AfterUnrecorded,
     }
 }
 

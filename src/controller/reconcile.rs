@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tracing::{debug, error, instrument};
 
 use super::Context;
-use super::migration::{self, Ended};
+use super::migration::{self, Requeue};
 use crate::api::{GroupResource, Phase, StorageVersionMigration};
 
 /// How soon a migration waiting for its turn is looked at again.
@@ -105,35 +105,23 @@ pub(super) async fn reconcile(
         running.insert(name.clone(), resource);
         let task_context = context.clone();
         context.tasks.spawn(async move {
-            let ended = migration::run(&task_context, migration, failures).await;
+            let requeue = migration::run(&task_context, migration, failures).await;
             let context = task_context;
-            match ended {
-                Ended::DiscoveryFailed => {
-                    let failures = failures + 1;
-                    let next = Instant::now() + retry_delay(failures);
-                    let retrying = Retrying { failures, unrecorded, next, given_up_at: None };
-                    context.retries().insert(uid, retrying);
-                }
-                Ended::Unrecorded => {
-                    let unrecorded = unrecorded + 1;
-                    let next = Instant::now() + UNRECORDED_RETRY;
-                    let given_up_at = (unrecorded >= UNRECORDED_ATTEMPTS).then(|| {
+            let resource_version = || {
+                let now = context.store.get(&ObjectRef::new(&name));
+                now.and_then(|m| m.metadata.resource_version.clone()).unwrap_or_default()
+            };
+            match retry(requeue, failures, unrecorded, Instant::now(), resource_version) {
+                Some(retrying) => {
+                    if retrying.given_up_at.is_some() {
                         error!(
-                            unrecorded,
+                            unrecorded = retrying.unrecorded,
                             "the migration's status cannot be written; leaving it alone until it changes"
                         );
-                        let now = context.store.get(&ObjectRef::new(&name));
-                        now.and_then(|m| m.metadata.resource_version.clone()).unwrap_or_default()
-                    });
-                    let retrying = Retrying { failures, unrecorded, next, given_up_at };
+                    }
                     context.retries().insert(uid, retrying);
                 }
-                Ended::Deferred => {
-                    let next = Instant::now() + IN_TREE_WAIT;
-                    let retrying = Retrying { failures, unrecorded, next, given_up_at: None };
-                    context.retries().insert(uid, retrying);
-                }
-                Ended::Done => {
+                None => {
                     context.retries().remove(&uid);
                 }
             }
@@ -145,6 +133,36 @@ pub(super) async fn reconcile(
         });
     }
     Ok(Action::await_change())
+}
+
+/// When a migration whose task ended with `requeue` is taken up again, after `failures`
+/// discovery failures and `unrecorded` unwritable statuses so far; `None` when not before it
+/// changes. `resource_version` is the migration's now, read only when kube-svm gives up on an
+/// unwritable status. Pure.
+fn retry(
+    requeue: Requeue,
+    failures: u32,
+    unrecorded: u32,
+    now: Instant,
+    resource_version: impl FnOnce() -> String,
+) -> Option<Retrying> {
+    match requeue {
+        Requeue::Never => None,
+        Requeue::AfterDiscoveryFailure => {
+            let failures = failures + 1;
+            let next = now + retry_delay(failures);
+            Some(Retrying { failures, unrecorded, next, given_up_at: None })
+        }
+        Requeue::AfterUnrecorded => {
+            let unrecorded = unrecorded + 1;
+            let next = now + UNRECORDED_RETRY;
+            let given_up_at = (unrecorded >= UNRECORDED_ATTEMPTS).then(resource_version);
+            Some(Retrying { failures, unrecorded, next, given_up_at })
+        }
+        Requeue::AfterInTree => {
+            Some(Retrying { failures, unrecorded, next: now + IN_TREE_WAIT, given_up_at: None })
+        }
+    }
 }
 
 pub(super) fn error_policy(
@@ -187,6 +205,31 @@ fn order_key(migration: &StorageVersionMigration) -> (Option<i64>, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_finished_task_is_forgotten_and_the_others_come_back_later() {
+        let now = Instant::now();
+        let version = || "42".to_owned();
+        assert!(retry(Requeue::Never, 3, 1, now, version).is_none());
+        let discovery = retry(Requeue::AfterDiscoveryFailure, 2, 0, now, version).expect("later");
+        assert_eq!((discovery.failures, discovery.next), (3, now + retry_delay(3)));
+        let in_tree = retry(Requeue::AfterInTree, 2, 1, now, version).expect("later");
+        assert_eq!(
+            (in_tree.failures, in_tree.unrecorded, in_tree.next),
+            (2, 1, now + IN_TREE_WAIT)
+        );
+    }
+
+    #[test]
+    fn an_unwritable_status_is_tried_a_few_times_then_left_until_the_migration_changes() {
+        let now = Instant::now();
+        let version = || "42".to_owned();
+        let first = retry(Requeue::AfterUnrecorded, 0, 0, now, version).expect("later");
+        assert_eq!((first.unrecorded, first.given_up_at.as_deref()), (1, None));
+        let last = retry(Requeue::AfterUnrecorded, 0, UNRECORDED_ATTEMPTS - 1, now, version);
+        let last = last.expect("parked");
+        assert_eq!(last.given_up_at.as_deref(), Some("42"), "left alone at this version");
+    }
 
     #[test]
     fn discovery_retries_back_off_to_a_minute_and_end_within_minutes() {

@@ -61,6 +61,77 @@ impl Tally {
     }
 }
 
+/// The pages of one run on their way through it, in list order: which object to write next,
+/// which outcome belongs to which page, and which pages are done (every object of them and of
+/// every page before them). Pure: the run feeds it pages and outcomes.
+#[derive(Default)]
+struct Pages {
+    /// Pages listed and not yet folded into the progress, oldest first.
+    pending: VecDeque<PageInFlight>,
+    /// Sequence number of `pending[0]`.
+    front: u64,
+    /// The page being dispatched (its sequence number), and its objects not yet dispatched.
+    current: Option<(u64, std::vec::IntoIter<Listed>)>,
+    /// Whether the lister has handed over its last page.
+    listed_all: bool,
+}
+
+impl Pages {
+    /// Takes a page from the lister; its objects are dispatched next.
+    fn admit(&mut self, page: Page) {
+        let seq = self.front + self.pending.len() as u64;
+        self.pending.push_back(PageInFlight {
+            next_token: page.continue_token,
+            remaining: page.remaining,
+            listed: page.items.len() as u64,
+            unfinished: page.items.len(),
+            tally: Tally::default(),
+        });
+        self.current = Some((seq, page.items.into_iter()));
+    }
+
+    /// The next object to write, and the page it belongs to.
+    fn next_object(&mut self) -> Option<(u64, Listed)> {
+        let (seq, objects) = self.current.as_mut()?;
+        let seq = *seq;
+        match objects.next() {
+            Some(object) => Some((seq, object)),
+            None => {
+                self.current = None;
+                None
+            }
+        }
+    }
+
+    /// Whether the next page may come: the current one is dispatched.
+    fn wants_page(&self) -> bool {
+        self.current.is_none() && !self.listed_all
+    }
+
+    /// Records the outcome of an object of page `seq`.
+    fn finish(&mut self, seq: u64, outcome: Outcome, failures_kept: usize) {
+        let index = usize::try_from(seq.wrapping_sub(self.front)).ok();
+        if let Some(page) = index.and_then(|i| self.pending.get_mut(i)) {
+            page.unfinished -= 1;
+            page.tally.record(outcome, failures_kept);
+        }
+    }
+
+    /// The oldest page, once it and every page before it are done.
+    fn pop_done(&mut self) -> Option<PageInFlight> {
+        if self.pending.front()?.unfinished > 0 {
+            return None;
+        }
+        self.front += 1;
+        self.pending.pop_front()
+    }
+
+    /// Whether every page was listed, written and folded.
+    fn all_done(&self) -> bool {
+        self.listed_all && self.current.is_none() && self.pending.is_empty()
+    }
+}
+
 impl Engine {
     /// Migrates every object of `job.resource`, publishing progress on `report` as pages are
     /// done.
@@ -74,117 +145,111 @@ impl Engine {
         let Job { resource, write_to_status, resume, fence } = job;
         let mut progress = resume;
         let run = RunState::new(self.settings.writes_in_flight, fence);
-        let first = progress.continue_token.clone();
 
         // The lister: one page waits in the channel while the dispatcher writes another.
-        let (pages_tx, mut pages) = mpsc::channel::<Result<Page, Error>>(1);
-        let lister = async {
-            let mut token = first;
-            let mut tokens = Tokens::default();
-            loop {
-                let mut page = self.list_page(&resource, token.as_deref(), &run).await;
-                let next = page.as_ref().ok().and_then(|p| p.continue_token.clone());
-                if next.as_deref().is_some_and(|next| !tokens.first_time(next)) {
-                    page = Err(Error::ListLoops(resource.to_string()));
-                }
-                let failed = page.is_err();
-                if pages_tx.send(page).await.is_err() || failed || next.is_none() {
-                    break;
-                }
-                token = next;
-            }
-            drop(pages_tx);
-            // Only the dispatcher ends the run.
-            std::future::pending::<()>().await;
-        };
+        let (pages_tx, mut listed) = mpsc::channel::<Result<Page, Error>>(1);
+        let lister = self.list_ahead(&resource, progress.continue_token.clone(), &run, pages_tx);
 
         let max_outstanding = self.settings.writes_in_flight.max(1) * OUTSTANDING_PER_SLOT;
         let failures_kept = self.settings.failures_kept;
         let dispatcher = async {
-            let mut pending: VecDeque<PageInFlight> = VecDeque::new();
-            // Sequence number of `pending[0]`.
-            let mut front_seq: u64 = 0;
-            let mut current: Option<(u64, std::vec::IntoIter<Listed>)> = None;
-            let mut lister_done = false;
+            let mut pages = Pages::default();
             let mut writes = FuturesUnordered::new();
             loop {
                 // Dispatch as long as there is room.
                 while writes.len() < max_outstanding {
-                    let Some((seq, objects)) = current.as_mut() else { break };
-                    let Some(object) = objects.next() else {
-                        current = None;
-                        break;
-                    };
-                    let (seq, resource, run) = (*seq, &resource, &run);
+                    let Some((seq, object)) = pages.next_object() else { break };
+                    let (resource, run) = (&resource, &run);
                     writes.push(async move {
                         (seq, self.write(resource, &object, write_to_status, run).await)
                     });
                 }
-                // Fold the pages that are done, in order.
-                while pending.front().is_some_and(|page| page.unfinished == 0) {
-                    let Some(page) = pending.pop_front() else { break };
-                    front_seq += 1;
-                    let before = progress.clone();
-                    fold(&mut progress, page, failures_kept);
-                    run.drain_into(&mut progress);
-                    self.observe_page(&resource, &before, &progress);
-                    report.send_replace(progress.clone());
-                    info!(
-                        listed = progress.listed,
-                        rewritten = progress.rewritten,
-                        already_current = progress.already_current,
-                        skipped = progress.skipped,
-                        failed = progress.failed,
-                        remaining = progress.remaining,
-                        "page done"
-                    );
+                // Fold the pages that are done, in list order.
+                while let Some(page) = pages.pop_done() {
+                    self.page_done(&resource, &run, &mut progress, page, report);
                 }
-                if lister_done && current.is_none() && pending.is_empty() {
+                if pages.all_done() {
                     return Ok(Finished::Completed(progress));
                 }
-                let wants_page =
-                    current.is_none() && !lister_done && writes.len() < max_outstanding;
+                let wants_page = pages.wants_page() && writes.len() < max_outstanding;
                 tokio::select! {
                     _ = cancel.cancelled() => {
                         run.drain_into(&mut progress);
                         return Ok(Finished::Cancelled(progress));
                     }
-                    Some((seq, outcome)) = writes.next(), if !writes.is_empty() => {
-                        let page = usize::try_from(seq - front_seq).ok().and_then(|i| pending.get_mut(i));
-                        let Some(page) = page else { continue };
-                        page.unfinished -= 1;
-                        match outcome {
-                            Ok(outcome) => page.tally.record(outcome, failures_kept),
-                            Err(halt) => return halted(halt, &resource, &run, progress),
-                        }
-                    }
-                    page = pages.recv(), if wants_page => match page {
-                        None => lister_done = true,
+                    Some((seq, outcome)) = writes.next(), if !writes.is_empty() => match outcome {
+                        Ok(outcome) => pages.finish(seq, outcome, failures_kept),
+                        Err(halt) => return halted(halt, &resource, &run, progress),
+                    },
+                    page = listed.recv(), if wants_page => match page {
+                        None => pages.listed_all = true,
                         Some(Err(Error::Fenced)) => {
                             run.drain_into(&mut progress);
                             return Ok(Finished::Cancelled(progress));
                         }
                         Some(Err(error)) => return Err(error),
-                        Some(Ok(page)) => {
-                            let seq = front_seq + pending.len() as u64;
-                            let listed = page.items.len() as u64;
-                            pending.push_back(PageInFlight {
-                                next_token: page.continue_token,
-                                remaining: page.remaining,
-                                listed,
-                                unfinished: page.items.len(),
-                                tally: Tally::default(),
-                            });
-                            current = Some((seq, page.items.into_iter()));
-                        }
+                        Some(Ok(page)) => pages.admit(page),
                     },
                 }
             }
         };
         tokio::select! {
             finished = dispatcher => finished,
-            () = lister => unreachable!("the lister never ends on its own"),
+            never = lister => match never {},
         }
+    }
+
+    /// Lists page after page from `first`, handing each over on `pages` (which holds one):
+    /// then waits for the run to end, which only the dispatcher decides.
+    async fn list_ahead(
+        &self,
+        resource: &super::Resource,
+        first: Option<String>,
+        run: &RunState,
+        pages: mpsc::Sender<Result<Page, Error>>,
+    ) -> std::convert::Infallible {
+        let mut token = first;
+        let mut tokens = Tokens::default();
+        loop {
+            let mut page = self.list_page(resource, token.as_deref(), run).await;
+            let next = page.as_ref().ok().and_then(|p| p.continue_token.clone());
+            if next.as_deref().is_some_and(|next| !tokens.first_time(next)) {
+                page = Err(Error::ListLoops(resource.to_string()));
+            }
+            let failed = page.is_err();
+            if pages.send(page).await.is_err() || failed || next.is_none() {
+                break;
+            }
+            token = next;
+        }
+        drop(pages);
+        std::future::pending().await
+    }
+
+    /// Folds a finished page into `progress` and publishes it: the report, the metrics, a log
+    /// line.
+    fn page_done(
+        &self,
+        resource: &super::Resource,
+        run: &RunState,
+        progress: &mut Progress,
+        page: PageInFlight,
+        report: &watch::Sender<Progress>,
+    ) {
+        let before = progress.clone();
+        fold(progress, page, self.settings.failures_kept);
+        run.drain_into(progress);
+        self.observe_page(resource, &before, progress);
+        report.send_replace(progress.clone());
+        info!(
+            listed = progress.listed,
+            rewritten = progress.rewritten,
+            already_current = progress.already_current,
+            skipped = progress.skipped,
+            failed = progress.failed,
+            remaining = progress.remaining,
+            "page done"
+        );
     }
 }
 
@@ -257,6 +322,72 @@ mod tests {
             unfinished: 0,
             tally: Tally::default(),
         }
+    }
+
+    fn listed(names: &[&str], next: Option<&str>) -> Page {
+        Page {
+            items: names
+                .iter()
+                .map(|name| Listed {
+                    namespace: String::new(),
+                    name: (*name).into(),
+                    uid: format!("uid-{name}"),
+                    resource_version: "1".into(),
+                })
+                .collect(),
+            continue_token: next.map(str::to_owned),
+            remaining: None,
+        }
+    }
+
+    fn dispatch_all(pages: &mut Pages) -> Vec<(u64, String)> {
+        std::iter::from_fn(|| pages.next_object()).map(|(seq, o)| (seq, o.name)).collect()
+    }
+
+    #[test]
+    fn objects_are_dispatched_in_list_order_across_pages() {
+        let mut pages = Pages::default();
+        assert!(pages.wants_page());
+        pages.admit(listed(&["a", "b"], Some("t1")));
+        assert!(!pages.wants_page(), "the current page is not dispatched yet");
+        assert_eq!(dispatch_all(&mut pages), [(0, "a".to_owned()), (0, "b".to_owned())]);
+        assert!(pages.wants_page());
+        pages.admit(listed(&["c"], None));
+        assert_eq!(dispatch_all(&mut pages), [(1, "c".to_owned())]);
+        pages.listed_all = true;
+        assert!(!pages.wants_page() && !pages.all_done(), "written but not done");
+    }
+
+    #[test]
+    fn pages_are_done_in_list_order_whatever_order_their_objects_finish_in() {
+        let mut pages = Pages::default();
+        pages.admit(listed(&["a", "b"], Some("t1")));
+        dispatch_all(&mut pages);
+        pages.admit(listed(&["c"], None));
+        dispatch_all(&mut pages);
+        pages.listed_all = true;
+        // The later page finishes first: nothing is folded, or the token would skip `a`.
+        pages.finish(1, Outcome::Rewritten, 1);
+        assert!(pages.pop_done().is_none());
+        pages.finish(0, Outcome::Rewritten, 1);
+        assert!(pages.pop_done().is_none(), "b is still in backoff");
+        pages.finish(0, Outcome::Deleted, 1);
+        let first = pages.pop_done().expect("the first page is done");
+        assert_eq!(first.next_token.as_deref(), Some("t1"));
+        assert_eq!((first.tally.rewritten, first.tally.skipped), (1, 1));
+        let second = pages.pop_done().expect("then the second");
+        assert_eq!(second.next_token, None);
+        assert!(pages.pop_done().is_none() && pages.all_done());
+    }
+
+    #[test]
+    fn an_empty_page_is_done_at_once() {
+        let mut pages = Pages::default();
+        pages.admit(listed(&[], None));
+        assert!(dispatch_all(&mut pages).is_empty());
+        pages.listed_all = true;
+        assert_eq!(pages.pop_done().map(|p| p.listed), Some(0));
+        assert!(pages.all_done());
     }
 
     #[test]
