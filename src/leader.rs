@@ -335,7 +335,9 @@ async fn try_acquire(
     let current = match lease.get_opt(&settings.name).await {
         Ok(current) => current,
         Err(error) => {
-            warn!(error = %crate::error_chain(&error), lease = settings.name, "failed to read the lease");
+            if !crate::reachability::unreachable(&error, "reading the lease") {
+                warn!(error = %crate::error_chain(&error), lease = settings.name, "failed to read the lease");
+            }
             return None;
         }
     };
@@ -423,9 +425,15 @@ async fn renew(
             renewed = tokio::time::timeout(left, renew_once(&lease, &settings)) => renewed,
         };
         match renewed {
-            Ok(Ok(true)) => fence.extend_to(sent + settings.renew_deadline),
+            Ok(Ok(true)) => {
+                crate::reachability::reachable();
+                fence.extend_to(sent + settings.renew_deadline);
+            }
             Ok(Ok(false)) => return give_up("another candidate holds the lease"),
-            Ok(Err(error)) => warn!(%error, "failed to renew the lease"),
+            Ok(Err(error)) if crate::reachability::unreachable(&error, "lease renewal") => {}
+            Ok(Err(error)) => {
+                warn!(error = %crate::error_chain(&error), "failed to renew the lease")
+            }
             Err(_) => return give_up("could not renew the lease in time"),
         }
         if !fence.holds() {

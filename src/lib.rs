@@ -19,20 +19,50 @@ pub mod leader;
 pub mod lifecycle;
 pub mod metrics;
 pub mod plan;
+pub mod reachability;
 pub mod server;
 pub mod storage_hash;
 pub mod storedversions;
 pub mod telemetry;
 pub mod trigger;
 
-/// An error and its sources, joined with `: `, for logs and status messages.
+/// An error and its sources, joined with `: `, for logs and status messages. A source whose
+/// words are already there (errors that print their source, as kube's and hyper's do) is not
+/// said twice.
 pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut out = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
-        out.push_str(": ");
-        out.push_str(&cause.to_string());
+        let words = cause.to_string();
+        if !out.contains(&words) {
+            out.push_str(": ");
+            out.push_str(&words);
+        }
         source = cause.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[derive(Debug, thiserror::Error)]
+    #[error("failed to start watching object: {0}")]
+    struct Repeats(#[source] std::io::Error);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("failed to list widgets")]
+    struct Wraps(#[source] std::io::Error);
+
+    #[test]
+    fn an_error_chain_says_each_cause_once() {
+        let refused = || std::io::Error::other("connection refused");
+        assert_eq!(
+            super::error_chain(&Repeats(refused())),
+            "failed to start watching object: connection refused"
+        );
+        assert_eq!(
+            super::error_chain(&Wraps(refused())),
+            "failed to list widgets: connection refused"
+        );
+    }
 }

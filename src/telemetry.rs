@@ -28,6 +28,22 @@ pub struct LogArgs {
     pub log_level: Option<String>,
 }
 
+/// The filter for `level`: kube's client logs every failed request at ERROR, and kube-svm says
+/// what failed itself (an outage once, see [`crate::reachability`]), so those lines are shown
+/// only when asked for: when everything is logged at debug or trace, or the filter names
+/// `kube_client` (or `kube`).
+fn directives(level: &str) -> String {
+    let asked = level.split(',').map(str::trim).any(|directive| {
+        matches!(directive, "debug" | "trace")
+            || directive.starts_with("kube_client")
+            || directive.starts_with("kube=")
+    });
+    match asked {
+        true => level.to_owned(),
+        false => format!("{level},kube_client=off"),
+    }
+}
+
 /// Installs the global subscriber; logs go to standard error so standard output stays for data.
 /// `default_level` applies when no level was given.
 pub fn init(
@@ -35,7 +51,7 @@ pub fn init(
     default_level: &str,
 ) -> Result<(), tracing_subscriber::filter::ParseError> {
     let LogArgs { log_format, log_level } = args;
-    let filter = EnvFilter::try_new(log_level.as_deref().unwrap_or(default_level))?;
+    let filter = EnvFilter::try_new(directives(log_level.as_deref().unwrap_or(default_level)))?;
     // Colours only for a person at a terminal, never in files, pipes or log collectors.
     let ansi = std::io::stderr().is_terminal();
     let builder = tracing_subscriber::fmt()
@@ -47,4 +63,17 @@ pub fn init(
         LogFormat::Json => builder.json().init(),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubes_client_lines_show_only_when_asked_for() {
+        assert_eq!(directives("info"), "info,kube_client=off");
+        assert_eq!(directives("info,kube_svm=debug"), "info,kube_svm=debug,kube_client=off");
+        assert_eq!(directives("debug"), "debug");
+        assert_eq!(directives("warn,kube_client=info"), "warn,kube_client=info");
+    }
 }

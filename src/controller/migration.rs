@@ -229,7 +229,7 @@ impl lifecycle::Host for Host<'_> {
                 let failures = self.discovery_failures + 1;
                 let attempts = self.context.settings.discovery_attempts;
                 if failures < attempts {
-                    warn!(error = message, failures, "discovery failed; trying again later");
+                    info!(error = message, failures, "discovery failed; trying again later");
                     let note =
                         format!("{message} (try {failures} of {attempts}); trying again later");
                     let migration = self.migration;
@@ -303,8 +303,10 @@ async fn publish(
         Some(limit) => tokio::time::timeout(limit, published).await.ok(),
         None => return,
     };
-    if let Some(Err(error)) = published {
-        warn!(%error, "failed to publish an event");
+    if let Some(Err(error)) = published
+        && !crate::reachability::unreachable(&error, "publishing an event")
+    {
+        warn!(error = %crate::error_chain(&error), "failed to publish an event");
     }
 }
 

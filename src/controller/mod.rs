@@ -199,8 +199,10 @@ pub async fn run(run: Run) -> Stopped {
         .graceful_shutdown_on(stopped)
         .run(reconcile::reconcile, reconcile::error_policy, context.clone())
         .for_each(|result| async move {
-            if let Err(error) = result {
-                warn!(error = %crate::error_chain(&error), "reconcile failed");
+            match result {
+                Ok(_) => {}
+                Err(error) if crate::reachability::unreachable(&error, "reconcile") => {}
+                Err(error) => warn!(error = %crate::error_chain(&error), "reconcile failed"),
             }
         });
     // The heartbeat lives as long as the reconcile loop does.

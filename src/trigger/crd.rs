@@ -154,8 +154,10 @@ pub async fn run(clients: Clients, settings: Settings, fence: Fence, stop: Cance
             Arc::new(Context { client, config, fence, settings, told: Default::default() }),
         )
         .for_each(|result| async move {
-            if let Err(error) = result {
-                warn!(error = %crate::error_chain(&error), "CRD trigger failed");
+            match result {
+                Ok(_) => {}
+                Err(error) if crate::reachability::unreachable(&error, "CRD trigger") => {}
+                Err(error) => warn!(error = %crate::error_chain(&error), "CRD trigger failed"),
             }
         })
         .await;

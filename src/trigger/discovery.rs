@@ -86,9 +86,14 @@ pub async fn run(
     let mut explained = HashSet::new();
     loop {
         let due = match poll(&clients, &settings, &fence, &mut guard, &mut explained).await {
-            Ok(due) => due,
+            Ok(due) => {
+                crate::reachability::reachable();
+                due
+            }
             Err(error) => {
-                warn!(error = %crate::error_chain(&error), "discovery trigger poll failed");
+                if !crate::reachability::unreachable(&error, "discovery trigger poll") {
+                    warn!(error = %crate::error_chain(&error), "discovery trigger poll failed");
+                }
                 None
             }
         };
@@ -252,12 +257,16 @@ fn explain(
 }
 
 /// A write for one resource that failed is said and skipped: the others go on. A closed fence
-/// ends the poll, as nothing more may be written.
+/// ends the poll, as nothing more may be written; so does an apiserver that cannot be reached,
+/// as every other write would fail the same way.
 fn skip_or_stop(error: Error) -> Result<(), Error> {
     if let Error::List(_, RequestError::Fenced)
     | Error::Write(_, RequestError::Fenced)
     | Error::Create(_, RequestError::Fenced) = error
     {
+        return Err(error);
+    }
+    if crate::reachability::unreachable(&error, "discovery trigger write") {
         return Err(error);
     }
     let said = "discovery trigger: skipped one resource this poll";

@@ -197,3 +197,43 @@ async fn probes_and_metrics_follow_a_real_migration() {
     let (_, text) = admin.get("/metrics").await;
     assert!(!text.contains("sekrets-typed-by-hand"), "no user input in labels");
 }
+
+/// An apiserver outage, as the log tells it: the controller says once that the apiserver is
+/// unreachable and once that it is back, instead of a line a second from every loop; kube's
+/// client lines stay out (they say nothing kube-svm does not), and no error chain repeats
+/// itself.
+#[tokio::test]
+async fn an_outage_is_said_once_and_its_end_once() {
+    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let args =
+        ["controller", "--leader-elect=false", "--discovery-trigger", "--discovery-interval=2"];
+    let controller = KubeSvm::start(&control_plane, "outage", &args).await;
+    // The trigger has polled (a StorageState exists) before the outage.
+    let states: Api<kube_svm::api::StorageState> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while states.list(&Default::default()).await.expect("listed").items.is_empty() {
+        assert!(Instant::now() < deadline, "the trigger never polled\n{}", controller.logs());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    control_plane.kill_apiserver(0).expect("killed");
+    // Down for several polls of the trigger and several watch retries.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    control_plane.revive_apiserver(0).await.expect("the apiserver starts again");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !controller.logs().contains("the apiserver is reachable again") {
+        assert!(Instant::now() < deadline, "never said it is back\n{}", controller.logs());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let logs = controller.logs();
+    let said = logs.matches("the apiserver is unreachable").count();
+    assert!((1..=2).contains(&said), "the outage was said {said} times\n{logs}");
+    assert!(!logs.contains("kube_client::client::builder"), "{logs}");
+    assert!(!logs.contains(" ERROR "), "{logs}");
+    for line in logs.lines().filter(|l| l.contains("client error (Connect)")) {
+        assert_eq!(line.matches("client error (Connect)").count(), 1, "repeated: {line}");
+    }
+}
