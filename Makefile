@@ -20,6 +20,9 @@ demo: ## Show kube-svm migrating a CRD on a local control plane, with the proof 
 test: ## Run unit and integration tests against a real kube-apiserver and etcd
 	$(ASSETS) $(CARGO) test
 
+unit: ## Run the pure tests only: seconds, nothing to build but kube-svm
+	$(CARGO) test --lib --bins
+
 build: ## Build the kube-svm binary (debug)
 	$(CARGO) build
 
@@ -56,4 +59,4 @@ crds: ## Regenerate the committed CRDs (config/ and the chart's template) from t
 manifests: crds ## Regenerate config/deploy/ from the Helm chart
 	hack/manifests.sh > config/deploy/kube-svm.yaml
 
-.PHONY: help demo test build install control-plane helm bench lint crds manifests
+.PHONY: help demo test unit build install control-plane helm bench lint crds manifests

@@ -25,7 +25,10 @@ use crate::storage_hash::storage_version_hash;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Encoding {
     /// Confirmed; says by what.
-    Confirmed { by: String },
+    Confirmed {
+        /// What confirmed it: the StorageVersion API or discovery's samples, and when.
+        by: String,
+    },
     /// Not confirmed; the message says what was seen.
     Unconfirmed(String),
 }
@@ -33,8 +36,11 @@ pub enum Encoding {
 /// What to check, and for how long.
 #[derive(Clone, Debug)]
 pub struct Check {
+    /// The resource's API group; empty for the core group.
     pub group: String,
+    /// The resource's plural name, such as `widgets`.
     pub plural: String,
+    /// The resource's kind, part of what its storage version hash is computed from.
     pub kind: String,
     /// What the apiservers must encode in.
     pub expected: Expected,
@@ -51,7 +57,9 @@ pub struct Check {
 /// the apiservers' number), and is waited for `wait` at most before the check gives up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EncodingPolicy {
+    /// How long discovery must agree (`--storage-version-settle`).
     pub settle: Duration,
+    /// Longest wait for the hash to appear and settle (`--storage-version-wait`).
     pub wait: Duration,
 }
 
@@ -62,7 +70,12 @@ pub enum Expected {
     StorageVersion(String),
     /// A built-in resource's storage version hash, as discovery published it when the migration
     /// started, read from discovery at `served` (a version of the group that serves it).
-    Hash { hash: String, served: String },
+    Hash {
+        /// The storage version hash discovery published.
+        hash: String,
+        /// The version of the group discovery is read at.
+        served: String,
+    },
 }
 
 /// How old a confirmation may be and still be taken without a fresh look: a settle period's

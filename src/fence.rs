@@ -89,10 +89,13 @@ fn micros_after(origin: Instant, until: Instant) -> u64 {
 /// A request that got no answer in time, was not sent, or got an error answer.
 #[derive(Debug, thiserror::Error)]
 pub enum RequestError {
+    /// No answer within the time the request was given.
     #[error("no answer within {0:?}")]
     TimedOut(Duration),
+    /// The leader's term is over: the request was not sent, or its answer came too late.
     #[error("this process may no longer write: its leadership ended")]
     Fenced,
+    /// The apiserver answered with an error, or the request failed on the way.
     #[error(transparent)]
     Api(#[from] kube::Error),
 }

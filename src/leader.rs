@@ -49,7 +49,9 @@ pub const RELEASED_ANNOTATION: &str = "kube-svm.io/released";
 /// Where the lease is and how it is held.
 #[derive(Clone, Debug)]
 pub struct Settings {
+    /// The Lease's namespace.
     pub namespace: String,
+    /// The Lease's name.
     pub name: String,
     /// This candidate's identity, written as the lease's holder.
     pub identity: String,

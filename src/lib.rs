@@ -1,10 +1,31 @@
 //! kube-svm: a Kubernetes storage version migrator.
 //!
-//! The file tree is the map: [`api`] holds the `migration.k8s.io` types, [`cli`] the subcommands
-//! of the `kube-svm` binary, [`telemetry`] logging setup, [`storage_hash`] the apiserver's
-//! storage version hash, and [`census`] how objects are really stored in etcd.
+//! The file tree is the map. A migration flows from the top of this list to the bottom
+//! (`docs/architecture.md` draws it):
+//!
+//! - [`cli`]: the `kube-svm` binary's subcommands (`controller`, `migrate`, `plan`, `status`,
+//!   `inspect`, `crds`); each is a thin shell over the modules below.
+//! - [`api`]: the `migration.k8s.io/v1alpha1` types (StorageVersionMigration, StorageState),
+//!   their conditions, and which CRDs are installed.
+//! - [`trigger`]: migrations kube-svm creates on its own (CRD storage switches, discovery hashes).
+//! - [`controller`]: reconciles StorageVersionMigrations: admission, leadership, status writes.
+//! - [`lifecycle`]: one migration from resource to end, the same for the controller and for
+//!   `kube-svm migrate`: resolve, wait for the encoding, run the engine, prove, prune.
+//! - [`engine`]: pages through every object of one resource and writes each back unchanged.
+//! - [`encoding`]: evidence that the apiservers encode a resource in the expected version.
+//! - [`storedversions`]: the proof-checked pruning of a CRD's `status.storedVersions`.
+//! - [`census`]: how objects are really stored in etcd, read key by key.
+//! - [`plan`]: the pure part of `kube-svm plan` (what needs migrating and why).
+//! - [`in_tree`]: the in-tree migrator's `storagemigration.k8s.io/v1` migrations, to coexist.
+//! - [`storage_hash`]: the apiserver's storage version hash.
+//! - [`answers`]: reading the apiserver's answers by status code, in one place.
+//! - [`reachability`]: saying once that the apiserver is unreachable, and once that it is back.
+//! - [`leader`] and [`fence`]: leader election, and how long this process may still write.
+//! - [`metrics`], [`server`] and [`telemetry`]: Prometheus series, the admin HTTP server
+//!   (`/metrics`, `/healthz`, `/readyz`), and logging.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+#![warn(missing_docs)]
 
 pub mod answers;
 pub mod api;

@@ -7,6 +7,7 @@ use prometheus::{
     TextEncoder,
 };
 
+/// Every series kube-svm exports, in one registry that the admin server renders.
 pub struct Metrics {
     registry: Registry,
     /// Upstream: objects migrated, by `resource` (`<group>/<version>, Resource=<plural>`).
@@ -15,28 +16,42 @@ pub struct Metrics {
     pub remaining_objects: IntGaugeVec,
     /// Upstream: migrations finished, by `resource` and `status` (Succeeded or Failed).
     pub migrations: IntCounterVec,
+    /// `kube_svm_objects_total`: objects handled, by `resource` and [`results`] label.
     pub objects: IntCounterVec,
+    /// `kube_svm_api_requests_total`: the engine's apiserver requests, by `verb` and `code` class.
     pub requests: IntCounterVec,
+    /// `kube_svm_api_request_duration_seconds`: latency of the engine's requests, by `verb`.
     pub request_duration: HistogramVec,
+    /// `kube_svm_api_throttled_requests_total`: requests answered 429, by `verb`.
     pub throttled: IntCounterVec,
+    /// `kube_svm_migration_duration_seconds`: start to end of each migration, by `status`.
     pub migration_duration: HistogramVec,
     /// Decisions on CRDs' storedVersions after migrations, by result and reason.
     pub stored_versions: IntCounterVec,
+    /// `kube_svm_migrations_running`: migrations this process runs now.
     pub migrations_running: IntGauge,
+    /// `kube_svm_writes_in_flight`: object writes this process has sent and not yet had answered.
     pub writes_in_flight: IntGauge,
+    /// `kube_svm_leader`: 1 while this process leads (or election is off), 0 while it waits.
     pub leader: IntGauge,
     build_info: IntGaugeVec,
 }
 
 /// Result labels of `kube_svm_objects_total`.
 pub mod results {
+    /// The apiserver wrote the object back to etcd, re-encoded.
     pub const REWRITTEN: &str = "rewritten";
+    /// The object was already stored in the current encoding, so the apiserver skipped the write.
     pub const ALREADY_CURRENT: &str = "already_current";
+    /// Written by someone else (409) or deleted (404) since it was listed: nothing left to do.
     pub const SKIPPED: &str = "skipped";
+    /// Could not be migrated after every attempt.
     pub const FAILED: &str = "failed";
 }
 
 impl Metrics {
+    /// Every series, registered in a fresh registry beside the process collector, with
+    /// `kube_svm_build_info` set to this build's version.
     pub fn new() -> Result<Metrics, prometheus::Error> {
         let registry = Registry::new();
         let counter =
@@ -207,7 +222,7 @@ pub fn code_class_index(code: Option<u16>) -> usize {
     }
 }
 
-/// The README's metrics table, generated from the registry.
+/// The metrics table of `docs/metrics.md`, generated from the registry.
 pub fn markdown_table(metrics: &Metrics) -> String {
     let mut out = String::from("| metric | type | labels | meaning |\n| --- | --- | --- | --- |\n");
     for (name, kind, labels, help) in metrics.describe() {
@@ -222,15 +237,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_readme_lists_every_metric() {
+    fn the_docs_list_every_metric() {
         let metrics = Metrics::new().unwrap();
         // Families without samples are not gathered: touch each labelled one.
         touch(&metrics);
         let table = markdown_table(&metrics);
-        let readme = include_str!("../README.md");
+        let page = include_str!("../docs/metrics.md");
         assert!(
-            readme.contains(&table),
-            "README.md's metrics table is out of date; it should read:\n{table}"
+            page.contains(&table),
+            "docs/metrics.md's metrics table is out of date; it should read:\n{table}"
         );
     }
 

@@ -17,6 +17,7 @@ pub const EXIT_NEEDS_MIGRATION: u8 = 3;
 pub struct Entry {
     /// Empty for the core group.
     pub group: String,
+    /// The plural resource name, for example `secrets` or `crontabs`.
     pub resource: String,
     /// Why it needs migrating, one sentence each.
     pub reasons: Vec<String>,
@@ -24,6 +25,8 @@ pub struct Entry {
     /// `remainingItemCount` (see `objectsExact`); absent when neither could tell.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub objects: Option<u64>,
+    /// Whether `objects` is exact (a census, or a listing that fit in one page) rather than the
+    /// apiserver's estimate.
     pub objects_exact: bool,
     /// Objects stored in a version other than the storage version (with a census only, when
     /// every value is readable).
@@ -39,8 +42,10 @@ pub struct Entry {
     pub census: Option<ResourceCensus>,
 }
 
+/// A StorageVersionMigration of the resource: the pending or running one, else the newest.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ExistingMigration {
+    /// The migration's `metadata.name`.
     pub name: String,
     /// `New`, `Running`, `Succeeded` or `Failed`.
     pub phase: crate::api::Phase,
@@ -50,6 +55,7 @@ pub struct ExistingMigration {
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Plan {
+    /// The resources that need migrating, each with its reasons; empty when none does.
     pub resources: Vec<Entry>,
     /// What could not be examined (an aggregated API that did not answer discovery).
     #[serde(skip_serializing_if = "Vec::is_empty")]

@@ -23,7 +23,10 @@ pub struct Health {
     /// Why kube-svm's CRDs cannot be used yet (not installed, someone else's schema, not
     /// established); `None` once they can.
     crds: Mutex<Option<String>>,
+    /// Whether the controller's cache of migrations has synced; `/readyz` fails until it has.
     pub caches_synced: AtomicBool,
+    /// Whether this process knows if it leads (an election attempt finished, or election is
+    /// off); `/readyz` fails until it does.
     pub leadership_known: AtomicBool,
     heartbeat: Mutex<Instant>,
 }

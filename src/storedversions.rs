@@ -33,8 +33,12 @@ pub struct Run {
 pub struct CrdState {
     /// `metadata.uid`: tells a CRD from one deleted and created again under its name.
     pub uid: Option<String>,
+    /// `metadata.generation`: moves on any change to the CRD's spec, a storage switch included.
     pub generation: i64,
+    /// The version marked `storage: true` in `spec.versions`: what the apiservers write in.
     pub storage_version: String,
+    /// `status.storedVersions`: every version objects may be stored in; empty until the
+    /// apiserver sets it.
     pub stored_versions: Vec<String>,
 }
 
@@ -48,6 +52,7 @@ impl CrdState {
         self.stored_versions.iter().any(|version| *version != self.storage_version)
     }
 
+    /// The state of `crd`; `None` when no version is marked as the storage version.
     pub fn of(crd: &CustomResourceDefinition) -> Option<CrdState> {
         let storage_version = crd.spec.versions.iter().find(|v| v.storage)?.name.clone();
         Some(CrdState {
@@ -77,12 +82,34 @@ pub enum Decision {
 /// Why `storedVersions` is left alone.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Refusal {
-    MigrationFailed { failed: u64 },
+    /// The migration did not succeed, or left objects unmigrated.
+    MigrationFailed {
+        /// Objects that could not be migrated; 0 when the migration failed otherwise.
+        failed: u64,
+    },
+    /// The migration did not list the resource from its first object (it began at another
+    /// migrator's continue token), so earlier objects were never written.
     PartialListing,
-    GenerationChanged { started: i64, now: i64 },
+    /// The CRD's generation moved while the migration ran: its versions may have changed.
+    GenerationChanged {
+        /// The generation when the migration started.
+        started: i64,
+        /// The generation now.
+        now: i64,
+    },
+    /// The CRD's uid differs from the one recorded at the start, or none was recorded.
     CrdReplaced,
-    StorageVersionChanged { started: String, now: String },
+    /// The CRD's storage version changed while the migration ran.
+    StorageVersionChanged {
+        /// The storage version when the migration started.
+        started: String,
+        /// The storage version now.
+        now: String,
+    },
+    /// The apiservers were not shown to encode in the storage version before the first write;
+    /// holds what was seen instead.
     EncodingUnconfirmed(String),
+    /// `storedVersions` does not list the storage version, named here.
     StorageVersionNotStored(String),
 }
 
@@ -180,12 +207,16 @@ pub fn decide(run: &Run, started: &CrdState, now: &CrdState, encoding: &Encoding
 /// Why the prune could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum PruneError {
+    /// The CRD changed since it was read (409): read it again and decide again.
     #[error("the CRD changed since it was read")]
     Conflict,
+    /// The apiserver did not answer within the limit given.
     #[error("no answer within {0:?}")]
     TimedOut(Duration),
+    /// No write was sent: this process's leadership ended, so it may no longer write.
     #[error("this process may no longer write: its leadership ended")]
     Fenced,
+    /// The write failed otherwise: the apiserver refused it or could not be reached.
     #[error("failed to write the CRD's status")]
     Write(#[source] kube::Error),
 }

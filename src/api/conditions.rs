@@ -89,12 +89,20 @@ pub mod storage_migrating {
 
 /// Reasons of the Events kube-svm publishes on a migration.
 pub mod events {
+    /// The migration started, from the first object or from `spec.continueToken`.
     pub const STARTED: &str = "Started";
+    /// The migration went on from its checkpoint, as after kube-svm restarted mid-run.
     pub const RESUMED: &str = "Resumed";
+    /// The migration started again from the first object: its target changed, or it had no
+    /// checkpoint to resume from.
     pub const RESTARTED: &str = "Restarted";
+    /// Every object was migrated.
     pub const SUCCEEDED: &str = "Succeeded";
+    /// The migration failed; the note says why.
     pub const FAILED: &str = "Failed";
+    /// The CRD's `storedVersions` was pruned to the storage version.
     pub const STORED_VERSIONS_PRUNED: &str = "StoredVersionsPruned";
+    /// The CRD's `storedVersions` was left alone; the note says why.
     pub const STORED_VERSIONS_KEPT: &str = "StoredVersionsKept";
     /// Discovery could not be read; the migration is retried later.
     pub const DISCOVERY_RETRY: &str = "DiscoveryRetry";
@@ -116,12 +124,16 @@ pub mod events {
 pub enum Phase {
     /// Not picked up yet.
     New,
+    /// Migrating objects.
     Running,
+    /// Every object was migrated.
     Succeeded,
+    /// Stopped without migrating every object.
     Failed,
 }
 
 impl Phase {
+    /// The phase `migration` is in, read from its first condition.
     pub fn of(migration: &StorageVersionMigration) -> Phase {
         let first = migration.status.as_ref().and_then(|status| status.conditions.first());
         match first.filter(|c| c.status == STATUS_TRUE).map(|c| c.type_.as_str()) {
@@ -132,6 +144,7 @@ impl Phase {
         }
     }
 
+    /// Whether the migration has ended and will not run again.
     pub fn is_terminal(self) -> bool {
         matches!(self, Phase::Succeeded | Phase::Failed)
     }

@@ -24,11 +24,22 @@ pub enum Unusable {
     /// The CRD is not installed.
     Missing,
     /// The CRD has no version of the name kube-svm writes, or does not serve it.
-    VersionNotServed { version: String },
+    VersionNotServed {
+        /// The version kube-svm writes.
+        version: String,
+    },
     /// The version has no `status` subresource: kube-svm's status writes would fail.
-    NoStatusSubresource { version: String },
+    NoStatusSubresource {
+        /// The version without one.
+        version: String,
+    },
     /// The version's schema would drop these fields (paths such as `.status.progress`).
-    PrunesFields { version: String, fields: Vec<String> },
+    PrunesFields {
+        /// The version whose schema drops them.
+        version: String,
+        /// The dropped fields, as paths from the object's root.
+        fields: Vec<String>,
+    },
     /// Installed and fit, but the apiserver does not serve it yet.
     NotEstablished,
 }
@@ -205,6 +216,21 @@ mod tests {
         crd
     }
 
+    /// Upstream's CRD with this schema for `status`.
+    fn upstream_with_status(status: serde_json::Value) -> CustomResourceDefinition {
+        let mut crd = upstream();
+        if let Some(schema) =
+            crd.spec.versions[0].schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut())
+        {
+            schema
+                .properties
+                .as_mut()
+                .unwrap()
+                .insert("status".into(), serde_json::from_value(status).unwrap());
+        }
+        crd
+    }
+
     /// The shape of kube-storage-version-migrator's CRD: status holds only `conditions`.
     fn upstream() -> CustomResourceDefinition {
         let string = json!({ "type": "string" });
@@ -289,42 +315,22 @@ mod tests {
 
     #[test]
     fn a_level_that_preserves_unknown_fields_keeps_everything_below_it() {
-        let mut crd = upstream();
-        let status = json!({
+        let crd = upstream_with_status(json!({
             "type": "object",
             "x-kubernetes-preserve-unknown-fields": true,
             "properties": { "conditions": { "type": "array", "items": {
                 "type": "object", "x-kubernetes-preserve-unknown-fields": true,
             }}},
-        });
-        if let Some(schema) =
-            crd.spec.versions[0].schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut())
-        {
-            schema
-                .properties
-                .as_mut()
-                .unwrap()
-                .insert("status".into(), serde_json::from_value(status).unwrap());
-        }
+        }));
         assert_eq!(check(&ours(), Some(&crd)), Ok(()));
         // Named fields are still pruned below a level that preserves: conditions' items here.
-        let mut crd = upstream();
-        let status = json!({
+        let crd = upstream_with_status(json!({
             "type": "object",
             "x-kubernetes-preserve-unknown-fields": true,
             "properties": { "conditions": { "type": "array", "items": {
                 "type": "object", "properties": { "type": { "type": "string" } },
             }}},
-        });
-        if let Some(schema) =
-            crd.spec.versions[0].schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut())
-        {
-            schema
-                .properties
-                .as_mut()
-                .unwrap()
-                .insert("status".into(), serde_json::from_value(status).unwrap());
-        }
+        }));
         let Err(Unusable::PrunesFields { fields, .. }) = check(&ours(), Some(&crd)) else {
             panic!("condition fields are pruned");
         };

@@ -26,76 +26,136 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// `ErrCompacted` in `etcdserver/api/v3rpc/rpctypes`).
 const GRPC_OUT_OF_RANGE: i64 = 11;
 
+/// Why etcd could not be reached or read.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A certificate or key file could not be read.
     #[error("failed to read {what} {path}")]
     ReadFile {
+        /// What the file should hold, such as "CA certificate".
         what: &'static str,
+        /// The file.
         path: PathBuf,
+        /// The read's failure.
         #[source]
         source: std::io::Error,
     },
+    /// A certificate or key file holds nothing usable in PEM format.
     #[error("{path} holds no {what} in PEM format")]
-    Pem { what: &'static str, path: PathBuf },
+    Pem {
+        /// What the file should hold, such as "private key".
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+    },
+    /// rustls refused the certificates or key.
     #[error("invalid TLS settings")]
     Tls(#[source] rustls::Error),
+    /// A client certificate without its key, or a key without its certificate.
     #[error("--etcd-cert and --etcd-key go together")]
     HalfIdentity,
+    /// An https endpoint without a CA certificate to trust.
     #[error("{endpoint} is https: give etcd's CA certificate with --etcd-ca")]
-    MissingCa { endpoint: String },
+    MissingCa {
+        /// The endpoint as given.
+        endpoint: String,
+    },
+    /// An endpoint that is not an http or https URL.
     #[error("{endpoint} is not an http:// or https:// URL")]
-    Endpoint { endpoint: String },
+    Endpoint {
+        /// The endpoint as given.
+        endpoint: String,
+    },
+    /// No endpoint at all.
     #[error("no etcd endpoint given")]
     NoEndpoint,
+    /// reqwest could not build the client.
     #[error("failed to build the HTTP client")]
     Client(#[source] reqwest::Error),
+    /// The proxy given is not a URL reqwest accepts.
     #[error("{proxy} is not a usable proxy URL")]
     Proxy {
+        /// The proxy as given.
         proxy: String,
+        /// reqwest's refusal.
         #[source]
         source: reqwest::Error,
     },
+    /// etcd answered with a redirect, which is never followed.
     #[error(
         "etcd at {endpoint} answered with a redirect (HTTP {status}) to {location}; redirects are never followed: give the endpoint that serves"
     )]
-    Redirected { endpoint: String, status: u16, location: String },
+    Redirected {
+        /// The endpoint that answered.
+        endpoint: String,
+        /// The HTTP status code, a 3xx.
+        status: u16,
+        /// The `Location` header, or "nowhere" without one.
+        location: String,
+    },
+    /// No endpoint could be connected to.
     #[error(
         "no etcd endpoint answered (last tried {endpoint}): no connection, or the TLS handshake failed"
     )]
     Unreachable {
+        /// The last endpoint tried.
         endpoint: String,
+        /// Its connection failure.
         #[source]
         source: reqwest::Error,
     },
+    /// etcd answered the read with an error status.
     #[error("etcd at {endpoint} refused the read (HTTP {status}): {message}")]
-    Refused { endpoint: String, status: u16, message: String },
+    Refused {
+        /// The endpoint that answered.
+        endpoint: String,
+        /// The HTTP status code.
+        status: u16,
+        /// The gateway's error message, or the body when it gives none.
+        message: String,
+    },
+    /// The revision being read was compacted away before the read finished.
     #[error(
         "revision {revision} was compacted while it was being read (kube-apiserver compacts every 5 minutes by default)"
     )]
-    Compacted { revision: i64 },
+    Compacted {
+        /// The revision the read asked for.
+        revision: i64,
+    },
+    /// The connection broke while the body was read.
     #[error("etcd at {endpoint} stopped answering in the middle of a response")]
     Interrupted {
+        /// The endpoint that answered.
         endpoint: String,
+        /// reqwest's failure.
         #[source]
         source: reqwest::Error,
     },
+    /// The body is not the JSON of a range response.
     #[error("etcd at {endpoint} answered with a body that is not a range response")]
     Decode {
+        /// The endpoint that answered.
         endpoint: String,
+        /// What failed to decode.
         #[source]
         source: anyhow::Error,
     },
 }
 
+/// Results of reading etcd.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Where etcd is and how to prove who we are, as kube-apiserver's `--etcd-servers`,
 /// `--etcd-cafile`, `--etcd-certfile` and `--etcd-keyfile` say.
 #[derive(Clone, Debug, Default)]
 pub struct Connection {
+    /// etcd's client URLs (`http://` or `https://`), tried in turn.
     pub endpoints: Vec<String>,
+    /// The CA certificate (PEM) to trust; the only one trusted, needed for https.
     pub ca: Option<PathBuf>,
+    /// The client certificate (PEM) to present, with `key`.
     pub cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
     pub key: Option<PathBuf>,
     /// The HTTP proxy to reach etcd through; none unless given (the environment's proxy
     /// variables are never read).
@@ -105,7 +165,9 @@ pub struct Connection {
 /// One key as etcd holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyValue {
+    /// The key, such as `/registry/secrets/default/token`.
     pub key: Vec<u8>,
+    /// The stored bytes: JSON, protobuf, or an encrypted envelope.
     pub value: Vec<u8>,
     /// The revision of the last write to this key: the object's `metadata.resourceVersion`.
     pub mod_revision: i64,
@@ -114,6 +176,7 @@ pub struct KeyValue {
 /// A page of keys in key order, read at one revision.
 #[derive(Debug)]
 pub struct Page {
+    /// The keys read, with their values (none for a count).
     pub kvs: Vec<KeyValue>,
     /// Whether keys remain in the range after the last one returned.
     pub more: bool,
@@ -132,6 +195,7 @@ pub struct EtcdReader {
 }
 
 impl EtcdReader {
+    /// A reader of `connection`'s endpoints, after checking its settings; connects on first use.
     pub fn connect(connection: &Connection) -> Result<EtcdReader> {
         let Connection { endpoints, ca, cert, key, proxy } = connection;
         let endpoints: Vec<String> =

@@ -52,6 +52,7 @@ const SPECIAL_PREFIXES: &[(&str, &str, &str)] = &[
 pub struct Located {
     /// `None` when only the key prefix was given, or the group could not be told from the key.
     pub group: Option<String>,
+    /// The resource's plural name, such as `secrets`; empty when only the key prefix was given.
     pub resource: String,
     /// Ends with `/`.
     pub key_prefix: String,

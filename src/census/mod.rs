@@ -22,20 +22,29 @@ pub const PAGE_KEYS: u64 = 100;
 /// How many times a census starts over when etcd compacts the revision it is reading at.
 const COMPACTED_RETRIES: u32 = 3;
 
+/// Why a census could not be taken.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// Nothing at all is stored under the etcd prefix, most likely the wrong one.
     #[error(
         "etcd holds no key under {prefix}: is --etcd-prefix right? (kube-apiserver's default is /registry)"
     )]
-    EmptyPrefix { prefix: String },
+    EmptyPrefix {
+        /// The etcd prefix, such as `/registry`.
+        prefix: String,
+    },
+    /// A range read failed.
     #[error("failed to read {prefix} from etcd")]
     Read {
+        /// The key prefix being read.
         prefix: String,
+        /// The read's failure.
         #[source]
         source: etcd::Error,
     },
 }
 
+/// Results of taking a census.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What to count.
@@ -56,6 +65,7 @@ pub struct ResourceCensus {
     pub group: Option<String>,
     /// Empty when a key prefix was given instead of a resource.
     pub resource: String,
+    /// The etcd key prefix counted, ending with `/`.
     pub key_prefix: String,
     /// Keys under the prefix.
     pub objects: u64,
@@ -72,10 +82,14 @@ pub struct ResourceCensus {
     pub oldest_mod_revision: Option<i64>,
 }
 
+/// How many of a resource's keys one encryption key encrypts.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct EncryptionKey {
+    /// The encryption provider, such as `aescbc` or `kms`.
     pub provider: String,
+    /// The key's name in the apiserver's EncryptionConfiguration.
     pub key: String,
+    /// Keys encrypted with it.
     pub objects: u64,
 }
 
@@ -83,8 +97,11 @@ pub struct EncryptionKey {
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Report {
+    /// The etcd revision every resource was read at.
     pub etcd_revision: i64,
+    /// The prefix kube-apiserver stores under (`--etcd-prefix`, `/registry` by default).
     pub etcd_prefix: String,
+    /// One census per resource.
     pub resources: Vec<ResourceCensus>,
 }
 

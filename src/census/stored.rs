@@ -16,12 +16,27 @@ const ENCRYPTED_PREFIX: &[u8] = b"k8s:enc:";
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Stored {
     /// A JSON document with its `apiVersion` and `kind`.
-    Json { api_version: String, kind: String },
+    Json {
+        /// The stored `apiVersion`, such as `example.com/v1`.
+        api_version: String,
+        /// The stored `kind`.
+        kind: String,
+    },
     /// A protobuf `runtime.Unknown` with its TypeMeta.
-    Protobuf { api_version: String, kind: String },
+    Protobuf {
+        /// The stored `apiVersion`, such as `apps/v1`.
+        api_version: String,
+        /// The stored `kind`.
+        kind: String,
+    },
     /// Encrypted at rest; the provider (`aescbc`, `aesgcm`, `secretbox`, `kms`) and key name are
     /// in clear text, the object is not.
-    Encrypted { provider: String, key_name: String },
+    Encrypted {
+        /// The encryption provider, such as `aescbc`.
+        provider: String,
+        /// The key's name in the apiserver's EncryptionConfiguration.
+        key_name: String,
+    },
     /// Anything else (CBOR, a malformed value, a provider kube-svm does not know).
     Unrecognized,
 }

@@ -4,6 +4,7 @@
 use clap::Args;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
+/// Which cluster to talk to, flags shared by every subcommand that does.
 #[derive(Args, Clone, Debug)]
 pub struct KubeArgs {
     /// Path to a kubeconfig file; defaults as kubectl's (`$KUBECONFIG`, `~/.kube/config`, in-cluster).
@@ -16,6 +17,7 @@ pub struct KubeArgs {
 }
 
 impl KubeArgs {
+    /// The client configuration these flags name, read as kubectl would.
     pub async fn config(&self) -> anyhow::Result<kube::Config> {
         let KubeArgs { kubeconfig, context } = self;
         let options = KubeConfigOptions { context: context.clone(), ..Default::default() };

@@ -26,13 +26,16 @@ use crate::telemetry::LogArgs;
 #[derive(Parser, Debug)]
 #[command(name = "kube-svm", version, about, long_about = None)]
 pub struct Cli {
+    /// How to log.
     #[command(flatten)]
     pub log: LogArgs,
 
+    /// The subcommand to run.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// kube-svm's subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the controller: reconcile StorageVersionMigrations (what the container runs).

@@ -142,9 +142,13 @@ impl Context {
 /// What the controller runs with: its clients, engine and settings, where it reports its
 /// health, and the signals that stop it.
 pub struct Run {
+    /// Clients of the cluster's apiserver.
     pub clients: Clients,
+    /// Migrates objects; shared by every migration.
     pub engine: Engine,
+    /// The controller's flags.
     pub settings: Settings,
+    /// What the probes report; the controller marks its caches synced here.
     pub health: Arc<Health>,
     /// Fires when the process stops: running migrations checkpoint.
     pub shutdown: CancellationToken,

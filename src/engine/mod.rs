@@ -68,6 +68,7 @@ pub struct Settings {
     pub list_attempts: u32,
     /// Failed objects kept with their details; the count is always exact.
     pub failures_kept: usize,
+    /// Delays between attempts of one request.
     pub backoff: Backoff,
     /// Longest time one request may go unanswered before it counts as failed.
     pub request_timeout: Duration,
@@ -104,10 +105,13 @@ impl Default for Settings {
 pub struct Progress {
     /// Objects returned by list requests.
     pub listed: u64,
+    /// Written back to etcd, re-encoded.
     pub rewritten: u64,
+    /// Already stored in the current encoding: the apiserver skipped the write.
     pub already_current: u64,
     /// Written by someone else (409) or deleted (404) since listed: nothing left to do.
     pub skipped: u64,
+    /// Could not be migrated after every attempt.
     pub failed: u64,
     /// The apiserver's estimate of objects not yet listed.
     pub remaining: Option<u64>,
@@ -148,31 +152,66 @@ pub enum Finished {
 /// Why a run could not go on.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A list request for the resource could not be built.
     #[error("failed to build a request for {0}")]
     BuildRequest(String, #[source] kube::core::request::Error),
+    /// The apiserver refused a list request, for good or after every attempt.
     #[error("failed to list {resource}: HTTP {code} {reason}: {message}")]
-    List { resource: String, code: u16, reason: String, message: String },
+    List {
+        /// The resource being listed.
+        resource: String,
+        /// The HTTP status code.
+        code: u16,
+        /// The `Status` reason, such as `Forbidden`.
+        reason: String,
+        /// The `Status` message.
+        message: String,
+    },
+    /// List requests got no answer, attempt after attempt.
     #[error("failed to list {0}: no response")]
     ListTransport(String, #[source] NoReply),
+    /// Continue tokens kept expiring (410), or one expired with no token offered to go on from.
     #[error("failed to list {0}: continue tokens kept expiring, or the apiserver offered no other")]
     ListExpired(String),
+    /// The apiserver sent a continue token a second time: the list would go round forever.
     #[error(
         "failed to list {0}: the apiserver handed out a continue token it had handed out before, so the list would never end"
     )]
     ListLoops(String),
+    /// Writes kept failing with none succeeding, so the run stopped early.
     #[error(
         "writes to {resource} keep failing: {} attempts at {} objects failed and none succeeded for {} s; the last failure: {}",
         .failing.attempts, .failing.objects, .failing.for_seconds, describe(&.failing.last)
     )]
-    WritesFailing { resource: String, failing: Box<KeepFailing> },
+    WritesFailing {
+        /// The resource being migrated.
+        resource: String,
+        /// How long and how many writes failed, and the last failure.
+        failing: Box<KeepFailing>,
+    },
+    /// A page of the list could not be decoded.
     #[error("failed to decode the list of {0}")]
     Decode(String, #[source] serde_json::Error),
+    /// The resource stopped being served (404) while the run went on.
     #[error(
         "{resource} is no longer served at {api_version} (HTTP 404: {message}); its version or CRD was removed"
     )]
-    NotServed { resource: String, api_version: String, message: String },
+    NotServed {
+        /// The resource being migrated.
+        resource: String,
+        /// The `group/version` requests went to.
+        api_version: String,
+        /// The `Status` message of the 404.
+        message: String,
+    },
+    /// The apiserver was down longer than `outage_timeout` allows.
     #[error("the apiserver was not ready for {waited_seconds} s in all while migrating {resource}")]
-    ApiserverUnavailable { resource: String, waited_seconds: u64 },
+    ApiserverUnavailable {
+        /// The resource being migrated.
+        resource: String,
+        /// Seconds the run waited for the apiserver, in all.
+        waited_seconds: u64,
+    },
     /// The leader's term ended; not an error of the migration.
     #[error("this process may no longer write: its leadership ended")]
     Fenced,
@@ -260,6 +299,7 @@ pub struct Engine {
 /// One migration to run.
 #[derive(Clone, Debug)]
 pub struct Job {
+    /// The resource to migrate, as discovery resolved it.
     pub resource: Resource,
     /// Write through the `status` subresource instead of the resource itself.
     pub write_to_status: bool,
@@ -285,6 +325,7 @@ impl Engine {
         Ok(Engine { client, limiter, settings, metrics, request_metrics })
     }
 
+    /// The settings the engine runs every migration with.
     pub fn settings(&self) -> &Settings {
         &self.settings
     }

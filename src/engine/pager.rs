@@ -14,16 +14,21 @@ use super::{Attempts, Engine, Error, Failure, Next, Resource, RunState};
 /// What a write needs of a listed object.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Listed {
+    /// Empty for a cluster-scoped object.
     pub namespace: String,
+    /// The object's `metadata.name`.
     pub name: String,
     /// Tells the object from one deleted and created again under its name.
     pub uid: String,
+    /// The version listed; the write carries it as a precondition, so a newer object is
+    /// left alone (409).
     pub resource_version: String,
 }
 
 /// One page of a list.
 #[derive(Debug, Default)]
 pub struct Page {
+    /// The page's objects, in list order.
     pub items: Vec<Listed>,
     /// The token for the next page; `None` on the last page.
     pub continue_token: Option<String>,

@@ -15,6 +15,7 @@ pub const DEFAULT_QPS: f64 = 0.0;
 /// The default of `--kube-api-burst`.
 pub const DEFAULT_BURST: u32 = 200;
 
+/// The token bucket; one per process, shared by every engine clone.
 pub struct RateLimiter {
     qps: f64,
     burst: f64,

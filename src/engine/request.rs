@@ -24,8 +24,10 @@ pub enum NoReply {
     /// The leader's term is over: the request was not sent.
     #[error("this process may no longer write: its leadership ended")]
     Fenced,
+    /// No answer within the request timeout given.
     #[error("no answer within {0:?}")]
     TimedOut(Duration),
+    /// The request could not be sent or its answer read: no connection, TLS, a broken stream.
     #[error(transparent)]
     Transport(#[from] kube::Error),
 }

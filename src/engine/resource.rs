@@ -17,7 +17,9 @@ pub struct Resource {
     pub version: String,
     /// Plural resource name, as in the URL.
     pub plural: String,
+    /// The kind of its objects, such as `Widget`.
     pub kind: String,
+    /// Whether its objects live in namespaces.
     pub namespaced: bool,
     /// The resource's `storageVersionHash` from discovery, when published.
     pub storage_version_hash: Option<String>,
@@ -28,20 +30,38 @@ pub struct Resource {
 /// Why a resource cannot be migrated.
 #[derive(Debug, thiserror::Error)]
 pub enum ResolveError {
+    /// The migration names no resource.
     #[error("no resource named: spec.resource.resource is empty")]
     Empty,
+    /// The name is a subresource's, such as `deployments/scale`.
     #[error("{0:?} is a subresource; name the resource itself")]
     Subresource(String),
+    /// Discovery has no such API group.
     #[error("the apiserver does not serve API group {0:?}")]
     UnknownGroup(String),
+    /// The group is served, but not at the version named.
     #[error("the apiserver does not serve {0}")]
     UnknownGroupVersion(String),
+    /// The group version is served, but holds no such resource.
     #[error("the apiserver serves no resource {resource:?} in {api_version}")]
-    UnknownResource { resource: String, api_version: String },
+    UnknownResource {
+        /// The resource as named.
+        resource: String,
+        /// The `group/version` discovery was read at.
+        api_version: String,
+    },
+    /// The resource cannot be listed or patched.
     #[error("{resource} does not support the verbs {missing:?}, which migration needs")]
-    MissingVerbs { resource: String, missing: Vec<&'static str> },
+    MissingVerbs {
+        /// The resource as discovery names it.
+        resource: String,
+        /// The verbs it lacks, of `list` and `patch`.
+        missing: Vec<&'static str>,
+    },
+    /// Writes were asked to go through a `status` subresource the resource does not have.
     #[error("{0} has no status subresource to write through")]
     NoStatusSubresource(String),
+    /// Discovery could not be read; asking again later may succeed.
     #[error("failed to read discovery for {0}")]
     Discovery(String, #[source] kube::Error),
 }
@@ -210,19 +230,27 @@ async fn preferred_version(client: &Client, group: &str) -> Result<String, Resol
 }
 
 #[cfg(test)]
+impl Resource {
+    /// `widgets.example.com/v1`, cluster-scoped, without a hash: the resource unit tests use.
+    pub(crate) fn widgets() -> Resource {
+        Resource {
+            group: "example.com".into(),
+            version: "v1".into(),
+            plural: "widgets".into(),
+            kind: "Widget".into(),
+            namespaced: false,
+            storage_version_hash: None,
+            patchable_status: false,
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
     fn resource(group: &str, namespaced: bool) -> Resource {
-        Resource {
-            group: group.into(),
-            version: "v1".into(),
-            plural: "widgets".into(),
-            kind: "Widget".into(),
-            namespaced,
-            storage_version_hash: None,
-            patchable_status: false,
-        }
+        Resource { group: group.into(), namespaced, ..Resource::widgets() }
     }
 
     #[test]

@@ -510,14 +510,15 @@ mod not_found_tests {
     use super::*;
 
     fn widgets() -> Resource {
-        Resource {
-            group: "example.com".into(),
-            version: "v1".into(),
-            plural: "widgets".into(),
-            kind: "Widget".into(),
-            namespaced: false,
-            storage_version_hash: None,
-            patchable_status: true,
+        Resource { patchable_status: true, ..Resource::widgets() }
+    }
+
+    fn w_1() -> Listed {
+        Listed {
+            namespace: String::new(),
+            name: "w-1".into(),
+            uid: "u".into(),
+            resource_version: "5".into(),
         }
     }
 
@@ -527,12 +528,7 @@ mod not_found_tests {
 
     #[test]
     fn a_404_naming_the_object_means_it_was_deleted() {
-        let object = Listed {
-            namespace: String::new(),
-            name: "w-1".into(),
-            uid: "u".into(),
-            resource_version: "5".into(),
-        };
+        let object = w_1();
         let deleted = status(
             r#"{"kind":"Status","status":"Failure","reason":"NotFound","code":404,
                 "message":"widgets.example.com \"w-1\" not found",
@@ -543,12 +539,7 @@ mod not_found_tests {
 
     #[test]
     fn a_404_for_the_resource_is_not_a_deletion() {
-        let object = Listed {
-            namespace: String::new(),
-            name: "w-1".into(),
-            uid: "u".into(),
-            resource_version: "5".into(),
-        };
+        let object = w_1();
         // What the apiserver answers for a version or CRD it does not serve.
         let unserved = status(
             r#"{"kind":"Status","status":"Failure","reason":"NotFound","code":404,
@@ -570,15 +561,7 @@ mod body_tests {
 
     #[test]
     fn the_write_carries_type_identity_and_precondition_only() {
-        let resource = Resource {
-            group: "example.com".into(),
-            version: "v2".into(),
-            plural: "widgets".into(),
-            kind: "Widget".into(),
-            namespaced: true,
-            storage_version_hash: None,
-            patchable_status: false,
-        };
+        let resource = Resource { version: "v2".into(), namespaced: true, ..Resource::widgets() };
         let object = |namespace: &str| Listed {
             namespace: namespace.into(),
             name: "w-1".into(),

@@ -62,11 +62,29 @@ pub enum Unrecorded {
 #[derive(Debug)]
 pub enum Notice<'a> {
     /// A run starts: the Event reason (Started, Resumed, Restarted) and what kind of start.
-    Start { event: &'static str, note: &'a str },
+    Start {
+        /// The Event reason.
+        event: &'static str,
+        /// Says what kind of start, such as "resuming from the checkpoint".
+        note: &'a str,
+    },
     /// The encoding check is about to run (it may take a settle period).
-    Confirming { resource: &'a Resource, storage: &'a str },
+    Confirming {
+        /// The resource being migrated.
+        resource: &'a Resource,
+        /// The storage version the apiservers must encode in.
+        storage: &'a str,
+    },
     /// What the encoding check found: `vouched` when an operator said so on the migration.
-    Encoding { vouched: bool, confirmed: Option<bool>, evidence: &'a str },
+    Encoding {
+        /// Whether an operator vouched for the encoding, so the check was skipped.
+        vouched: bool,
+        /// `Some(true)` when confirmed, `Some(false)` when not; `None` when there was nothing
+        /// to check.
+        confirmed: Option<bool>,
+        /// What was seen, or why the check was skipped.
+        evidence: &'a str,
+    },
     /// The target changed before the first write: it is worked out again.
     Retarget(&'a Change),
     /// The run proved nothing about the encoding (apiservers disagreed at the end).
@@ -74,7 +92,12 @@ pub enum Notice<'a> {
     /// What was done with `storedVersions`, and why.
     StoredVersions(&'a MigrationCondition),
     /// The migration of `resource` ended, as `status` says.
-    Ended { resource: &'a Resource, status: &'a StorageVersionMigrationStatus },
+    Ended {
+        /// The resource migrated.
+        resource: &'a Resource,
+        /// The final status, Succeeded or Failed.
+        status: &'a StorageVersionMigrationStatus,
+    },
 }
 
 /// The resource could not be resolved.
@@ -83,6 +106,7 @@ pub struct Unresolved {
     /// Whether asking again later may succeed (discovery or the CRD could not be read), as
     /// opposed to the resource being wrong.
     pub transient: bool,
+    /// What failed, with its causes.
     pub message: String,
 }
 
@@ -93,7 +117,12 @@ pub enum End {
     Finished(Box<StorageVersionMigrationStatus>),
     /// It stopped before its end (cancelled, or this process may no longer write); `why` says
     /// where it can be taken up again, when known.
-    Stopped { progress: Box<Progress>, why: String },
+    Stopped {
+        /// How far it got.
+        progress: Box<Progress>,
+        /// Why it stopped.
+        why: String,
+    },
     /// What it needs could not be read (discovery, its CRD), or it could not be recorded; it
     /// is taken up again later.
     Later(LaterBecause),
@@ -142,8 +171,11 @@ pub trait Host {
 
 /// A migration's lifecycle: what it runs with, and its host.
 pub struct Lifecycle<'a, H: Host> {
+    /// The cluster and the encoding checks the steps use.
     pub cluster: Cluster<'a>,
+    /// Migrates the objects.
     pub engine: &'a Engine,
+    /// The controller or `kube-svm migrate`.
     pub host: H,
     /// Fires when the migration must stop (deleted, the process stopping).
     pub cancel: &'a CancellationToken,

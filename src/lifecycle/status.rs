@@ -33,8 +33,9 @@ pub struct Start {
     pub keeps_target: bool,
     /// Times the migration has started over because its target changed mid-run.
     pub restarts: u32,
-    /// The Event reason saying what kind of start this is, and its note.
+    /// The Event reason saying what kind of start this is.
     pub event: &'static str,
+    /// The Event's note: where the listing starts from and, when starting over, why.
     pub note: String,
 }
 
@@ -114,11 +115,14 @@ pub fn kept_changing(
 /// What a CRD-backed resource's CRD is now, as far as resuming a checkpoint goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CrdNow {
+    /// `metadata.uid`: tells the CRD from one deleted and created again under its name.
     pub uid: Option<String>,
+    /// `metadata.generation`: a checkpoint taken under another generation is not resumed.
     pub generation: i64,
 }
 
 impl CrdNow {
+    /// The uid and generation of `crd` as read.
     pub fn of(crd: &CustomResourceDefinition) -> CrdNow {
         CrdNow {
             uid: crd.metadata.uid.clone(),

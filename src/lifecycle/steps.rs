@@ -149,6 +149,8 @@ const GUARD_INTERVAL: Duration = Duration::from_secs(2);
 pub struct Change {
     /// The Failed condition's reason, should the migration end on it.
     pub reason: &'static str,
+    /// What changed, in words: the Failed condition's message or the note of the Event that
+    /// tells of it.
     pub message: String,
     /// What the migration does about it.
     pub then: Then,
@@ -502,18 +504,6 @@ async fn set_condition(
 mod tests {
     use super::*;
 
-    fn widgets() -> Resource {
-        Resource {
-            group: "example.com".into(),
-            version: "v1".into(),
-            plural: "widgets".into(),
-            kind: "Widget".into(),
-            namespaced: false,
-            storage_version_hash: None,
-            patchable_status: false,
-        }
-    }
-
     fn crd(uid: &str, generation: i64, storage: &str) -> CustomResourceDefinition {
         let versions: Vec<_> = ["v1", "v2"]
             .iter()
@@ -541,28 +531,30 @@ mod tests {
 
     #[test]
     fn an_unchanged_crd_is_no_change() {
-        assert_eq!(crd_change(&widgets(), &target(), Some(&crd("u1", 4, "v2"))), None);
+        assert_eq!(crd_change(&Resource::widgets(), &target(), Some(&crd("u1", 4, "v2"))), None);
         let built_in = MigrationTarget::default();
-        assert_eq!(crd_change(&widgets(), &built_in, None), None, "no CRD behind it");
+        assert_eq!(crd_change(&Resource::widgets(), &built_in, None), None, "no CRD behind it");
     }
 
     #[test]
     fn a_switch_or_any_spec_change_starts_over() {
-        let switched = crd_change(&widgets(), &target(), Some(&crd("u1", 5, "v1")));
+        let switched = crd_change(&Resource::widgets(), &target(), Some(&crd("u1", 5, "v1")));
         let switched = switched.expect("a change");
         assert!(switched.starts_over());
         assert!(switched.message.contains("from v2 to v1"), "{}", switched.message);
         // v2 -> v1 -> v2: the same storage version, two generations later.
-        let back = crd_change(&widgets(), &target(), Some(&crd("u1", 6, "v2"))).expect("a change");
+        let back = crd_change(&Resource::widgets(), &target(), Some(&crd("u1", 6, "v2")))
+            .expect("a change");
         assert!(back.starts_over());
         assert!(back.message.contains("generation 4 then 6"), "{}", back.message);
     }
 
     #[test]
     fn a_deleted_or_replaced_crd_ends_the_migration() {
-        let gone = crd_change(&widgets(), &target(), None).expect("a change");
+        let gone = crd_change(&Resource::widgets(), &target(), None).expect("a change");
         assert_eq!((gone.reason, gone.starts_over()), (reasons::RESOURCE_NOT_SERVED, false));
-        let other = crd_change(&widgets(), &target(), Some(&crd("u2", 4, "v2"))).expect("a change");
+        let other = crd_change(&Resource::widgets(), &target(), Some(&crd("u2", 4, "v2")))
+            .expect("a change");
         assert!(!other.starts_over());
     }
 }

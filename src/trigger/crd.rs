@@ -43,10 +43,14 @@ const MAX_NAME: usize = 253;
 /// meet.
 const NAME_HASH_DIGITS: usize = 10;
 
+/// Why the CRD trigger could not act on a CRD this time; the CRD is looked at again in five
+/// seconds.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// Listing the migrations, to see whether one is pending or running already, failed.
     #[error("failed to list StorageVersionMigrations")]
     List(#[source] RequestError),
+    /// Creating the named migration failed (one that exists already is not an error).
     #[error("failed to create StorageVersionMigration {0}")]
     Create(String, #[source] RequestError),
 }

@@ -37,22 +37,34 @@ const MIN_FOLLOW_UP: Duration = Duration::from_secs(2);
 /// hold up the others for a whole request timeout.
 const GROUP_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Why a poll, or its work on one resource, failed. A failed resource is skipped and the poll
+/// goes on, unless the leadership ended or the apiserver cannot be reached.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// No connection for discovery could be made, or the core API or the list of API groups
+    /// could not be read: nothing was examined.
     #[error("failed to read discovery")]
     Discovery(#[source] kube::Error),
+    /// Listing the kind named (StorageStates or StorageVersionMigrations) failed.
     #[error("failed to list {0}")]
     List(&'static str, #[source] RequestError),
+    /// Writing the named StorageState failed.
     #[error("failed to write StorageState {0}")]
     Write(String, #[source] RequestError),
+    /// The named StorageState was written by someone else after this poll read it (409), so
+    /// this poll's write changed nothing.
     #[error("StorageState {0} changed since this poll read it; it is looked at again next poll")]
     Changed(String),
+    /// The named StorageState came back without a resourceVersion to make the write
+    /// conditional on.
     #[error("StorageState {0} was read without a resourceVersion")]
     NoResourceVersion(String),
+    /// Creating a migration of the named resource failed.
     #[error("failed to create a migration of {0}")]
     Create(String, #[source] RequestError),
 }
 
+/// How the discovery trigger polls, from the controller's flags.
 #[derive(Clone)]
 pub struct Settings {
     /// Time between two polls when nothing is pending.

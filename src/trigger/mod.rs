@@ -22,7 +22,9 @@ pub const TRIGGER_LABEL: &str = "kube-svm.io/trigger";
 /// (`--request-timeout`).
 #[derive(Clone, Copy)]
 pub struct Requests<'a> {
+    /// The leader's term: no request is sent once it has ended.
     pub fence: &'a Fence,
+    /// Longest time one request may go unanswered (`--request-timeout`).
     pub timeout: Duration,
 }
 

@@ -77,6 +77,8 @@ impl Guard {
 /// A StorageState's status after a poll that trusts `current`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Next {
+    /// The status to write: persisted hashes, `current` as the current hash, and the heartbeat
+    /// set to the poll's time.
     pub status: StorageStateStatus,
     /// Whether `persistedStorageVersionHashes` changed (the persisted-since time moves to now).
     pub persisted_changed: bool,
@@ -142,7 +144,9 @@ pub fn needs_migration(status: &StorageStateStatus, current: &str) -> bool {
 /// Why a migration proves nothing about how a resource's objects are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unproven {
+    /// It migrated another resource.
     OtherResource,
+    /// It has not ended Succeeded (or has no status).
     NotSucceeded,
     /// Its status has neither `listedFromStart` nor `target`: the installed status schema drops
     /// kube-svm's fields (kube-storage-version-migrator's CRDs), or another migrator ran it.

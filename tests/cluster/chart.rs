@@ -15,11 +15,12 @@ use kube::ResourceExt;
 use kube::core::DynamicObject;
 use kube_svm::api::Phase;
 
+use crate::support::Scenario;
 use crate::support::chart::{self, apply, objects, render, run_helm};
 use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds, unique};
 use crate::support::migrations::{create_migration, phase_is, wait_for};
 use crate::support::process::KubeSvm;
-use crate::support::{ControlPlane, shared};
+use crate::support::shared;
 
 fn repository_file(path: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
@@ -192,9 +193,7 @@ async fn rendered_and_committed_manifests_pass_a_server_side_dry_run() {
 /// a migration of anything else fails at once, saying the apiserver forbade it.
 #[tokio::test]
 async fn a_narrowed_resource_list_limits_what_kube_svm_can_migrate() {
-    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let widgets = WidgetCrd::stale(&client, "rbac", 50).await;
     let only_widgets = only_widgets_of(&widgets.group);
     let kubeconfig = control_plane

@@ -18,7 +18,8 @@ use kube_svm::api::{
 use serde_json::json;
 
 use crate::engine::reject_updates_of_frozen;
-use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds};
+use crate::support::Scenario;
+use crate::support::fixtures::WidgetCrd;
 use crate::support::invariant::Census;
 use crate::support::migrations::{
     create_migration, has_event, phase_is, processed_at_least, progress, wait_for,
@@ -28,9 +29,7 @@ use crate::support::{CONTROLLER_NAMESPACE, ControlPlane};
 
 /// A private control plane with kube-svm's CRDs and `count` widgets stored at v1, storage v2.
 async fn setup(count: usize) -> (ControlPlane, Client, WidgetCrd) {
-    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let widgets = WidgetCrd::stale(&client, "ctl", count).await;
     (control_plane, client, widgets)
 }
@@ -277,9 +276,7 @@ async fn migrations_are_scheduled_per_resource() {
 /// Malformed migrations end Failed within seconds, saying what is wrong.
 #[tokio::test]
 async fn malformed_migrations_fail_fast_with_the_reason() {
-    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let controller = KubeSvm::start(
         &control_plane,
         "controller",
@@ -331,9 +328,7 @@ async fn malformed_migrations_fail_fast_with_the_reason() {
 /// annotation insists on it and fails a migration whose resource has none.
 #[tokio::test]
 async fn writes_can_go_through_the_status_subresource() {
-    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let widgets = WidgetCrd::new("status", false);
     widgets.create(&client, "v1").await;
     widgets.seed(&client, "v1", &[None], 50).await;

@@ -21,7 +21,8 @@ use kube_svm::trigger::storage_state::next_status;
 use serde_json::json;
 
 use crate::support::ControlPlane;
-use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds, missing_aggregated_api, unique};
+use crate::support::Scenario;
+use crate::support::fixtures::{WidgetCrd, missing_aggregated_api, unique};
 use crate::support::invariant::Census;
 use crate::support::process::KubeSvm;
 use crate::support::upstream::{install_upstream_crds, take_over_as_the_readme_says};
@@ -107,9 +108,7 @@ fn hash(widgets: &WidgetCrd, version: &str) -> String {
 /// missing is named in the log and holds nothing up.
 #[tokio::test]
 async fn storage_states_follow_storage_switches() {
-    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let widgets = WidgetCrd::new("discovery", false);
     widgets.create(&client, "v1").await;
     widgets.seed(&client, "v1", &[None], 30).await;
@@ -176,9 +175,7 @@ async fn storage_states_follow_storage_switches() {
 /// switched and switched back before it could be trusted creates no migration.
 #[tokio::test]
 async fn upstream_states_are_continued_and_late_successes_prove_nothing() {
-    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let widgets = WidgetCrd::stale(&client, "upstream-state", 20).await;
     let (h1, h2) = (hash(&widgets, "v1"), hash(&widgets, "v2"));
 
@@ -256,9 +253,7 @@ async fn upstream_states_are_continued_and_late_successes_prove_nothing() {
 /// stored to the second: one migration per storage switch, not a second full one.
 #[tokio::test]
 async fn one_migration_per_storage_switch() {
-    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let widgets = WidgetCrd::new("one-per-switch", false);
     widgets.create(&client, "v1").await;
     widgets.seed(&client, "v1", &[None], 10).await;
@@ -283,9 +278,7 @@ async fn one_migration_per_storage_switch() {
 /// leader has written) is refused by the apiserver and changes nothing.
 #[tokio::test]
 async fn a_storage_state_write_from_an_older_read_changes_nothing() {
-    let control_plane = crate::support::shared().await;
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { client, .. } = Scenario::shared().await;
     let resource = GroupResource {
         group: format!("{}.svm.example.com", unique("stale-write")),
         resource: "widgets".into(),
@@ -327,9 +320,7 @@ async fn a_storage_state_write_from_an_older_read_changes_nothing() {
 /// as long as the one before, as after failures, and the log says why once per migration.
 #[tokio::test]
 async fn successes_that_prove_nothing_back_off() {
-    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let widgets = WidgetCrd::new("unproven", false);
     widgets.create(&client, "v1").await;
     widgets.seed(&client, "v1", &[None], 5).await;

@@ -18,6 +18,7 @@ use serde_json::json;
 use tokio::sync::OnceCell;
 
 use crate::engine::reject_updates_of_frozen;
+use crate::support::Scenario;
 use crate::support::admission;
 use crate::support::fixtures::{
     KEY1, KEY2, WidgetCrd, create_namespace, encrypt_secrets, install_kube_svm_crds,
@@ -813,14 +814,11 @@ async fn a_key_rotation_leaves_every_secret_under_the_new_key() {
 #[tokio::test]
 async fn an_unconfirmed_encoding_keeps_stored_versions_unless_an_operator_vouches() {
     use k8s_openapi::api::apiserverinternal::v1alpha1::StorageVersion;
-    let control_plane = ControlPlane::start(&[
+    let Scenario { control_plane, client } = Scenario::own(&[
         "--feature-gates=StorageVersionAPI=true,APIServerIdentity=true",
         "--runtime-config=internal.apiserver.k8s.io/v1alpha1=true",
     ])
-    .await
-    .expect("control plane");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    .await;
     let count = scale(100);
     let widgets = stale_widgets(&client, "unconfirmed", count, &[]).await;
     widgets.opt_out(&client).await;
@@ -896,9 +894,7 @@ async fn an_unconfirmed_encoding_keeps_stored_versions_unless_an_operator_vouche
 /// migrations created after them run and succeed.
 #[tokio::test]
 async fn an_unavailable_aggregated_api_fails_its_migrations_without_blocking_others() {
-    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let good: Vec<WidgetCrd> = vec![
         WidgetCrd::stale(&client, "good", scale(200)).await,
         WidgetCrd::stale(&client, "good", scale(200)).await,
@@ -948,9 +944,7 @@ async fn an_unavailable_aggregated_api_fails_its_migrations_without_blocking_oth
 /// for it each time instead of failing objects, and the migration succeeds and prunes.
 #[tokio::test]
 async fn apiserver_restarts_mid_run_fail_no_object() {
-    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let count = scale(3000);
     let widgets = stale_widgets(&client, "restarts", count, &[]).await;
     let controller = KubeSvm::start(
@@ -999,9 +993,7 @@ async fn apiserver_restarts_mid_run_fail_no_object() {
 /// checkpoint and finishes, and storedVersions is pruned.
 #[tokio::test]
 async fn a_killed_leader_is_replaced_by_its_standby() {
-    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let count = scale(800);
     let widgets = stale_widgets(&client, "failover", count, &[]).await;
     let extra = ["--page-size=20", "--kube-api-qps=100"];
@@ -1030,9 +1022,7 @@ async fn a_killed_leader_is_replaced_by_its_standby() {
 /// not evidence; the audit log bounds how many such requests arrived.
 #[tokio::test]
 async fn a_paused_leader_writes_nothing_after_its_standby_took_over() {
-    let control_plane = ControlPlane::start_audited(&[]).await.expect("control plane");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { control_plane, client } = Scenario::audited(&[]).await;
     let count = scale(800);
     let widgets = stale_widgets(&client, "paused", count, &[]).await;
     let seeded = widget_states(&client, &widgets).await;
@@ -1118,9 +1108,7 @@ async fn a_leader_that_creates_the_lease_waits_a_lease_duration_before_writing()
     /// Long enough that a straggling write of the old leader cannot pass for the new leader's
     /// (the old one stops at its renew deadline, two thirds of this).
     const LEASE: u32 = 12;
-    let control_plane = ControlPlane::start_audited(&[]).await.expect("control plane");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { control_plane, client } = Scenario::audited(&[]).await;
     let count = scale(800);
     let widgets = stale_widgets(&client, "deleted-lease", count, &[]).await;
     let first =
@@ -1180,9 +1168,7 @@ async fn a_leader_that_creates_the_lease_waits_a_lease_duration_before_writing()
 /// leader finishes the migration and storedVersions is pruned.
 #[tokio::test]
 async fn a_leader_whose_apiserver_hangs_stops_before_the_lease_can_pass() {
-    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let count = scale(800);
     let widgets = stale_widgets(&client, "hung", count, &[]).await;
     let extra = ["--page-size=20", "--kube-api-qps=60"];
@@ -1219,9 +1205,7 @@ async fn a_leader_whose_apiserver_hangs_stops_before_the_lease_can_pass() {
 /// apiserver killed and restarted, and the leader killed.
 #[tokio::test]
 async fn the_combined_run_keeps_the_invariant() {
-    let control_plane = ControlPlane::start(&["--watch-cache=false"]).await.expect("control plane");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { control_plane, client } = Scenario::own(&["--watch-cache=false"]).await;
     let count = scale(1200);
     let written = stale_widgets(&client, "combined-written", count, &[]).await;
     let namespaces = [unique("combined"), unique("combined"), unique("combined")];
@@ -1377,9 +1361,7 @@ async fn wait_for_holder(client: &Client, identity: &str) {
 /// prunes.
 #[tokio::test]
 async fn a_checkpoint_is_not_resumed_after_the_crd_changed() {
-    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let count = scale(600);
     let widgets = stale_widgets(&client, "resumed", count, &[]).await;
     widgets.opt_out(&client).await;

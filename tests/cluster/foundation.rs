@@ -10,7 +10,8 @@ use kube_svm::api::{StorageState, StorageVersionMigration};
 use kube_svm::census::stored::Stored;
 use serde_json::json;
 
-use crate::support::fixtures::{WidgetCrd, create_namespace, install_kube_svm_crds, unique};
+use crate::support::Scenario;
+use crate::support::fixtures::{WidgetCrd, create_namespace, unique};
 use crate::support::{ControlPlane, shared};
 
 #[tokio::test]
@@ -41,9 +42,7 @@ async fn harness_runs_a_real_apiserver_backed_by_etcd() {
 /// controller writes) survives a round trip through kube-svm's CRD.
 #[tokio::test]
 async fn upstream_objects_round_trip_through_the_crds() {
-    let control_plane = shared().await;
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { client, .. } = Scenario::shared().await;
 
     let name = unique("upstream");
     let upstream_yaml = format!(
@@ -317,9 +316,7 @@ async fn compaction_expires_continue_tokens() {
 /// `storageversionmigrations` (the reason the short name exists).
 #[tokio::test]
 async fn short_names_and_category_belong_to_kube_svm_alone() {
-    let control_plane = shared().await;
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { client, .. } = Scenario::shared().await;
     let mut lists =
         vec![("v1".to_owned(), client.list_core_api_resources("v1").await.expect("core"))];
     for group in client.list_api_groups().await.expect("groups").groups {

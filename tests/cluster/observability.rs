@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use kube::Api;
 use kube_svm::api::StorageVersionMigration;
 
-use crate::support::ControlPlane;
 use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds};
 use crate::support::process::KubeSvm;
+use crate::support::{ControlPlane, Scenario};
 
 struct Admin {
     base: String,
@@ -204,9 +204,7 @@ async fn probes_and_metrics_follow_a_real_migration() {
 /// itself.
 #[tokio::test]
 async fn an_outage_is_said_once_and_its_end_once() {
-    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let args =
         ["controller", "--leader-elect=false", "--discovery-trigger", "--discovery-interval=2"];
     let controller = KubeSvm::start(&control_plane, "outage", &args).await;

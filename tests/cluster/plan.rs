@@ -11,7 +11,8 @@ use kube_svm::storage_hash::storage_version_hash;
 use serde_json::{Value, json};
 
 use crate::support::ControlPlane;
-use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds};
+use crate::support::Scenario;
+use crate::support::fixtures::WidgetCrd;
 use crate::support::migrations::create_migration;
 use crate::support::process::binary;
 
@@ -41,9 +42,7 @@ fn entry<'a>(plan: &'a Value, resource: &str, group: &str) -> Option<&'a Value> 
 
 #[tokio::test]
 async fn plans_stale_crds_storage_states_and_named_resources() {
-    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let clean = WidgetCrd::new("plan-clean", false);
     clean.create(&client, "v1").await;
     clean.seed(&client, "v1", &[None], 5).await;

@@ -1,4 +1,5 @@
-//! The README's command lines run as written: every `kubectl` line, with kubectl at the harness's
+//! The command lines of the README and the docs run as written: every `kubectl` line, with
+//! kubectl at the harness's
 //! Kubernetes version (where the in-tree migrator's API takes the bare resource name, so only
 //! names that find kube-svm's objects work), and its `kube-svm migrate` lines, against a private
 //! control plane where kube-svm's controller runs. The outputs are printed (`--nocapture`): the
@@ -13,26 +14,15 @@ use kube::Api;
 use kube::api::PostParams;
 use kube_svm::api::Phase;
 
-use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds};
+use crate::support::Scenario;
+use crate::support::asset;
+use crate::support::fixtures::WidgetCrd;
 use crate::support::migrations::{phase_is, wait_for, wait_for_triggered};
 use crate::support::process::{KubeSvm, binary};
-use crate::support::{ControlPlane, asset};
 
-/// The lines of the README's `sh` blocks that start with `prefix`.
+/// The lines of the `sh` blocks (README and docs) that start with `prefix`.
 fn readme_lines(prefix: &str) -> Vec<String> {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("the README");
-    let mut in_sh = false;
-    let mut lines = Vec::new();
-    for line in readme.lines() {
-        match line.trim_end() {
-            "```sh" => in_sh = true,
-            "```" => in_sh = false,
-            line if in_sh && line.starts_with(prefix) => lines.push(line.to_owned()),
-            _ => {}
-        }
-    }
-    lines
+    crate::support::docs::sh_lines(prefix)
 }
 
 /// Runs `line` with `sh` from the repository root, as a reader would; returns the exit code and
@@ -55,9 +45,7 @@ fn run(line: &str, path: &str, kubeconfig: &Path, state: &Path) -> (Option<i32>,
 
 #[tokio::test]
 async fn the_readmes_kubectl_and_migrate_lines_work_as_written() {
-    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
 
     // The README's cluster: Secrets, and two CRDs whose storage version went from v1 to v2.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");

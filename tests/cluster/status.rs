@@ -11,7 +11,8 @@ use kube_svm::api::Phase;
 use serde_json::{Value, json};
 
 use crate::support::ControlPlane;
-use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds};
+use crate::support::Scenario;
+use crate::support::fixtures::WidgetCrd;
 use crate::support::migrations::{create_migration, phase_is, processed_at_least, wait_for};
 use crate::support::process::{KubeSvm, binary};
 
@@ -37,9 +38,7 @@ fn named<'a>(rows: &'a [Value], name: &str) -> &'a Value {
 
 #[tokio::test]
 async fn shows_running_finished_and_in_tree_migrations() {
-    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let table = status(&control_plane, &[]);
     assert_eq!(String::from_utf8_lossy(&table.stdout), "No migrations.\n");
 

@@ -12,7 +12,8 @@ use kube_svm::trigger::crd::OPT_OUT_ANNOTATION;
 
 use crate::engine::reject_updates_of_frozen;
 use crate::support::ControlPlane;
-use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds, update_crd};
+use crate::support::Scenario;
+use crate::support::fixtures::{WidgetCrd, update_crd};
 use crate::support::migrations::{triggered, wait_for_triggered};
 use crate::support::process::KubeSvm;
 
@@ -23,9 +24,7 @@ async fn setup(
     count: usize,
     controller_flags: &[&str],
 ) -> (ControlPlane, Client, WidgetCrd, KubeSvm) {
-    let control_plane = ControlPlane::start(apiserver_flags).await.expect("control plane");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { control_plane, client } = Scenario::own(apiserver_flags).await;
     let widgets = WidgetCrd::new("stored", false);
     widgets.create(&client, "v1").await;
     widgets.seed(&client, "v1", &[None], count).await;
@@ -305,9 +304,7 @@ async fn the_opt_out_annotation_is_respected() {
 /// check began before the migration existed), and succeeds and prunes.
 #[tokio::test]
 async fn the_encoding_check_starts_at_the_storage_switch() {
-    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let widgets = WidgetCrd::new("early", false);
     widgets.create(&client, "v1").await;
     widgets.seed(&client, "v1", &[None], 50).await;

@@ -3,18 +3,21 @@
 pub mod admission;
 pub mod chart;
 mod control_plane;
+pub mod docs;
 mod etcd;
 pub mod fixtures;
 pub mod invariant;
 pub mod migrations;
 pub mod process;
 pub mod recorder;
+pub mod scenario;
 mod secure_etcd;
 pub mod upstream;
 pub mod webhook;
 
 pub use control_plane::{AuditEvent, CONTROLLER_NAMESPACE, ControlPlane, Topology, asset, shared};
 pub use etcd::{Etcd, KeyValue};
+pub use scenario::Scenario;
 pub use secure_etcd::SecureEtcd;
 
 /// A plain HTTP client for the harness's own requests (etcd's health and compaction, the admin

@@ -2,7 +2,6 @@
 //! same names, group, version and kinds as kube-svm's, but a StorageVersionMigration status
 //! schema holding only `conditions`, so the apiserver drops every other status field.
 
-use std::path::Path;
 use std::process::Command;
 
 use super::fixtures::wait_established;
@@ -143,17 +142,12 @@ pub fn kubectl(control_plane: &ControlPlane, args: &[&str]) -> std::process::Out
         .expect("kubectl runs")
 }
 
-/// Runs the README's command that takes the CRDs over (the line of its `sh` blocks that starts
-/// with `kube-svm crds |`) with bash, as a reader would, with the harness's kubectl and this
+/// Runs the documented command that takes the CRDs over (the line of the docs' `sh` blocks that
+/// starts with `kube-svm crds |`) with bash, as a reader would, with the harness's kubectl and this
 /// kube-svm on `PATH`; returns what it printed, after checking it exited 0.
 pub fn take_over_as_the_readme_says(control_plane: &ControlPlane) -> String {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("the README");
-    let line = readme
-        .lines()
-        .map(str::trim)
-        .find(|line| line.starts_with("kube-svm crds |"))
-        .expect("the README shows how to take the CRDs over");
+    let lines = super::docs::sh_lines("kube-svm crds |");
+    let line = lines.first().expect("the docs show how to take the CRDs over");
     let bin = tempfile::tempdir().expect("a directory");
     let kubectl = asset("kubectl").expect("kubectl (hack/control-plane.sh builds it)");
     std::os::unix::fs::symlink(&kubectl, bin.path().join("kubectl")).expect("linked");

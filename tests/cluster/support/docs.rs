@@ -1,0 +1,34 @@
+//! The commands the README and the pages under `docs/` show, so that tests run them as written.
+
+use std::path::{Path, PathBuf};
+
+/// The README, then every page of `docs/`, in name order.
+fn pages() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .expect("the docs directory")
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    std::iter::once(root.join("README.md")).chain(docs).collect()
+}
+
+/// The lines of the `sh` blocks of the README and the docs that start with `prefix`, in the
+/// order a reader meets them.
+pub fn sh_lines(prefix: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    for page in pages() {
+        let text = std::fs::read_to_string(&page).expect("a readable page");
+        let mut in_sh = false;
+        for line in text.lines() {
+            match line.trim() {
+                "```sh" => in_sh = true,
+                "```" => in_sh = false,
+                line if in_sh && line.starts_with(prefix) => lines.push(line.to_owned()),
+                _ => {}
+            }
+        }
+    }
+    lines
+}
