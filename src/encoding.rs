@@ -295,7 +295,8 @@ impl Check {
 /// discovery sample.
 pub async fn confirm(client: &Client, config: &kube::Config, check: &Check) -> Encoding {
     let (apiservers, counted) = match apiservers(client).await {
-        Ok(n) => (n, format!("{n} apiservers (their identity Leases)")),
+        Ok(1) => (1, "1 apiserver, counted by its identity Lease".to_owned()),
+        Ok(n) => (n, format!("{n} apiservers, counted by their identity Leases")),
         Err(why) => (
             ASSUMED_APISERVERS,
             format!(
