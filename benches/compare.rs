@@ -333,8 +333,13 @@ async fn kube_svm_engine(ctx: Ctx) -> Option<u32> {
 
 async fn run_engine(engine: &Engine, resource: Resource) -> Progress {
     let (report, _) = watch::channel(Progress::default());
-    let job =
-        Job { resource, write_to_status: false, resume: Progress::default(), fence: Fence::open() };
+    let job = Job {
+        resource,
+        write_to_status: false,
+        pace: None,
+        resume: Progress::default(),
+        fence: Fence::open(),
+    };
     match engine.run(job, &report, &CancellationToken::new()).await {
         Ok(Finished::Completed(progress)) if progress.failed == 0 => progress,
         other => panic!("the migration did not complete: {other:?}"),
