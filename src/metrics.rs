@@ -33,7 +33,7 @@ pub struct Metrics {
     /// `kube_svm_writes_in_flight`: object writes this process has sent and not yet had answered.
     pub writes_in_flight: IntGauge,
     /// `kube_svm_write_window`: object writes a running migration's window allows in flight, by
-    /// resource.
+    /// resource and pace.
     pub write_window: IntGaugeVec,
     /// `kube_svm_write_window_held_back`: 1 while a running migration's window is held below its
     /// maximum, by resource and reason.
@@ -145,8 +145,8 @@ impl Metrics {
             write_window: gauge_vec(
                 &registry,
                 "kube_svm_write_window",
-                "Object writes a running migration may have in flight now, as its adaptive window allows, by resource; 0 once it ends.",
-                &["resource"],
+                "Object writes a running migration may have in flight now, as its adaptive window allows, by resource and pace (gentle or fast); 0 once it ends.",
+                &["resource", "pace"],
             )?,
             write_window_held_back: gauge_vec(
                 &registry,
@@ -312,7 +312,7 @@ mod tests {
         metrics.throttled.with_label_values(&["patch"]);
         metrics.migration_duration.with_label_values(&["Succeeded"]);
         metrics.stored_versions.with_label_values(&["pruned", "Pruned"]);
-        metrics.write_window.with_label_values(&[resource]);
+        metrics.write_window.with_label_values(&[resource, "gentle"]);
         metrics.write_window_held_back.with_label_values(&[resource, "latency"]);
     }
 }

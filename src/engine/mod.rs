@@ -49,7 +49,7 @@ pub use rate_limit::RateLimiter;
 pub use resource::{ResolveError, Resource, migratable};
 pub use retry::{Backoff, Retry};
 use window::Window;
-pub use window::{Band, Holding, Pace, Restraint};
+pub use window::{Band, Holding, Pace, Pacing, Restraint};
 pub use writer::{NAMESPACE_GONE, Outcome};
 
 /// How the engine pages and writes.
@@ -136,10 +136,9 @@ pub struct Progress {
     pub expired_tokens: u64,
     /// Times the run paused because the apiserver was not ready.
     pub outages: u64,
-    /// The pace the run keeps.
-    pub pace: Pace,
-    /// The write window when the last page was done: its size, and what held it back.
-    pub window: Holding,
+    /// The run's pace and write window when the last page was done; `None` until the engine
+    /// has reported (a run not yet started, or progress read back from a checkpoint).
+    pub pacing: Option<Pacing>,
     /// The first failures, at most [`Settings::failures_kept`].
     pub failures: Vec<FailedObject>,
 }
@@ -287,8 +286,7 @@ impl RunState {
         progress.throttled += self.throttled.swap(0, Ordering::Relaxed);
         progress.expired_tokens += self.expired_tokens.swap(0, Ordering::Relaxed);
         progress.outages += self.availability.outages.swap(0, Ordering::Relaxed);
-        progress.pace = self.pace;
-        progress.window = self.window.holding();
+        progress.pacing = Some(Pacing { pace: self.pace, window: self.window.holding() });
     }
 }
 
@@ -358,7 +356,7 @@ impl Engine {
         };
         let label = metrics::resource_label(&resource.group, &resource.version, &resource.plural);
         let gauges = window::Gauges {
-            size: self.metrics.write_window.with_label_values(&[&label]),
+            size: self.metrics.write_window.with_label_values(&[&label, pace.name()]),
             restraints: Restraint::ALL.map(|restraint| {
                 self.metrics.write_window_held_back.with_label_values(&[&label, restraint.name()])
             }),

@@ -31,7 +31,8 @@ const PROBE_WINDOWS: usize = 16;
 const SMOOTHING: f64 = 0.125;
 
 /// How hard a migration presses the apiserver.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Pace {
     /// The cluster's own traffic first: the window grows only while the apiserver answers within
     /// [`Band::GENTLE`], so other clients barely notice the migration.
@@ -93,7 +94,8 @@ impl Band {
 }
 
 /// Why a window is below its maximum: the migration is holding back for the cluster's sake.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Restraint {
     /// The apiserver answers slower than the band allows: other clients would feel more writes.
     Latency,
@@ -127,6 +129,16 @@ pub struct Holding {
     /// Why the window is below its maximum; `None` when nothing holds it back (it is at its
     /// maximum, or still growing toward it).
     pub restraint: Option<Restraint>,
+}
+
+/// How a run holds its writes back: its pace, and its window as it stood when the last page was
+/// done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pacing {
+    /// The pace the run keeps.
+    pub pace: Pace,
+    /// The write window: its size, and what holds it below its maximum.
+    pub window: Holding,
 }
 
 /// Gauges a window keeps current: its size, and 1 for the restraint holding it back.
