@@ -12,44 +12,71 @@
 //!   full-object lists of 500, a PUT of each listed object, GET and PUT again on conflict, client
 //!   QPS 40 and burst 1000), reimplemented here: the project is not served by the module proxy.
 //!
-//! Per contender: objects/s, requests per object (the apiserver's `apiserver_request_total`),
-//! apiserver and etcd CPU seconds per 1,000 objects (from /proc, the idle rate subtracted), peak
-//! RSS of the migrating process. Then a sweep of kube-svm's engine over its write window. The
-//! table goes to `docs/bench.md`, the numbers to `docs/bench.json` (`hack/plot.py` draws
-//! `docs/bench.png` from them). `BENCH_CONTENDERS` (comma-separated names) runs a subset;
-//! `BENCH_SWEEP=0` skips the sweep; `BENCH_REPORT=/tmp/x` writes `/tmp/x.md` and `/tmp/x.json`
-//! instead. Throughput drifts as etcd's history grows: the limit is
-//! measured at the start and again at the end, and ratios are quoted against their mean.
+//! kube-svm runs at its gentle default and at its fast pace, with and without the chart's API
+//! Priority and Fairness objects (`flowControl.enabled`), always as the chart's ServiceAccount so
+//! that APF applies to it as in a cluster (the bench's admin identity is exempt).
+//!
+//! Beside every contender, and on the idle apiserver before and after them, a foreground client
+//! (a ServiceAccount of its own, as any controller of the cluster) sends one GET and one merge
+//! PATCH of a ConfigMap every 50 ms: the p50, p99 and max of its requests while a contender runs
+//! are what the cluster's own traffic feels of it.
+//!
+//! Per contender: objects/s, the foreground's latency, requests per object (the apiserver's
+//! `apiserver_request_total`), apiserver and etcd CPU seconds per 1,000 objects (from /proc, the
+//! idle rate subtracted), peak RSS of the migrating process. Then a sweep of kube-svm's engine
+//! over its write window and its gentle latency band: the curve of objects/s against the
+//! foreground's p99. The table goes to `docs/bench.md`, the numbers to `docs/bench.json`
+//! (`hack/plot.py` draws `docs/bench.png` from them). `BENCH_CONTENDERS` (comma-separated names)
+//! runs a subset; `BENCH_SWEEP=0` skips the sweep, `BENCH_SWEEP=windows` or `bands` runs half of
+//! it; `BENCH_REPORT=/tmp/x` writes `/tmp/x.md` and `/tmp/x.json` instead. Throughput drifts as
+//! etcd's history grows: the limit is measured at the start and again at the end, and ratios are
+//! quoted against their mean.
 
 // The integration tests' harness; the bench needs only part of it.
 #[allow(dead_code, unused_imports)]
 #[path = "../tests/cluster/support/mod.rs"]
 mod support;
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, Client};
 use kube_svm::api::{
     GroupVersionResource, Phase, StorageVersionMigration, StorageVersionMigrationSpec,
 };
-use kube_svm::engine::{self, Engine, Finished, Job, Progress, RateLimiter, Resource, Settings};
+use kube_svm::engine::{
+    self, Band, Engine, Finished, Job, Pace, Progress, RateLimiter, Resource, Settings,
+};
 use kube_svm::fence::Fence;
+use prometheus::core::Collector as _;
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use support::chart;
 use support::fixtures::{WidgetCrd, create_namespace, install_kube_svm_crds, unique};
 use support::invariant::Census;
 use support::process::KubeSvm;
-use support::{ControlPlane, Etcd};
+use support::{CONTROLLER_NAMESPACE, ControlPlane, Etcd};
 
 const NAMESPACES: usize = 20;
+
+/// The foreground client's period: one GET and one PATCH every 50 ms, a busy controller's pace.
+const FOREGROUND_PERIOD: Duration = Duration::from_millis(50);
+
+/// Where the foreground client's ServiceAccount and ConfigMap live.
+const FOREGROUND_NAMESPACE: &str = "bench-foreground";
+const FOREGROUND: &str = "foreground";
+
+/// How long the idle apiserver is measured, before the contenders and after them: 800 foreground
+/// requests, so that the p99 is the eighth slowest.
+const IDLE: Duration = Duration::from_secs(20);
 
 /// The controller's default `--storage-version-settle`: its encoding check starts when it sees
 /// the storage switch, so a migration created this long after finds it done.
@@ -135,6 +162,144 @@ struct Row {
     apiserver_cpu_per_1000: f64,
     etcd_cpu_per_1000: f64,
     peak_rss_mib: Option<f64>,
+    /// The foreground client's requests while the contender ran.
+    foreground: Option<Latencies>,
+}
+
+/// Latencies of the foreground client's requests over some time.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+struct Latencies {
+    requests: usize,
+    /// Requests that failed (they count in the latencies too).
+    failed: usize,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+}
+
+impl Latencies {
+    /// `4.2 / 18.0 / 40.1`
+    fn cells(&self) -> String {
+        format!("{:.1} / {:.1} / {:.0}", self.p50_ms, self.p99_ms, self.max_ms)
+    }
+}
+
+/// One foreground request: when it was sent, how long it took, whether it succeeded.
+#[derive(Clone, Copy)]
+struct Request {
+    sent: Instant,
+    took: Duration,
+    ok: bool,
+}
+
+/// The foreground client: a ServiceAccount of its own (so API Priority and Fairness classifies it
+/// as it would any controller's), one GET and one merge PATCH of a ConfigMap every
+/// [`FOREGROUND_PERIOD`], on a thread and runtime of its own so that a contender running in the
+/// bench's process does not delay it.
+struct Foreground {
+    requests: Arc<Mutex<Vec<Request>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Foreground {
+    async fn start(control_plane: &ControlPlane) -> Foreground {
+        let admin = control_plane.client().await;
+        create_namespace(&admin, FOREGROUND_NAMESPACE).await;
+        let objects: Vec<DynamicObject> = [
+            json!({ "apiVersion": "v1", "kind": "ServiceAccount",
+                    "metadata": { "name": FOREGROUND, "namespace": FOREGROUND_NAMESPACE } }),
+            json!({ "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": { "name": FOREGROUND, "namespace": FOREGROUND_NAMESPACE },
+                    "data": { "tick": "0" } }),
+            json!({ "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                    "metadata": { "name": FOREGROUND, "namespace": FOREGROUND_NAMESPACE },
+                    "rules": [{ "apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "patch"] }] }),
+            json!({ "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                    "metadata": { "name": FOREGROUND, "namespace": FOREGROUND_NAMESPACE },
+                    "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": FOREGROUND },
+                    "subjects": [{ "kind": "ServiceAccount", "name": FOREGROUND, "namespace": FOREGROUND_NAMESPACE }] }),
+        ]
+        .into_iter()
+        .map(|value| serde_json::from_value(value).expect("a valid object"))
+        .collect();
+        chart::apply(&admin, &objects, false).await.expect("the foreground's objects apply");
+        let mut config = control_plane.config().await;
+        config.auth_info.impersonate =
+            Some(format!("system:serviceaccount:{FOREGROUND_NAMESPACE}:{FOREGROUND}"));
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (requests, stop) = (requests.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime");
+                runtime.block_on(foreground_loop(config, requests, stop));
+            })
+        };
+        Foreground { requests, stop, thread: Some(thread) }
+    }
+
+    /// The latencies of the requests sent from `from` to `to`.
+    fn between(&self, from: Instant, to: Instant) -> Option<Latencies> {
+        let requests = self.requests.lock().expect("not poisoned");
+        let within: Vec<&Request> =
+            requests.iter().filter(|r| r.sent >= from && r.sent + r.took <= to).collect();
+        let mut millis: Vec<f64> = within.iter().map(|r| r.took.as_secs_f64() * 1000.0).collect();
+        if millis.is_empty() {
+            return None;
+        }
+        millis.sort_by(f64::total_cmp);
+        // Nearest rank.
+        let rank =
+            |p: f64| millis[((p * millis.len() as f64).ceil() as usize).clamp(1, millis.len()) - 1];
+        Some(Latencies {
+            requests: millis.len(),
+            failed: within.iter().filter(|r| !r.ok).count(),
+            p50_ms: rank(0.50),
+            p99_ms: rank(0.99),
+            max_ms: millis[millis.len() - 1],
+        })
+    }
+}
+
+impl Drop for Foreground {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+async fn foreground_loop(
+    config: kube::Config,
+    requests: Arc<Mutex<Vec<Request>>>,
+    stop: Arc<AtomicBool>,
+) {
+    let client = Client::try_from(config).expect("a client");
+    let api: Api<ConfigMap> = Api::namespaced(client, FOREGROUND_NAMESPACE);
+    let mut tick = tokio::time::interval(FOREGROUND_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let record = |sent: Instant, ok: bool| {
+        let request = Request { sent, took: sent.elapsed(), ok };
+        requests.lock().expect("not poisoned").push(request);
+    };
+    let mut n: u64 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        tick.tick().await;
+        let sent = Instant::now();
+        let ok = api.get(FOREGROUND).await.is_ok();
+        record(sent, ok);
+        n += 1;
+        let patch = json!({ "data": { "tick": n.to_string() } });
+        let sent = Instant::now();
+        let ok =
+            api.patch(FOREGROUND, &PatchParams::default(), &Patch::Merge(&patch)).await.is_ok();
+        record(sent, ok);
+    }
 }
 
 /// A process's peak resident memory (`VmHWM`), in MiB.
@@ -151,7 +316,6 @@ fn peak_rss_mib(pid: u32) -> f64 {
 struct Bench {
     control_plane: ControlPlane,
     client: Client,
-    config: kube::Config,
     widgets: WidgetCrd,
     objects: usize,
     /// The version the objects are stored in now.
@@ -159,7 +323,9 @@ struct Bench {
     meter: Meter,
     rows: Vec<Row>,
     controller: Option<KubeSvm>,
-    controller_manager: Option<Process>,
+    foreground: Foreground,
+    /// The chart's ServiceAccount's client configuration: kube-svm runs as it.
+    account: kube::Config,
 }
 
 impl Bench {
@@ -195,13 +361,14 @@ impl Bench {
         let before = self.meter.sample().await;
         let ctx = Ctx {
             client: self.client.clone(),
-            config: self.config.clone(),
             widgets: WidgetCrd { group: self.widgets.group.clone(), namespaced: true },
             target,
             controller: self.controller.as_ref().map(|c| c.pid()),
+            account: self.account.clone(),
         };
         let pid = migrate(ctx).await;
         let after = self.meter.sample().await;
+        let foreground = self.foreground.between(before.at, after.at);
         let census = Census::of(&self.etcd(), &self.widgets).await;
         let expected = self.widgets.api_version(target);
         assert_eq!(census.count(&expected), self.objects, "{contender}: etcd holds {:?}", census.0);
@@ -222,11 +389,13 @@ impl Bench {
             ),
             etcd_cpu_per_1000: per_1000(after.etcd_cpu - before.etcd_cpu, self.meter.idle.1),
             peak_rss_mib: pid.map(peak_rss_mib),
+            foreground,
         };
         println!(
-            "{:<34} {:>8.1} objects/s  {:>6.3} requests/object  apiserver {:>5.2} s, etcd {:>5.2} s CPU per 1,000{}",
+            "{:<38} {:>8.1} objects/s  foreground {}  {:>6.3} requests/object  apiserver {:>5.2} s, etcd {:>5.2} s CPU per 1,000{}",
             row.contender,
             row.objects_per_second,
+            row.foreground.map(|f| f.cells()).unwrap_or_default(),
             row.requests_per_object,
             row.apiserver_cpu_per_1000,
             row.etcd_cpu_per_1000,
@@ -234,15 +403,98 @@ impl Bench {
         );
         self.rows.push(row);
     }
+
+    /// Measures the foreground client alone for [`IDLE`].
+    async fn idle(&mut self, contender: &str, note: &str) {
+        let from = Instant::now();
+        tokio::time::sleep(IDLE).await;
+        let foreground = self.foreground.between(from, Instant::now());
+        println!(
+            "{contender:<38} foreground {}",
+            foreground.map(|f| f.cells()).unwrap_or_default()
+        );
+        self.rows.push(Row {
+            contender: contender.to_owned(),
+            note: note.to_owned(),
+            objects: 0,
+            seconds: IDLE.as_secs_f64(),
+            objects_per_second: 0.0,
+            requests_per_object: 0.0,
+            apiserver_cpu_per_1000: 0.0,
+            etcd_cpu_per_1000: 0.0,
+            peak_rss_mib: None,
+            foreground,
+        });
+    }
+
+    /// Installs (or removes) the chart's API Priority and Fairness objects for the controller's
+    /// ServiceAccount, and waits until the apiserver classifies its requests accordingly.
+    async fn flow_control(&self, on: bool) {
+        let args =
+            ["--set", "flowControl.enabled=true", "--show-only", "templates/flowcontrol.yaml"];
+        let objects = chart::objects(&chart::render("kube-svm", CONTROLLER_NAMESPACE, &args));
+        let level = objects
+            .iter()
+            .find(|o| o.types.as_ref().is_some_and(|t| t.kind == "PriorityLevelConfiguration"))
+            .and_then(|o| o.metadata.name.clone())
+            .expect("the chart renders a priority level");
+        if on {
+            chart::apply(&self.client, &objects, false).await.expect("the flow control applies");
+        } else {
+            for object in &objects {
+                let types = object.types.as_ref().expect("typed");
+                let gvk = GroupVersionKind::try_from(types).expect("a kind");
+                let (resource, _) =
+                    kube::discovery::pinned_kind(&self.client, &gvk).await.expect("served");
+                let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource);
+                let name = object.metadata.name.clone().expect("named");
+                api.delete(&name, &DeleteParams::default()).await.expect("deleted");
+            }
+        }
+        // The UID of the level the account's requests go to, from the apiserver's answer.
+        let account = Client::try_from(self.account.clone()).expect("a client");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let levels: Api<DynamicObject> = Api::all_with(
+                self.client.clone(),
+                &ApiResource::from_gvk_with_plural(
+                    &GroupVersionKind::gvk(
+                        "flowcontrol.apiserver.k8s.io",
+                        "v1",
+                        "PriorityLevelConfiguration",
+                    ),
+                    "prioritylevelconfigurations",
+                ),
+            );
+            let own = levels.get_opt(&level).await.expect("levels are readable");
+            let own = own.and_then(|l| l.metadata.uid);
+            let request =
+                http::Request::get("/apis/migration.k8s.io/v1alpha1/storageversionmigrations")
+                    .body(kube::client::Body::empty())
+                    .expect("a request");
+            let response = account.send(request).await.expect("an answer");
+            let classified = response
+                .headers()
+                .get("X-Kubernetes-PF-PriorityLevel-UID")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            if (classified.is_some() && classified == own) == on {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the flow control never took effect");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
 }
 
 /// What a contender needs.
 struct Ctx {
     client: Client,
-    config: kube::Config,
     widgets: WidgetCrd,
     target: &'static str,
     controller: Option<u32>,
+    /// The chart's ServiceAccount's client configuration.
+    account: kube::Config,
 }
 
 impl Ctx {
@@ -312,7 +564,7 @@ async fn bare_client(ctx: Ctx, in_flight: usize) -> Option<u32> {
     None
 }
 
-/// kube-svm's engine, as a library, at the controller's defaults.
+/// kube-svm's engine, as a library, at the controller's defaults, as the chart's ServiceAccount.
 async fn kube_svm_engine(ctx: Ctx) -> Option<u32> {
     let target = GroupVersionResource {
         group: ctx.widgets.group.clone(),
@@ -326,23 +578,29 @@ async fn kube_svm_engine(ctx: Ctx) -> Option<u32> {
     ));
     let metrics = Arc::new(kube_svm::metrics::Metrics::new().expect("metrics"));
     let engine =
-        Engine::new(ctx.config.clone(), limiter, Settings::default(), metrics).expect("an engine");
+        Engine::new(ctx.account.clone(), limiter, Settings::default(), metrics).expect("an engine");
     run_engine(&engine, resource).await;
     None
 }
 
 async fn run_engine(engine: &Engine, resource: Resource) -> Progress {
     let (report, _) = watch::channel(Progress::default());
-    let job =
-        Job { resource, write_to_status: false, resume: Progress::default(), fence: Fence::open() };
+    let job = Job {
+        resource,
+        write_to_status: false,
+        pace: None,
+        resume: Progress::default(),
+        fence: Fence::open(),
+    };
     match engine.run(job, &report, &CancellationToken::new()).await {
         Ok(Finished::Completed(progress)) if progress.failed == 0 => progress,
         other => panic!("the migration did not complete: {other:?}"),
     }
 }
 
-/// `kube-svm controller`, end to end: from creating the migration to seeing it Succeeded.
-async fn kube_svm_controller(ctx: Ctx) -> Option<u32> {
+/// `kube-svm controller`, end to end: from creating the migration (annotated with `pace`, if
+/// any) to seeing it Succeeded.
+async fn kube_svm_controller(ctx: Ctx, pace: Option<Pace>) -> Option<u32> {
     let api: Api<StorageVersionMigration> = Api::all(ctx.client.clone());
     let spec = StorageVersionMigrationSpec {
         resource: GroupVersionResource {
@@ -353,9 +611,12 @@ async fn kube_svm_controller(ctx: Ctx) -> Option<u32> {
         continue_token: None,
     };
     let name = unique("bench");
-    api.create(&PostParams::default(), &StorageVersionMigration::new(&name, spec))
-        .await
-        .expect("created");
+    let mut migration = StorageVersionMigration::new(&name, spec);
+    if let Some(pace) = pace {
+        migration.metadata.annotations =
+            Some([(kube_svm::api::PACE_ANNOTATION.to_owned(), pace.name().to_owned())].into());
+    }
+    api.create(&PostParams::default(), &migration).await.expect("created");
     loop {
         let migration = api.get(&name).await.expect("exists");
         match Phase::of(&migration) {
@@ -509,14 +770,75 @@ async fn seed(
         .expect("seeded");
 }
 
+/// One setting of the sweep.
+struct Setting {
+    name: String,
+    pace: Pace,
+    writes_in_flight: usize,
+    gentle_band: Band,
+}
+
+/// The settings the sweep tries (`BENCH_SWEEP`: `0` none, `windows`, `bands`, anything else
+/// both): fixed windows at the fast pace, where the window grows to its maximum, and gentle
+/// bands of several widths with the maximum of 64.
+fn sweep_settings() -> Vec<Setting> {
+    let which = std::env::var("BENCH_SWEEP").unwrap_or_default();
+    let mut settings = Vec::new();
+    if which == "0" {
+        return settings;
+    }
+    if which != "bands" {
+        for in_flight in [1usize, 2, 4, 8, 16, 64] {
+            settings.push(Setting {
+                name: format!("window {in_flight}"),
+                pace: Pace::Fast,
+                writes_in_flight: in_flight,
+                gentle_band: Band::GENTLE,
+            });
+        }
+    }
+    if which != "windows" {
+        for (grow_below, shrink_above) in [(1.5, 3.0), (2.0, 4.0), (3.0, 6.0), (5.0, 10.0)] {
+            settings.push(Setting {
+                name: format!("gentle band {grow_below}x-{shrink_above}x"),
+                pace: Pace::Gentle,
+                writes_in_flight: 64,
+                gentle_band: Band { grow_below, shrink_above, ..Band::GENTLE },
+            });
+        }
+    }
+    settings
+}
+
+/// One point of the sweep's curve.
+#[derive(Clone, Debug, serde::Serialize)]
+struct Point {
+    setting: String,
+    pace: &'static str,
+    writes_in_flight: usize,
+    grow_below: Option<f64>,
+    shrink_above: Option<f64>,
+    objects_per_second: f64,
+    mean_write_ms: f64,
+    /// The window's mean size over the run, sampled every 100 ms.
+    mean_window: f64,
+    foreground: Option<Latencies>,
+}
+
 #[tokio::main]
 async fn main() {
     let objects = env_number("BENCH_OBJECTS", 10_000) / NAMESPACES * NAMESPACES;
     let bytes = env_number("BENCH_OBJECT_BYTES", 1500);
     let control_plane = ControlPlane::start(&[]).await.expect("control plane");
     let client = control_plane.client().await;
-    let config = control_plane.config().await;
     install_kube_svm_crds(&client).await;
+    let account = {
+        let path = control_plane.controller_kubeconfig().await;
+        let kubeconfig = kube::config::Kubeconfig::read_from(path).expect("readable");
+        kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .expect("the controller's kubeconfig is valid")
+    };
 
     let widgets = WidgetCrd::new("bench", true);
     widgets.create(&client, "v1").await;
@@ -530,6 +852,7 @@ async fn main() {
         "seeded {objects} widgets of about {bytes} bytes in {:.0} s",
         seeding.elapsed().as_secs_f64()
     );
+    let foreground = Foreground::start(&control_plane).await;
 
     let (apiserver, etcd) = control_plane.pids();
     let ticks = std::process::Command::new("getconf").arg("CLK_TCK").output().ok();
@@ -545,8 +868,9 @@ async fn main() {
         ticks_per_second,
         idle: (0.0, 0.0),
     };
+    // Idle CPU, and the foreground client on an idle apiserver.
     let idle_from = meter.sample().await;
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    tokio::time::sleep(IDLE).await;
     let idle_to = meter.sample().await;
     let idle_seconds = idle_to.at.duration_since(idle_from.at).as_secs_f64();
     meter.idle = (
@@ -554,19 +878,37 @@ async fn main() {
         (idle_to.etcd_cpu - idle_from.etcd_cpu) / idle_seconds,
     );
     println!("idle CPU: apiserver {:.3} s/s, etcd {:.3} s/s", meter.idle.0, meter.idle.1);
+    let idle_before = foreground.between(idle_from.at, idle_to.at);
 
     let mut bench = Bench {
         control_plane,
         client: client.clone(),
-        config,
         widgets,
         objects,
         stored: "v1",
         meter,
         rows: Vec::new(),
         controller: None,
-        controller_manager: None,
+        foreground,
+        account,
     };
+    bench.rows.push(Row {
+        contender: "idle-before".into(),
+        note: "nothing runs but the foreground client".into(),
+        objects: 0,
+        seconds: idle_seconds,
+        objects_per_second: 0.0,
+        requests_per_object: 0.0,
+        apiserver_cpu_per_1000: 0.0,
+        etcd_cpu_per_1000: 0.0,
+        peak_rss_mib: None,
+        foreground: idle_before,
+    });
+    println!(
+        "{:<38} foreground {}",
+        "idle-before",
+        idle_before.map(|f| f.cells()).unwrap_or_default()
+    );
 
     bench
         .measure(
@@ -577,7 +919,14 @@ async fn main() {
             |ctx| bare_client(ctx, 64),
         )
         .await;
-    if selected("kube-svm-controller") || selected("kube-svm-already-current") {
+    let controller_contenders = [
+        "kube-svm-controller",
+        "kube-svm-controller-fast",
+        "kube-svm-already-current",
+        "kube-svm-controller-flowcontrol",
+        "kube-svm-controller-fast-flowcontrol",
+    ];
+    if controller_contenders.iter().any(|c| selected(c)) {
         let controller = KubeSvm::start(
             &bench.control_plane,
             "bench-controller",
@@ -589,40 +938,15 @@ async fn main() {
     bench
         .measure(
             "kube-svm-controller",
-            "defaults, end to end, created once the encoding check's 10 s settle has passed",
+            "defaults (gentle), end to end, created once the encoding check's 10 s settle has passed",
             true,
             SETTLE,
-            kube_svm_controller,
-        )
-        .await;
-    bench
-        .measure(
-            "kube-svm-already-current",
-            "the same migration again",
-            false,
-            Duration::ZERO,
-            kube_svm_controller,
-        )
-        .await;
-    bench
-        .measure(
-            "limit-16",
-            "bare client, minimal patch, 16 in flight",
-            true,
-            Duration::ZERO,
-            |ctx| bare_client(ctx, 16),
-        )
-        .await;
-    bench
-        .measure(
-            "kube-svm-engine",
-            "the library at the controller's defaults",
-            true,
-            Duration::ZERO,
-            kube_svm_engine,
+            |ctx| kube_svm_controller(ctx, None),
         )
         .await;
     if selected("in-tree") {
+        // Stopped right after: its garbage collector's informers would load the apiserver
+        // during every later contender.
         let process = Process::start(
             &bench.control_plane,
             "kube-controller-manager",
@@ -635,7 +959,6 @@ async fn main() {
             ],
         );
         let pid = process.pid();
-        bench.controller_manager = Some(process);
         bench
             .measure(
                 "in-tree",
@@ -645,7 +968,67 @@ async fn main() {
                 |ctx| in_tree(ctx, pid),
             )
             .await;
+        drop(process);
     }
+    bench
+        .measure(
+            "kube-svm-controller-fast",
+            "annotated kube-svm.io/pace: fast, end to end",
+            true,
+            SETTLE,
+            |ctx| kube_svm_controller(ctx, Some(Pace::Fast)),
+        )
+        .await;
+    bench
+        .measure(
+            "kube-svm-already-current",
+            "the same migration again, defaults",
+            false,
+            Duration::ZERO,
+            |ctx| kube_svm_controller(ctx, None),
+        )
+        .await;
+    let flow_control = ["kube-svm-controller-flowcontrol", "kube-svm-controller-fast-flowcontrol"];
+    if flow_control.iter().any(|c| selected(c)) {
+        bench.flow_control(true).await;
+        bench
+            .measure(
+                "kube-svm-controller-flowcontrol",
+                "defaults, with the chart's flowControl.enabled (a priority level of 3 seats)",
+                true,
+                SETTLE,
+                |ctx| kube_svm_controller(ctx, None),
+            )
+            .await;
+        bench
+            .measure(
+                "kube-svm-controller-fast-flowcontrol",
+                "fast, with the chart's flowControl.enabled",
+                true,
+                SETTLE,
+                |ctx| kube_svm_controller(ctx, Some(Pace::Fast)),
+            )
+            .await;
+        bench.flow_control(false).await;
+    }
+    bench
+        .measure(
+            "limit-16",
+            "bare client, minimal patch, 16 in flight",
+            true,
+            Duration::ZERO,
+            |ctx| bare_client(ctx, 16),
+        )
+        .await;
+    bench
+        .measure(
+            "kube-svm-engine",
+            "the library at the controller's defaults (gentle)",
+            true,
+            Duration::ZERO,
+            kube_svm_engine,
+        )
+        .await;
     bench
         .measure(
             "upstream-model",
@@ -664,46 +1047,91 @@ async fn main() {
             |ctx| bare_client(ctx, 64),
         )
         .await;
+    if selected("idle-after") || std::env::var("BENCH_CONTENDERS").is_err() {
+        bench.idle("idle-after", "nothing runs but the foreground client").await;
+    }
 
-    // The write window, swept: objects/s against writes in flight.
-    let mut sweep = BTreeMap::new();
-    if env_number("BENCH_SWEEP", 1) != 0 {
-        for in_flight in [1usize, 2, 4, 8, 16, 32, 64] {
-            bench.switch().await;
-            let target = GroupVersionResource {
-                group: bench.widgets.group.clone(),
-                version: String::new(),
-                resource: WidgetCrd::PLURAL.into(),
-            };
-            let resource =
-                Resource::resolve(&bench.client, &target, false).await.expect("resolves");
-            let settings = Settings { writes_in_flight: in_flight, ..Settings::default() };
-            let metrics = Arc::new(kube_svm::metrics::Metrics::new().expect("metrics"));
-            let engine = Engine::new(
-                bench.config.clone(),
-                Arc::new(RateLimiter::new(0.0, 1)),
-                settings,
-                metrics.clone(),
-            )
-            .expect("an engine");
-            let started = Instant::now();
-            run_engine(&engine, resource).await;
-            let patches = metrics.request_duration.with_label_values(&["patch"]);
-            let latency = patches.get_sample_sum() / patches.get_sample_count().max(1) as f64;
-            let rate = bench.objects as f64 / started.elapsed().as_secs_f64();
-            bench.stored = if bench.stored == "v1" { "v2" } else { "v1" };
-            println!(
-                "sweep: at most {in_flight:>2} writes in flight: {rate:>7.1} objects/s, mean write latency {:.1} ms",
-                latency * 1000.0
-            );
-            sweep.insert(in_flight, rate);
-        }
+    // The write window and the gentle band, swept: objects/s against the foreground's p99.
+    let mut sweep = Vec::new();
+    for setting in sweep_settings() {
+        bench.switch().await;
+        let target = GroupVersionResource {
+            group: bench.widgets.group.clone(),
+            version: String::new(),
+            resource: WidgetCrd::PLURAL.into(),
+        };
+        let resource = Resource::resolve(&bench.client, &target, false).await.expect("resolves");
+        let settings = Settings {
+            writes_in_flight: setting.writes_in_flight,
+            pace: setting.pace,
+            gentle_band: setting.gentle_band,
+            ..Settings::default()
+        };
+        let metrics = Arc::new(kube_svm::metrics::Metrics::new().expect("metrics"));
+        let engine = Engine::new(
+            bench.account.clone(),
+            Arc::new(RateLimiter::new(0.0, 1)),
+            settings,
+            metrics.clone(),
+        )
+        .expect("an engine");
+        let started = Instant::now();
+        let (window_sum, window_samples) = (Arc::new(Mutex::new(0.0)), Arc::new(Mutex::new(0u64)));
+        let sampler = {
+            let (metrics, sum, samples) =
+                (metrics.clone(), window_sum.clone(), window_samples.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    let size: i64 = metrics
+                        .write_window
+                        .collect()
+                        .iter()
+                        .flat_map(|family| family.get_metric())
+                        .map(|metric| metric.get_gauge().get_value() as i64)
+                        .sum();
+                    *sum.lock().expect("not poisoned") += size as f64;
+                    *samples.lock().expect("not poisoned") += 1;
+                }
+            })
+        };
+        run_engine(&engine, resource).await;
+        sampler.abort();
+        let ended = Instant::now();
+        let patches = metrics.request_duration.with_label_values(&["patch"]);
+        let latency = patches.get_sample_sum() / patches.get_sample_count().max(1) as f64;
+        let rate = bench.objects as f64 / ended.duration_since(started).as_secs_f64();
+        let mean_window = *window_sum.lock().expect("not poisoned")
+            / (*window_samples.lock().expect("not poisoned")).max(1) as f64;
+        bench.stored = if bench.stored == "v1" { "v2" } else { "v1" };
+        let foreground = bench.foreground.between(started, ended);
+        println!(
+            "sweep: {:<28} {rate:>7.1} objects/s, mean write latency {:.1} ms, mean window {mean_window:.1}, foreground {}",
+            setting.name,
+            latency * 1000.0,
+            foreground.map(|f| f.cells()).unwrap_or_default()
+        );
+        let gentle = setting.pace == Pace::Gentle;
+        sweep.push(Point {
+            setting: setting.name,
+            pace: setting.pace.name(),
+            writes_in_flight: setting.writes_in_flight,
+            grow_below: gentle.then_some(setting.gentle_band.grow_below),
+            shrink_above: gentle.then_some(setting.gentle_band.shrink_above),
+            objects_per_second: rate,
+            mean_write_ms: latency * 1000.0,
+            mean_window,
+            foreground,
+        });
+    }
+    if !sweep.is_empty() {
+        bench.idle("idle-after-sweep", "nothing runs but the foreground client").await;
     }
     write_report(&bench, &sweep, bytes);
 }
 
 /// Writes `docs/bench.md` and `docs/bench.json`.
-fn write_report(bench: &Bench, sweep: &BTreeMap<usize, f64>, bytes: usize) {
+fn write_report(bench: &Bench, sweep: &[Point], bytes: usize) {
     let limit: Vec<f64> = bench
         .rows
         .iter()
@@ -714,31 +1142,46 @@ fn write_report(bench: &Bench, sweep: &BTreeMap<usize, f64>, bytes: usize) {
     let mut table = String::new();
     let _ = writeln!(
         table,
-        "{} custom resources of about {bytes} bytes over {NAMESPACES} namespaces, one local control plane (2 cores shared by etcd, kube-apiserver and the contender), one run. Ratios against the mean of the two 64-in-flight bare-client runs ({limit:.0} objects/s).\n",
+        "{} custom resources of about {bytes} bytes over {NAMESPACES} namespaces, one local control plane (2 cores shared by etcd, kube-apiserver, the contender and the foreground client), one run. Ratios against the mean of the two 64-in-flight bare-client runs ({limit:.0} objects/s). The foreground client sends one GET and one merge PATCH of a ConfigMap every 50 ms as a ServiceAccount; its latency is measured while each contender runs.\n",
         bench.objects
     );
-    table.push_str("| contender | objects/s | × limit | requests/object | apiserver CPU s / 1,000 | etcd CPU s / 1,000 | peak RSS | note |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    table.push_str("| contender | objects/s | × limit | foreground p50 / p99 / max (ms) | requests/object | apiserver CPU s / 1,000 | etcd CPU s / 1,000 | peak RSS | note |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    let dash = || "-".to_owned();
     for row in &bench.rows {
+        let migrates = row.objects > 0;
         let _ = writeln!(
             table,
-            "| {} | {:.0} | {} | {:.3} | {:.2} | {:.2} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             row.contender,
-            row.objects_per_second,
-            match limit > 0.0 {
+            if migrates { format!("{:.0}", row.objects_per_second) } else { dash() },
+            match migrates && limit > 0.0 {
                 true => format!("{:.2}", row.objects_per_second / limit),
-                false => "-".to_owned(),
+                false => dash(),
             },
-            row.requests_per_object,
-            row.apiserver_cpu_per_1000,
-            row.etcd_cpu_per_1000,
-            row.peak_rss_mib.map(|m| format!("{m:.1} MiB")).unwrap_or_else(|| "-".into()),
+            row.foreground.map(|f| f.cells()).unwrap_or_else(dash),
+            if migrates { format!("{:.3}", row.requests_per_object) } else { dash() },
+            if migrates { format!("{:.2}", row.apiserver_cpu_per_1000) } else { dash() },
+            if migrates { format!("{:.2}", row.etcd_cpu_per_1000) } else { dash() },
+            row.peak_rss_mib.map(|m| format!("{m:.1} MiB")).unwrap_or_else(dash),
             row.note
         );
     }
     if !sweep.is_empty() {
-        table.push_str("\nkube-svm's engine, at most N writes in flight (no client-side rate limit):\n\n| writes in flight | objects/s |\n| --- | --- |\n");
-        for (in_flight, rate) in sweep {
-            let _ = writeln!(table, "| {in_flight} | {rate:.0} |");
+        table.push_str("\nkube-svm's engine (as the chart's ServiceAccount, no client-side rate limit) at fixed windows (the fast pace, at most N writes in flight) and at gentle latency bands (grow below a×, shrink above b× the fastest write, at most 64 in flight): the curve of throughput against the foreground's latency.\n\n| setting | objects/s | × limit | foreground p50 / p99 / max (ms) | mean write latency (ms) | mean window |\n| --- | --- | --- | --- | --- | --- |\n");
+        for point in sweep {
+            let _ = writeln!(
+                table,
+                "| {} | {:.0} | {} | {} | {:.1} | {:.1} |",
+                point.setting,
+                point.objects_per_second,
+                match limit > 0.0 {
+                    true => format!("{:.2}", point.objects_per_second / limit),
+                    false => dash(),
+                },
+                point.foreground.map(|f| f.cells()).unwrap_or_else(dash),
+                point.mean_write_ms,
+                point.mean_window,
+            );
         }
     }
     println!("\n{table}");

@@ -32,6 +32,12 @@ pub struct Metrics {
     pub migrations_running: IntGauge,
     /// `kube_svm_writes_in_flight`: object writes this process has sent and not yet had answered.
     pub writes_in_flight: IntGauge,
+    /// `kube_svm_write_window`: object writes a running migration's window allows in flight, by
+    /// resource and pace.
+    pub write_window: IntGaugeVec,
+    /// `kube_svm_write_window_held_back`: 1 while a running migration's window is held below its
+    /// maximum, by resource and reason.
+    pub write_window_held_back: IntGaugeVec,
     /// `kube_svm_leader`: 1 while this process leads (or election is off), 0 while it waits.
     pub leader: IntGauge,
     build_info: IntGaugeVec,
@@ -136,6 +142,18 @@ impl Metrics {
                 "kube_svm_writes_in_flight",
                 "Object writes in flight in this process.",
             )?,
+            write_window: gauge_vec(
+                &registry,
+                "kube_svm_write_window",
+                "Object writes a running migration may have in flight now, as its adaptive window allows, by resource and pace (gentle or fast); 0 once it ends.",
+                &["resource", "pace"],
+            )?,
+            write_window_held_back: gauge_vec(
+                &registry,
+                "kube_svm_write_window_held_back",
+                "1 while a running migration's write window is held below its maximum for the cluster's sake, by resource and reason (latency: the apiserver answers slower than the migration's pace allows; throttling: the apiserver answered 429).",
+                &["resource", "reason"],
+            )?,
             leader: gauge(
                 &registry,
                 "kube_svm_leader",
@@ -190,6 +208,17 @@ impl Metrics {
 
 fn gauge(registry: &Registry, name: &str, help: &str) -> Result<IntGauge, prometheus::Error> {
     let metric = IntGauge::new(name, help)?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+fn gauge_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> Result<IntGaugeVec, prometheus::Error> {
+    let metric = IntGaugeVec::new(Opts::new(name, help), labels)?;
     registry.register(Box::new(metric.clone()))?;
     Ok(metric)
 }
@@ -283,5 +312,7 @@ mod tests {
         metrics.throttled.with_label_values(&["patch"]);
         metrics.migration_duration.with_label_values(&["Succeeded"]);
         metrics.stored_versions.with_label_values(&["pruned", "Pruned"]);
+        metrics.write_window.with_label_values(&[resource, "gentle"]);
+        metrics.write_window_held_back.with_label_values(&[resource, "latency"]);
     }
 }

@@ -172,6 +172,22 @@ pub struct MigrationProgress {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("format" = "int64"))]
     pub remaining: Option<u64>,
+    /// How hard the migration presses the apiserver: `gentle` (other clients barely notice it)
+    /// or `fast` (the apiserver's whole throughput). Chosen by the annotation `kube-svm.io/pace`
+    /// or the controller's `--pace`; set from the first checkpoint on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pace: Option<String>,
+    /// Object writes the running migration may have in flight at once, as its adaptive window
+    /// allowed at the last checkpoint. Absent once the migration has ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "int32"))]
+    pub window: Option<u32>,
+    /// Why the window was held below its maximum at the last checkpoint, for the cluster's sake:
+    /// `latency` (the apiserver answered slower than the pace allows) or `throttling` (the
+    /// apiserver answered 429). Absent when nothing held it back, and once the migration has
+    /// ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holding_back: Option<String>,
 }
 
 /// A point to resume a migration from.

@@ -12,6 +12,8 @@ mod storage_state;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
+use crate::engine::Pace;
+
 pub use conditions::Phase;
 pub use migration::{
     Checkpoint, FailedObject, GroupVersionResource, MigrationCondition, MigrationProgress,
@@ -37,6 +39,11 @@ pub const API_APPROVED_VALUE: &str =
 /// Annotation on a StorageVersionMigration asking kube-svm to write every object through its
 /// `status` subresource (value `"true"`); the migration fails when the resource has none.
 pub const WRITE_TO_STATUS_ANNOTATION: &str = "kube-svm.io/write-to-status";
+
+/// Annotation on a StorageVersionMigration choosing how hard it presses the apiserver: `gentle`
+/// (other clients barely notice the migration) or `fast` (the apiserver's whole throughput, for
+/// maintenance windows). Without it, or with another value, the controller's `--pace` applies.
+pub const PACE_ANNOTATION: &str = "kube-svm.io/pace";
 
 /// Annotation on a StorageVersionMigration by which an operator vouches that every apiserver
 /// already encodes the CRD's storage version (value `"true"`), for clusters where kube-svm cannot
@@ -74,6 +81,12 @@ impl StorageVersionMigration {
     /// Whether this migration asks to be written through the `status` subresource.
     pub fn requests_status_writes(&self) -> bool {
         self.annotation_is_true(WRITE_TO_STATUS_ANNOTATION)
+    }
+
+    /// The pace this migration asks for with [`PACE_ANNOTATION`], if it names one.
+    pub fn requested_pace(&self) -> Option<Pace> {
+        let annotations = self.metadata.annotations.as_ref();
+        annotations.and_then(|a| a.get(PACE_ANNOTATION)).and_then(|v| Pace::parse(v))
     }
 
     /// Whether an operator vouched for the apiservers' encoding on this migration.

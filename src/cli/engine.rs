@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
+use clap::builder::TypedValueParser;
 
 use super::values;
 use crate::encoding::EncodingPolicy;
-use crate::engine::{self, Engine, RateLimiter, rate_limit};
+use crate::engine::{self, Engine, Pace, RateLimiter, rate_limit};
 use crate::metrics::Metrics;
 
 /// The most `--writes-in-flight` accepts: fifty times kube-apiserver's default limit on mutating
@@ -32,6 +33,13 @@ pub struct EngineArgs {
     /// Writes in flight per migration, at most (throttling and rising latency narrow it).
     #[arg(long, env = "KUBE_SVM_WRITES_IN_FLIGHT", default_value_t = 64, value_parser = values::count(1, MAX_WRITES_IN_FLIGHT))]
     pub writes_in_flight: usize,
+
+    /// How hard migrations press the apiserver: `gentle` keeps other clients' requests nearly as
+    /// fast as on an idle apiserver; `fast` takes the apiserver's whole throughput, for
+    /// maintenance windows. A migration can ask for either with the annotation
+    /// `kube-svm.io/pace`.
+    #[arg(long, env = "KUBE_SVM_PACE", default_value = "gentle", value_parser = pace_parser())]
+    pub pace: Pace,
 
     /// Objects per list request.
     #[arg(long, env = "KUBE_SVM_PAGE_SIZE", default_value_t = 500, value_parser = values::count(1, u32::MAX))]
@@ -79,6 +87,7 @@ impl EngineArgs {
             kube_api_qps,
             kube_api_burst,
             writes_in_flight,
+            pace,
             page_size,
             storage_version_settle,
             storage_version_wait,
@@ -92,6 +101,7 @@ impl EngineArgs {
         let settings = engine::Settings {
             page_size,
             writes_in_flight,
+            pace,
             request_timeout,
             outage_timeout: seconds(apiserver_outage_timeout),
             ..engine::Settings::default()
@@ -109,6 +119,12 @@ impl EngineArgs {
             write_to_status,
         })
     }
+}
+
+/// Parses `--pace`: one of [`Pace::NAMES`], listed in `--help`.
+fn pace_parser() -> impl TypedValueParser<Value = Pace> {
+    clap::builder::PossibleValuesParser::new(Pace::NAMES)
+        .map(|name: String| Pace::parse(&name).unwrap_or_default())
 }
 
 /// A number of seconds from the command line, which [`values::seconds`] has checked is finite,

@@ -1,8 +1,10 @@
 //! How kube-svm's commands put a migration's numbers into words, in one place so that `status`
-//! and `migrate` read alike: durations (`15s`, `4m05s`, `2h01m`, `3d04h`), and how fast a
-//! migration goes and how long it has left.
+//! and `migrate` read alike: durations (`15s`, `4m05s`, `2h01m`, `3d04h`), how fast a
+//! migration goes and how long it has left, and its write window when it holds back.
 
 use std::time::Duration;
+
+use crate::engine::{Pace, Restraint};
 
 /// `15s`, `4m05s`, `2h01m`, `3d04h`: the two largest units, as kubectl prints ages.
 pub fn clock(duration: Duration) -> String {
@@ -25,6 +27,26 @@ pub fn rate(done: u64, elapsed: Duration) -> Option<f64> {
 /// The time `left` objects take at `rate`.
 pub fn eta(left: u64, rate: Option<f64>) -> Option<Duration> {
     rate.filter(|r| *r > 0.0).map(|rate| Duration::from_secs_f64(left as f64 / rate).ceil_secs())
+}
+
+/// A write window as a cell: `64`, or `6 (latency)` when it is held back for the cluster's sake.
+pub fn window(size: u64, restraint: Option<Restraint>) -> String {
+    match restraint {
+        Some(restraint) => format!("{size} ({})", restraint.name()),
+        None => size.to_string(),
+    }
+}
+
+/// A window held back, in words: `holding back to 6 writes at once: the apiserver answers
+/// slower than the gentle pace allows`.
+pub fn holding_back(pace: Pace, size: u64, restraint: Restraint) -> String {
+    let why = match restraint {
+        Restraint::Latency => {
+            format!("the apiserver answers slower than the {} pace allows", pace.name())
+        }
+        Restraint::Throttling => "the apiserver throttles kube-svm (429)".to_owned(),
+    };
+    format!("holding back to {size} writes at once: {why}")
 }
 
 /// Rounding up to whole seconds: an ETA of 0.4 s is shown as `1s`, never `0s`.
@@ -60,5 +82,19 @@ mod tests {
         assert_eq!(eta(1500, Some(10.0)), Some(Duration::from_secs(150)));
         assert_eq!(eta(3, Some(10.0)), Some(Duration::from_secs(1)));
         assert_eq!(eta(3, None), None);
+    }
+
+    #[test]
+    fn a_window_says_what_holds_it_back() {
+        assert_eq!(window(64, None), "64");
+        assert_eq!(window(6, Some(Restraint::Latency)), "6 (latency)");
+        assert_eq!(
+            holding_back(Pace::Gentle, 6, Restraint::Latency),
+            "holding back to 6 writes at once: the apiserver answers slower than the gentle pace allows"
+        );
+        assert_eq!(
+            holding_back(Pace::Fast, 3, Restraint::Throttling),
+            "holding back to 3 writes at once: the apiserver throttles kube-svm (429)"
+        );
     }
 }

@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::time::Instant;
 
 use super::figures;
-use crate::engine::Progress;
+use crate::engine::{Pacing, Progress};
 
 /// Least time between two plain progress lines: often enough to show life in a log, rarely
 /// enough that a long migration's log stays readable.
@@ -36,6 +36,8 @@ pub struct Figures {
     /// Objects per second handled by this run (not counting what a resumed run had done).
     pub rate: Option<f64>,
     pub eta: Option<Duration>,
+    /// The run's pace and write window, once the engine has reported them.
+    pub pacing: Option<Pacing>,
 }
 
 impl Figures {
@@ -46,10 +48,11 @@ impl Figures {
         let total = progress.remaining.map(|remaining| progress.listed.max(processed) + remaining);
         let rate = figures::rate(processed.saturating_sub(processed_at_start), elapsed);
         let eta = total.and_then(|total| figures::eta(total.saturating_sub(processed), rate));
-        Figures { processed, total, rate, eta }
+        Figures { processed, total, rate, eta, pacing: progress.pacing }
     }
 
-    /// `4200 of ~10000 objects (42%), 398 objects/s, ETA 15s`.
+    /// `4200 of ~10000 objects (42%), 398 objects/s, ETA 15s`, and while the window is held back
+    /// for the cluster's sake `; holding back to 6 writes at once: ...`.
     pub fn line(&self) -> String {
         let mut out = match self.total {
             Some(total) if total > 0 => format!(
@@ -65,7 +68,17 @@ impl Figures {
         if let Some(eta) = self.eta {
             out.push_str(&format!(", ETA {}", figures::clock(eta)));
         }
+        if let Some((pacing, restraint)) = self.held_back() {
+            let size = pacing.window.size as u64;
+            out.push_str(&format!("; {}", figures::holding_back(pacing.pace, size, restraint)));
+        }
         out
+    }
+
+    /// The pacing, and what holds the window back, while something does.
+    fn held_back(&self) -> Option<(Pacing, crate::engine::Restraint)> {
+        let pacing = self.pacing?;
+        Some((pacing, pacing.window.restraint?))
     }
 }
 
@@ -104,7 +117,11 @@ impl Display {
             bar.set_position(figures.processed);
             let rate = figures.rate.map_or(String::new(), |r| format!("{r:.0} objects/s"));
             let eta = figures.eta.map_or(String::new(), |e| format!(", ETA {}", figures::clock(e)));
-            bar.set_message(format!("{rate}{eta}"));
+            let held = figures.held_back().map_or(String::new(), |(pacing, restraint)| {
+                let window = figures::window(pacing.window.size as u64, Some(restraint));
+                format!(", {} pace, window {window}", pacing.pace.name())
+            });
+            bar.set_message(format!("{rate}{eta}{held}"));
         }
         let due = self.last_line.is_none_or(|last| last.elapsed() >= LINE_INTERVAL);
         if self.lines && due {
@@ -165,5 +182,21 @@ mod tests {
         let unknown = Figures::of(&progress(500, 500, None), 0, Duration::from_secs(5));
         assert_eq!(unknown.eta, None);
         assert_eq!(unknown.line(), "500 objects, 100 objects/s");
+    }
+
+    #[test]
+    fn a_window_held_back_is_said_and_one_that_is_not_is_not() {
+        use crate::engine::{Holding, Pace, Restraint};
+        let paced = |restraint| Progress {
+            pacing: Some(Pacing { pace: Pace::Gentle, window: Holding { size: 6, restraint } }),
+            ..progress(1000, 800, Some(9000))
+        };
+        let free = Figures::of(&paced(None), 0, Duration::from_secs(4));
+        assert_eq!(free.line(), "800 of ~10000 objects (8%), 200 objects/s, ETA 46s");
+        let held = Figures::of(&paced(Some(Restraint::Latency)), 0, Duration::from_secs(4));
+        assert_eq!(
+            held.line(),
+            "800 of ~10000 objects (8%), 200 objects/s, ETA 46s; holding back to 6 writes at once: the apiserver answers slower than the gentle pace allows"
+        );
     }
 }

@@ -16,6 +16,7 @@ use super::figures;
 use super::kube::KubeArgs;
 use super::table::{self, Output};
 use crate::api::{GroupResource, Phase, StorageVersionMigration};
+use crate::engine::{Pace, Restraint};
 use crate::in_tree;
 
 /// The shortest `--interval`, in seconds: each table lists every migration, so more often would
@@ -86,6 +87,16 @@ pub struct Row {
     /// Seconds left at that rate.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eta_seconds: Option<u64>,
+    /// `gentle` or `fast`, once kube-svm has recorded it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pace: Option<Pace>,
+    /// Writes a running migration may have in flight at once, at its last checkpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<u64>,
+    /// Why a running migration holds its window below its maximum for the cluster's sake:
+    /// `latency` or `throttling`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holding_back: Option<Restraint>,
     pub age_seconds: u64,
 }
 
@@ -153,6 +164,10 @@ pub fn row(migration: &StorageVersionMigration, now: Timestamp) -> Row {
         (Phase::Running, Some(remaining)) => figures::eta(remaining, rate).map(|e| e.as_secs()),
         _ => None,
     };
+    // The window describes a run in progress only.
+    let running = phase == Phase::Running;
+    let window = progress.window.filter(|_| running).map(u64::from);
+    let holding_back = progress.holding_back.as_deref().and_then(Restraint::parse);
     Row {
         name: migration.metadata.name.clone().unwrap_or_default(),
         migrator: Migrator::KubeSvm,
@@ -167,6 +182,9 @@ pub fn row(migration: &StorageVersionMigration, now: Timestamp) -> Row {
         failed: progress.failed,
         objects_per_second: rate.map(|r| (r * 10.0).round() / 10.0),
         eta_seconds,
+        pace: progress.pace.as_deref().and_then(Pace::parse),
+        window,
+        holding_back: holding_back.filter(|_| window.is_some()),
         age_seconds: age(migration.metadata.creation_timestamp.as_ref().map(|t| t.0), now),
     }
 }
@@ -185,6 +203,9 @@ fn in_tree_row(migration: &DynamicObject, now: Timestamp) -> Row {
         failed: 0,
         objects_per_second: None,
         eta_seconds: None,
+        pace: None,
+        window: None,
+        holding_back: None,
         age_seconds: age(migration.metadata.creation_timestamp.as_ref().map(|t| t.0), now),
     }
 }
@@ -203,8 +224,20 @@ fn render(rows: &Vec<Row>) -> String {
         return "No migrations.\n".into();
     }
     let mut table = vec![
-        ["NAME", "MIGRATOR", "RESOURCE", "PHASE", "PROGRESS", "OBJECTS/S", "ETA", "FAILED", "AGE"]
-            .map(str::to_owned),
+        [
+            "NAME",
+            "MIGRATOR",
+            "RESOURCE",
+            "PHASE",
+            "PROGRESS",
+            "OBJECTS/S",
+            "ETA",
+            "PACE",
+            "WINDOW",
+            "FAILED",
+            "AGE",
+        ]
+        .map(str::to_owned),
     ];
     let or_dash = |value: Option<String>| value.unwrap_or_else(|| "-".into());
     for row in rows {
@@ -217,11 +250,13 @@ fn render(rows: &Vec<Row>) -> String {
             or_dash(row.progress_percent.map(|p| format!("{p}%"))),
             or_dash(row.objects_per_second.map(|r| format!("{r:.1}"))),
             or_dash(row.eta_seconds.map(duration)),
+            or_dash(row.pace.map(|p| p.name().to_owned())),
+            or_dash(row.window.map(|w| figures::window(w, row.holding_back))),
             if in_tree { "-".into() } else { row.failed.to_string() },
             duration(row.age_seconds),
         ]);
     }
-    table::render(&table, &[4, 5, 7])
+    table::render(&table, &[4, 5, 9])
 }
 
 #[cfg(test)]
@@ -280,12 +315,44 @@ mod tests {
         assert_eq!((row.progress_percent, row.eta_seconds), (None, None));
     }
 
+    /// `migration(phase, ..)` at the gentle pace, its window of 6 held back by latency.
+    fn held_back(phase: &str) -> StorageVersionMigration {
+        let mut migration = migration(phase, 500, Some(1500));
+        if let Some(progress) = migration.status.as_mut().and_then(|s| s.progress.as_mut()) {
+            progress.pace = Some("gentle".into());
+            progress.window = Some(6);
+            progress.holding_back = Some("latency".into());
+        }
+        migration
+    }
+
+    #[test]
+    fn a_running_migration_says_when_it_holds_back_and_an_ended_one_only_its_pace() {
+        let running = row(&held_back("Running"), at(50));
+        assert_eq!(
+            (running.pace, running.window, running.holding_back),
+            (Some(Pace::Gentle), Some(6), Some(Restraint::Latency))
+        );
+        let table = render(&vec![running]);
+        let cells: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+        assert_eq!(cells[7..10], ["gentle", "6", "(latency)"], "{table}");
+        let ended = row(&held_back("Succeeded"), at(500));
+        assert_eq!(
+            (ended.pace, ended.window, ended.holding_back),
+            (Some(Pace::Gentle), None, None)
+        );
+    }
+
     #[test]
     fn the_json_is_a_contract_of_names_not_debug_output() {
-        let row = row(&migration("Running", 500, Some(1500)), at(50));
+        let row = row(&held_back("Running"), at(50));
         let json = serde_json::to_value(&row).expect("serializes");
         assert_eq!(json["phase"], "Running");
         assert_eq!(json["migrator"], "kube-svm");
+        assert_eq!(
+            (&json["pace"], &json["window"], &json["holdingBack"]),
+            (&serde_json::json!("gentle"), &serde_json::json!(6), &serde_json::json!("latency"))
+        );
         assert_eq!(serde_json::to_value(Migrator::InTree).expect("serializes"), "in-tree");
     }
 }

@@ -12,7 +12,8 @@
 //! - `writer`: the minimal conditional write and its outcome;
 //! - `outage`, `denial`: an apiserver that is down or still starting is waited out, not charged
 //!   to objects;
-//! - [`retry`], [`rate_limit`]: backoff decisions and the client-side rate limit.
+//! - [`retry`], [`rate_limit`]: backoff decisions and the client-side rate limit;
+//! - `window`: how many writes are sent at once, by the migration's [`Pace`].
 
 mod denial;
 mod failing;
@@ -48,6 +49,7 @@ pub use rate_limit::RateLimiter;
 pub use resource::{ResolveError, Resource, migratable};
 pub use retry::{Backoff, Retry};
 use window::Window;
+pub use window::{Band, Holding, Pace, Pacing, Restraint};
 pub use writer::{NAMESPACE_GONE, Outcome};
 
 /// How the engine pages and writes.
@@ -58,6 +60,10 @@ pub struct Settings {
     /// Writes in flight at once, per migration, at most: throttling and latency narrow the
     /// window.
     pub writes_in_flight: usize,
+    /// The pace of a job that does not ask for one.
+    pub pace: Pace,
+    /// The latency band of the gentle pace: [`Band::GENTLE`] (the bench tries others).
+    pub gentle_band: Band,
     /// Attempts per object before it is recorded as failed. Throttled attempts (429) count
     /// against [`Settings::throttled_attempts`] instead.
     pub write_attempts: u32,
@@ -84,6 +90,8 @@ impl Default for Settings {
             // The window settles between about 20 and 50 on a CPU-bound apiserver (window.rs);
             // 64 leaves it room, and is where a bare client reaches the apiserver's limit.
             writes_in_flight: 64,
+            pace: Pace::Gentle,
+            gentle_band: Band::GENTLE,
             write_attempts: 5,
             throttled_attempts: 30,
             list_attempts: 10,
@@ -128,6 +136,9 @@ pub struct Progress {
     pub expired_tokens: u64,
     /// Times the run paused because the apiserver was not ready.
     pub outages: u64,
+    /// The run's pace and write window when the last page was done; `None` until the engine
+    /// has reported (a run not yet started, or progress read back from a checkpoint).
+    pub pacing: Option<Pacing>,
     /// The first failures, at most [`Settings::failures_kept`].
     pub failures: Vec<FailedObject>,
 }
@@ -229,6 +240,7 @@ pub fn describe(failure: &FailedObject) -> String {
 /// What a run's concurrent requests share: counts kept while a page is in flight, the window
 /// of writes sent at once, the leader's term, and what is known of the apiserver's health.
 struct RunState {
+    pace: Pace,
     requests: AtomicU64,
     throttled: AtomicU64,
     expired_tokens: AtomicU64,
@@ -240,12 +252,13 @@ struct RunState {
 }
 
 impl RunState {
-    fn new(writes_in_flight: usize, fence: Fence) -> RunState {
+    fn new(pace: Pace, window: Window, fence: Fence) -> RunState {
         RunState {
+            pace,
             requests: AtomicU64::new(0),
             throttled: AtomicU64::new(0),
             expired_tokens: AtomicU64::new(0),
-            window: Window::new(writes_in_flight),
+            window,
             fence,
             availability: Availability::default(),
             reviews: denial::Reviews::default(),
@@ -273,6 +286,7 @@ impl RunState {
         progress.throttled += self.throttled.swap(0, Ordering::Relaxed);
         progress.expired_tokens += self.expired_tokens.swap(0, Ordering::Relaxed);
         progress.outages += self.availability.outages.swap(0, Ordering::Relaxed);
+        progress.pacing = Some(Pacing { pace: self.pace, window: self.window.holding() });
     }
 }
 
@@ -303,6 +317,8 @@ pub struct Job {
     pub resource: Resource,
     /// Write through the `status` subresource instead of the resource itself.
     pub write_to_status: bool,
+    /// How hard to press the apiserver; `None` keeps the engine's [`Settings::pace`].
+    pub pace: Option<Pace>,
     /// Where a previous run stopped; the run goes on from it.
     pub resume: Progress,
     /// No request is sent once this closes: the leader's term.
@@ -328,6 +344,25 @@ impl Engine {
     /// The settings the engine runs every migration with.
     pub fn settings(&self) -> &Settings {
         &self.settings
+    }
+
+    /// What a run of `resource` at `pace` (or the engine's) shares among its requests: a write
+    /// window of that pace, shown on the resource's window gauges.
+    fn run_state(&self, resource: &Resource, pace: Option<Pace>, fence: Fence) -> RunState {
+        let pace = pace.unwrap_or(self.settings.pace);
+        let band = match pace {
+            Pace::Gentle => self.settings.gentle_band,
+            Pace::Fast => Band::FAST,
+        };
+        let label = metrics::resource_label(&resource.group, &resource.version, &resource.plural);
+        let gauges = window::Gauges {
+            size: self.metrics.write_window.with_label_values(&[&label, pace.name()]),
+            restraints: Restraint::ALL.map(|restraint| {
+                self.metrics.write_window_held_back.with_label_values(&[&label, restraint.name()])
+            }),
+        };
+        let window = Window::new(self.settings.writes_in_flight, band, Some(gauges));
+        RunState::new(pace, window, fence)
     }
 
     /// The metrics this engine records into, shared with whoever serves them.

@@ -142,9 +142,9 @@ impl Engine {
         report: &watch::Sender<Progress>,
         cancel: &CancellationToken,
     ) -> Result<Finished, Error> {
-        let Job { resource, write_to_status, resume, fence } = job;
+        let Job { resource, write_to_status, pace, resume, fence } = job;
         let mut progress = resume;
-        let run = RunState::new(self.settings.writes_in_flight, fence);
+        let run = self.run_state(&resource, pace, fence);
 
         // The lister: one page waits in the channel while the dispatcher writes another.
         let (pages_tx, mut listed) = mpsc::channel::<Result<Page, Error>>(1);

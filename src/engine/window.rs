@@ -5,32 +5,22 @@
 //!   window does on loss, so a migration settles at the concurrency its priority level grants
 //!   instead of retrying in a herd.
 //! - **Latency**, as TCP Vegas reads it: the fastest write seen is the apiserver's floor; while
-//!   the smoothed latency stays within [`GROW_BELOW`] times that floor the window grows (by one
-//!   per success at first, then by one per window's worth of successes); above [`SHRINK_ABOVE`]
-//!   times the floor, or above [`LATENCY_CEILING`] at all, it shrinks by one per window's worth.
-//!   In between it holds.
+//!   the smoothed latency stays below a [`Band`]'s lower bound (a multiple of that floor) the
+//!   window grows (by one per success at first, then by one per window's worth of successes);
+//!   above its upper bound, or above its ceiling at all, it shrinks by one per window's worth. In
+//!   between it holds.
 //!
-//! The band is wide on purpose. A CPU-bound apiserver's latency climbs with every write added
-//! beyond a few while its throughput still grows slowly; measured on the bench's control plane
-//! (`make bench`, 3,000 objects): 5 ms and 188 objects/s at one write in flight, 18 ms and 406 at
-//! 8, 63 ms and 446 at 32, 119 ms and 483 at 64. A narrow band would hold the window near 4 and
-//! leave a fifth of the throughput unused; this one settles between about 20 and 50, near the
-//! apiserver's limit, and gives way as soon as anything else makes the apiserver slower.
+//! The band is the migration's [`Pace`]. A CPU-bound apiserver's latency climbs with every write
+//! added beyond a few while its throughput still grows slowly, and every other client of the
+//! apiserver waits about as long as kube-svm's own writes do: the band kube-svm keeps its own
+//! latency in is the slowdown it imposes on everyone else. The gentle band keeps that slowdown
+//! small; the fast one trades it for the apiserver's whole throughput (docs/performance.md has the
+//! measurements).
 
 use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, SemaphorePermit};
-
-/// Smoothed latency below this many times the floor: the apiserver has room, grow.
-const GROW_BELOW: f64 = 10.0;
-
-/// Smoothed latency above this many times the floor: requests are queueing, shrink.
-const SHRINK_ABOVE: f64 = 20.0;
-
-/// Smoothed latency above this, whatever the floor, shrinks the window: other clients of the
-/// apiserver would feel it.
-const LATENCY_CEILING: Duration = Duration::from_millis(500);
 
 /// Windows' worth of successes before the window grows back to the size last throttled: with
 /// 4 seats granted, about one write in 70 is rejected instead of one in 8 (measured against
@@ -40,10 +30,140 @@ const PROBE_WINDOWS: usize = 16;
 /// Weight of a new sample in the smoothed latency (TCP's 1/8).
 const SMOOTHING: f64 = 0.125;
 
+/// How hard a migration presses the apiserver.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pace {
+    /// The cluster's own traffic first: the window grows only while the apiserver answers within
+    /// [`Band::GENTLE`], so other clients barely notice the migration.
+    #[default]
+    Gentle,
+    /// The apiserver's whole throughput, for maintenance windows: [`Band::FAST`].
+    Fast,
+}
+
+impl Pace {
+    /// Every pace's name, as flags and annotations spell them.
+    pub const NAMES: [&str; 2] = ["gentle", "fast"];
+
+    /// As the `--pace` flag, the `kube-svm.io/pace` annotation and `kube-svm status` spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pace::Gentle => "gentle",
+            Pace::Fast => "fast",
+        }
+    }
+
+    /// The pace named `name` (`gentle` or `fast`).
+    pub fn parse(name: &str) -> Option<Pace> {
+        match name {
+            "gentle" => Some(Pace::Gentle),
+            "fast" => Some(Pace::Fast),
+            _ => None,
+        }
+    }
+}
+
+/// The latency a window keeps its writes within, against the fastest write seen (the floor).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Band {
+    /// Smoothed latency below this many times the floor: the apiserver has room, grow.
+    pub grow_below: f64,
+    /// Smoothed latency above this many times the floor: requests are queueing, shrink.
+    pub shrink_above: f64,
+    /// Smoothed latency above this, whatever the floor, shrinks the window.
+    pub ceiling: Duration,
+}
+
+impl Band {
+    /// Wide on purpose: measured on the bench's control plane (`make bench`, 3,000 objects), 5 ms
+    /// and 188 objects/s at one write in flight, 18 ms and 406 at 8, 63 ms and 446 at 32, 119 ms
+    /// and 483 at 64. This band settles between about 20 and 50 writes, near the apiserver's
+    /// limit, and gives way only when something else makes the apiserver far slower; other
+    /// clients then wait ten to twenty times as long as on an idle apiserver.
+    pub const FAST: Band =
+        Band { grow_below: 10.0, shrink_above: 20.0, ceiling: Duration::from_millis(500) };
+
+    /// Narrow: other clients wait about as long as kube-svm's writes do, so holding those within
+    /// one and a half to three times the fastest write keeps everyone's latency within a small
+    /// multiple of idle; the ceiling keeps a slow apiserver from being loaded further. Chosen
+    /// from `make bench`'s sweep (docs/performance.md): of the bands tried (1.5x-3x, 2x-4x, 3x-6x,
+    /// 5x-10x), this one left the foreground client's p50 at its idle value and its p99 lowest,
+    /// while moving 0.56x the limit; wider bands bought up to 0.81x with twice the p99.
+    pub const GENTLE: Band =
+        Band { grow_below: 1.5, shrink_above: 3.0, ceiling: Duration::from_millis(100) };
+}
+
+/// Why a window is below its maximum: the migration is holding back for the cluster's sake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Restraint {
+    /// The apiserver answers slower than the band allows: other clients would feel more writes.
+    Latency,
+    /// The apiserver throttled the migration (429): its priority level is full.
+    Throttling,
+}
+
+impl Restraint {
+    /// Every restraint, in the order of [`Gauges::restraints`].
+    pub const ALL: [Restraint; 2] = [Restraint::Latency, Restraint::Throttling];
+
+    /// As a metric label and in `kube-svm status`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Restraint::Latency => "latency",
+            Restraint::Throttling => "throttling",
+        }
+    }
+
+    /// The restraint named `name`, as [`Restraint::name`] spells it.
+    pub fn parse(name: &str) -> Option<Restraint> {
+        Restraint::ALL.into_iter().find(|restraint| restraint.name() == name)
+    }
+}
+
+/// What a window allows now, and why not more.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Holding {
+    /// Writes allowed in flight at once.
+    pub size: usize,
+    /// Why the window is below its maximum; `None` when nothing holds it back (it is at its
+    /// maximum, or still growing toward it).
+    pub restraint: Option<Restraint>,
+}
+
+/// How a run holds its writes back: its pace, and its window as it stood when the last page was
+/// done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pacing {
+    /// The pace the run keeps.
+    pub pace: Pace,
+    /// The write window: its size, and what holds it below its maximum.
+    pub window: Holding,
+}
+
+/// Gauges a window keeps current: its size, and 1 for the restraint holding it back.
+pub struct Gauges {
+    pub size: prometheus::IntGauge,
+    /// One per restraint, in the order of [`Restraint::ALL`].
+    pub restraints: [prometheus::IntGauge; 2],
+}
+
+impl Gauges {
+    fn show(&self, holding: Holding) {
+        self.size.set(i64::try_from(holding.size).unwrap_or(i64::MAX));
+        for (restraint, gauge) in Restraint::ALL.into_iter().zip(&self.restraints) {
+            gauge.set(i64::from(holding.restraint == Some(restraint)));
+        }
+    }
+}
+
 pub struct Window {
     permits: Semaphore,
     max: usize,
+    band: Band,
     state: Mutex<State>,
+    gauges: Option<Gauges>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -64,6 +184,8 @@ struct State {
     floor: Option<f64>,
     /// The smoothed latency, in seconds.
     smoothed: Option<f64>,
+    /// What the smoothed latency said last.
+    load: Load,
 }
 
 /// What the caller learnt from one request.
@@ -77,7 +199,7 @@ pub enum Signal {
 }
 
 /// What the latency says.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Load {
     Light,
     Fair,
@@ -85,11 +207,14 @@ enum Load {
 }
 
 impl Window {
-    pub fn new(max: usize) -> Window {
+    /// A window of at most `max` writes that keeps their latency within `band`, and shows
+    /// itself on `gauges`.
+    pub fn new(max: usize, band: Band, gauges: Option<Gauges>) -> Window {
         let max = max.max(1);
-        Window {
+        let window = Window {
             permits: Semaphore::new(1),
             max,
+            band,
             state: Mutex::new(State {
                 size: 1,
                 to_retire: 0,
@@ -98,8 +223,14 @@ impl Window {
                 throttled_at: None,
                 floor: None,
                 smoothed: None,
+                load: Load::Light,
             }),
+            gauges,
+        };
+        if let Some(gauges) = &window.gauges {
+            gauges.show(window.holding());
         }
+        window
     }
 
     /// Waits for room in the window.
@@ -107,6 +238,11 @@ impl Window {
         // The semaphore is never closed, so acquiring cannot fail; fall back to no permit.
         let permit = self.permits.acquire().await.ok();
         Slot { window: self, permit }
+    }
+
+    /// The window's size, and what holds it back.
+    pub fn holding(&self) -> Holding {
+        self.lock().holding(self.max)
     }
 
     /// The current window size.
@@ -122,13 +258,14 @@ impl Window {
     /// Adjusts the window by `signal`, and returns or retires the leaving request's permit.
     fn adjust(&self, signal: Signal, permit: Option<SemaphorePermit<'_>>) {
         let mut state = self.lock();
+        let before = state.holding(self.max);
         match signal {
             Signal::Throttled => {
                 state.throttled_at = Some(state.size);
                 let halved = state.size.div_ceil(2);
                 self.shrink(&mut state, halved);
             }
-            Signal::Success(latency) => match state.observe(latency) {
+            Signal::Success(latency) => match state.observe(latency, &self.band) {
                 Load::Heavy if state.size < state.threshold => {
                     // Slow start ends where queueing begins.
                     state.threshold = state.size;
@@ -146,8 +283,11 @@ impl Window {
                     let windows = if probing { PROBE_WINDOWS } else { 1 };
                     if state.size < state.threshold || state.successes >= state.size * windows {
                         self.grow(&mut state);
-                        // Past the size last throttled, the apiserver has room again.
-                        if state.throttled_at.is_some_and(|at| state.size > at) {
+                        // Past the size last throttled, the apiserver has room again; at the
+                        // maximum, there is nothing left to probe.
+                        if state.throttled_at.is_some_and(|at| state.size > at)
+                            || state.size >= self.max
+                        {
                             state.throttled_at = None;
                         }
                     }
@@ -161,6 +301,13 @@ impl Window {
         {
             state.to_retire -= 1;
             permit.forget();
+        }
+        let after = state.holding(self.max);
+        drop(state);
+        if after != before
+            && let Some(gauges) = &self.gauges
+        {
+            gauges.show(after);
         }
     }
 
@@ -196,9 +343,19 @@ impl Window {
     }
 }
 
+impl Drop for Window {
+    /// A run that ended allows no writes and holds nothing back.
+    fn drop(&mut self) {
+        if let Some(gauges) = &self.gauges {
+            gauges.show(Holding::default());
+        }
+    }
+}
+
 impl State {
-    /// Takes one write's latency into the floor and the smoothed latency; says what they show.
-    fn observe(&mut self, latency: Duration) -> Load {
+    /// Takes one write's latency into the floor and the smoothed latency; says what they show
+    /// against `band`.
+    fn observe(&mut self, latency: Duration, band: &Band) -> Load {
         let sample = latency.as_secs_f64();
         let floor = *self.floor.get_or_insert(sample);
         let floor = floor.min(sample);
@@ -208,13 +365,30 @@ impl State {
             Some(previous) => previous + SMOOTHING * (sample - previous),
         };
         self.smoothed = Some(smoothed);
-        if smoothed > LATENCY_CEILING.as_secs_f64() || smoothed > floor * SHRINK_ABOVE {
+        let ceiling = band.ceiling.as_secs_f64();
+        self.load = if smoothed > ceiling || smoothed > floor * band.shrink_above {
             Load::Heavy
-        } else if smoothed < floor * GROW_BELOW {
+        } else if smoothed < floor * band.grow_below {
             Load::Light
         } else {
             Load::Fair
-        }
+        };
+        self.load
+    }
+
+    /// The size, and what holds it below `max`: throttling, until the window has grown past
+    /// where it was last throttled; else latency at or above the band's lower bound.
+    fn holding(&self, max: usize) -> Holding {
+        let restraint = if self.size >= max {
+            None
+        } else if self.throttled_at.is_some() {
+            Some(Restraint::Throttling)
+        } else if self.load != Load::Light {
+            Some(Restraint::Latency)
+        } else {
+            None
+        };
+        Holding { size: self.size, restraint }
     }
 }
 
@@ -238,6 +412,10 @@ mod tests {
 
     const FAST: Signal = Signal::Success(Duration::from_millis(5));
 
+    fn window(max: usize) -> Window {
+        Window::new(max, Band::FAST, None)
+    }
+
     async fn succeed(window: &Window, times: usize, signal: Signal) {
         for _ in 0..times {
             window.enter().await.leave(signal);
@@ -246,7 +424,7 @@ mod tests {
 
     #[tokio::test]
     async fn starts_at_one_and_grows_by_one_per_fast_success_until_throttled() {
-        let window = Window::new(8);
+        let window = window(8);
         assert_eq!((window.size(), window.permits.available_permits()), (1, 1));
         succeed(&window, 3, FAST).await;
         assert_eq!((window.size(), window.permits.available_permits()), (4, 4));
@@ -263,7 +441,7 @@ mod tests {
 
     #[tokio::test]
     async fn never_shrinks_below_one() {
-        let window = Window::new(8);
+        let window = window(8);
         succeed(&window, 7, FAST).await;
         for _ in 0..5 {
             window.enter().await.leave(Signal::Throttled);
@@ -278,7 +456,7 @@ mod tests {
 
     #[tokio::test]
     async fn permits_held_during_a_decrease_are_retired_when_they_return() {
-        let window = Window::new(4);
+        let window = window(4);
         succeed(&window, 3, FAST).await;
         let slots = [window.enter().await, window.enter().await, window.enter().await];
         window.enter().await.leave(Signal::Throttled);
@@ -292,7 +470,7 @@ mod tests {
     #[tokio::test]
     async fn held_to_a_few_seats_it_is_rarely_rejected() {
         // An apiserver that rejects whatever exceeds 4 writes at once.
-        let window = Window::new(64);
+        let window = window(64);
         let mut rejected = 0;
         for _ in 0..2000 {
             if window.size() > 4 {
@@ -308,7 +486,7 @@ mod tests {
 
     #[tokio::test]
     async fn more_seats_are_found_again() {
-        let window = Window::new(64);
+        let window = window(64);
         succeed(&window, 4, FAST).await;
         window.enter().await.leave(Signal::Throttled);
         // The apiserver now grants more: growth past the old ceiling resumes its pace.
@@ -318,14 +496,14 @@ mod tests {
 
     #[tokio::test]
     async fn never_grows_past_the_maximum() {
-        let window = Window::new(2);
+        let window = window(2);
         succeed(&window, 10, FAST).await;
         assert_eq!((window.size(), window.permits.available_permits()), (2, 2));
     }
 
     #[tokio::test]
     async fn rising_latency_ends_slow_start_holds_then_shrinks() {
-        let window = Window::new(64);
+        let window = window(64);
         succeed(&window, 7, FAST).await;
         assert_eq!(window.size(), 8);
         // Latency climbs to twelve times the floor: the band where the window holds. Slow start
@@ -344,11 +522,75 @@ mod tests {
 
     #[tokio::test]
     async fn latency_past_the_ceiling_shrinks_whatever_the_floor() {
-        let window = Window::new(16);
+        let window = window(16);
         let slowish = Signal::Success(Duration::from_millis(400));
         succeed(&window, 15, slowish).await;
         assert_eq!(window.size(), 16, "a slow but steady apiserver: its floor is its pace");
         succeed(&window, 200, Signal::Success(Duration::from_millis(900))).await;
         assert!(window.size() < 16, "{}", window.size());
+    }
+
+    #[tokio::test]
+    async fn the_gentle_band_holds_where_the_fast_one_still_grows() {
+        let gentle = Window::new(64, Band::GENTLE, None);
+        let fast = window(64);
+        for window in [&gentle, &fast] {
+            succeed(window, 3, FAST).await;
+        }
+        // Twice the floor: too slow for the gentle band to grow, well inside the fast one.
+        let slower = Signal::Success(Duration::from_millis(10));
+        for window in [&gentle, &fast] {
+            succeed(window, 200, slower).await;
+        }
+        let held = gentle.size();
+        succeed(&gentle, 200, slower).await;
+        assert_eq!(gentle.size(), held, "the gentle window holds");
+        assert!(held < 12, "{held}");
+        assert_eq!(fast.size(), 64, "the fast window grows to its maximum");
+    }
+
+    #[tokio::test]
+    async fn says_what_holds_it_back() {
+        let window = window(8);
+        assert_eq!(window.holding(), Holding { size: 1, restraint: None }, "growing freely");
+        succeed(&window, 7, FAST).await;
+        assert_eq!(window.holding(), Holding { size: 8, restraint: None }, "at its maximum");
+        window.enter().await.leave(Signal::Throttled);
+        let throttled = Holding { size: 4, restraint: Some(Restraint::Throttling) };
+        assert_eq!(window.holding(), throttled);
+        // Grown past where it was throttled, then slowed down by latency.
+        succeed(&window, 4 + 5 * PROBE_WINDOWS * 8, FAST).await;
+        assert_eq!(window.holding(), Holding { size: 8, restraint: None });
+        let slow = Signal::Success(Duration::from_millis(200));
+        succeed(&window, 40, slow).await;
+        let holding = window.holding();
+        assert!(holding.size < 8, "{holding:?}");
+        assert_eq!(holding.restraint, Some(Restraint::Latency));
+    }
+
+    #[tokio::test]
+    async fn keeps_its_gauges_current_and_zeroes_them_when_gone() {
+        let gauge = |name: &str| prometheus::IntGauge::new(name, "test").unwrap();
+        let (size, latency, throttling) = (gauge("s"), gauge("l"), gauge("t"));
+        let gauges =
+            Gauges { size: size.clone(), restraints: [latency.clone(), throttling.clone()] };
+        let window = Window::new(8, Band::FAST, Some(gauges));
+        assert_eq!(size.get(), 1);
+        succeed(&window, 3, FAST).await;
+        window.enter().await.leave(Signal::Throttled);
+        assert_eq!((size.get(), latency.get(), throttling.get()), (2, 0, 1));
+        drop(window);
+        assert_eq!((size.get(), latency.get(), throttling.get()), (0, 0, 0));
+    }
+
+    #[test]
+    fn paces_and_restraints_read_back_from_their_names() {
+        for name in Pace::NAMES {
+            assert_eq!(Pace::parse(name).map(Pace::name), Some(name));
+        }
+        assert_eq!(Pace::parse("Fast"), None, "names are exact");
+        for restraint in Restraint::ALL {
+            assert_eq!(Restraint::parse(restraint.name()), Some(restraint));
+        }
     }
 }

@@ -424,6 +424,7 @@ impl<H: Host> Lifecycle<'_, H> {
         let job = Job {
             resource: resource.clone(),
             write_to_status: self.host.write_to_status(resource),
+            pace: self.host.migration().requested_pace(),
             resume: start.progress,
             fence: self.cluster.fence.clone(),
         };

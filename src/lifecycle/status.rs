@@ -273,7 +273,7 @@ pub fn completed(
     status.conditions = conditions(&previous, type_, reason, message, now);
     status.completion_time = Some(Time(now));
     status.checkpoint = None;
-    status
+    at_rest(status)
 }
 
 /// The target a migration takes without looking further: the one it recorded when it first
@@ -323,12 +323,12 @@ pub fn failed(
     now: Timestamp,
 ) -> StorageVersionMigrationStatus {
     let previous = previous.cloned().unwrap_or_default();
-    StorageVersionMigrationStatus {
+    at_rest(StorageVersionMigrationStatus {
         conditions: conditions(&previous, FAILED, reason, message, now),
         completion_time: Some(Time(now)),
         start_time: previous.start_time.clone().or(Some(Time(now))),
         ..previous
-    }
+    })
 }
 
 /// `type_` first and true; the other two states dropped, as upstream keeps exactly one of them;
@@ -385,7 +385,20 @@ fn counts(progress: &Progress) -> MigrationProgress {
         skipped: progress.skipped,
         failed: progress.failed,
         remaining: progress.remaining,
+        pace: progress.pacing.map(|p| p.pace.name().to_owned()),
+        window: progress.pacing.map(|p| u32::try_from(p.window.size).unwrap_or(u32::MAX)),
+        holding_back: progress.pacing.and_then(|p| p.window.restraint).map(|r| r.name().to_owned()),
     }
+}
+
+/// `status` at rest: the write window describes a running migration only, so an ended one keeps
+/// its pace and drops the window and what held it back.
+fn at_rest(mut status: StorageVersionMigrationStatus) -> StorageVersionMigrationStatus {
+    if let Some(progress) = status.progress.as_mut() {
+        progress.window = None;
+        progress.holding_back = None;
+    }
+    status
 }
 
 #[cfg(test)]
@@ -479,6 +492,32 @@ mod tests {
             run_of(&with_failures),
             Run { succeeded: false, failed: 2, listed_from_start: true }
         );
+    }
+
+    #[test]
+    fn a_running_migration_shows_its_pace_and_window_and_an_ended_one_its_pace() {
+        use crate::engine::{Holding, Pace, Pacing, Restraint};
+        let target = MigrationTarget::default();
+        let unreported = running(None, &target, &progress(0), now()).progress.unwrap_or_default();
+        assert_eq!((unreported.pace, unreported.window), (None, None), "not known yet");
+        let window = Holding { size: 6, restraint: Some(Restraint::Latency) };
+        let held = Progress { pacing: Some(Pacing { pace: Pace::Gentle, window }), ..progress(0) };
+        let status = running(None, &target, &held, now());
+        let counts = status.progress.clone().unwrap_or_default();
+        assert_eq!(
+            (counts.pace.as_deref(), counts.window, counts.holding_back.as_deref()),
+            (Some("gentle"), Some(6), Some("latency"))
+        );
+        for ended in [
+            completed(Some(&status), &target, &held, now()),
+            failed(Some(&status), reasons::WRITES_FAILING, "failing".into(), now()),
+        ] {
+            let counts = ended.progress.unwrap_or_default();
+            assert_eq!(
+                (counts.pace.as_deref(), counts.window, counts.holding_back),
+                (Some("gentle"), None, None)
+            );
+        }
     }
 
     #[test]

@@ -11,8 +11,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use kube::ResourceExt;
 use kube::core::DynamicObject;
+use kube::{Config, ResourceExt};
 use kube_svm::api::Phase;
 
 use crate::support::Scenario;
@@ -46,6 +46,7 @@ fn the_chart_lints_with_default_and_optional_values() {
             "crds.install=false,rbac.create=false,serviceAccount.create=false,replicaCount=2",
         ],
         &["--set", "migrateOnUpgrade.enabled=true"],
+        &["--set", "flowControl.enabled=true,controller.pace=fast"],
     ] {
         let mut args = vec!["lint", "--strict", chart];
         args.extend(extra);
@@ -62,6 +63,8 @@ fn the_values_schema_refuses_bad_values() {
         ("controller.logFormat=xml", "logFormat"),
         ("rbac.migratableResources=some", "migratableResources"),
         ("controller.writesInFligth=4", "writesInFligth"),
+        ("controller.pace=slow", "pace"),
+        ("flowControl.queues=0", "queues"),
     ] {
         let chart = chart::chart_dir();
         let args = ["template", "x", chart.to_str().expect("UTF-8 path"), "--set", set];
@@ -141,6 +144,7 @@ async fn rendered_and_committed_manifests_pass_a_server_side_dry_run() {
         &["--set-json", &only_widgets],
         &narrowed_with_status,
         &hook,
+        &["--set", "flowControl.enabled=true,controller.pace=fast"],
     ] {
         let rendered = objects(&render("kube-svm", &namespace, args));
         assert!(rendered.len() >= 8, "the chart renders its objects: {}", rendered.len());
@@ -215,6 +219,82 @@ async fn a_narrowed_resource_list_limits_what_kube_svm_can_migrate() {
         wait_for(&client, "forbidden", timeout, &[&controller], phase_is(Phase::Failed)).await;
     let message = failed.status.and_then(|s| s.conditions[0].message.clone()).unwrap_or_default();
     assert!(message.contains("secrets") && message.contains("403"), "{message}");
+}
+
+/// With `flowControl.enabled`, the apiserver puts the chart's ServiceAccount's requests into the
+/// chart's priority level, of 3 seats on a default apiserver (600 seats; the default levels' 245
+/// shares and its 1), and its Lease requests into the cluster's leader-election level.
+#[tokio::test]
+async fn flow_control_gives_kube_svm_a_priority_level_of_its_own() {
+    use k8s_openapi::api::flowcontrol::v1::PriorityLevelConfiguration;
+    use kube::api::DeleteParams;
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+
+    let control_plane = shared().await;
+    let admin = control_plane.client().await;
+    let (release, namespace) = (unique("flow"), unique("flow"));
+    let kubeconfig = control_plane.impersonating_kubeconfig(&release, &namespace, &[]).await;
+    let args = ["--set", "flowControl.enabled=true", "--show-only", "templates/flowcontrol.yaml"];
+    let rendered = objects(&render(&release, &namespace, &args));
+    assert_eq!(rendered.len(), 3, "a priority level and two flow schemas");
+    apply(&admin, &rendered, false).await.expect("the flow control objects apply");
+    let levels: kube::Api<PriorityLevelConfiguration> = kube::Api::all(admin.clone());
+    let uid = |name: &str| {
+        let levels = levels.clone();
+        let name = name.to_owned();
+        async move { levels.get(&name).await.expect("the level exists").metadata.uid }
+    };
+    let name = rendered
+        .iter()
+        .find(|o| o.types.as_ref().is_some_and(|t| t.kind == "PriorityLevelConfiguration"))
+        .and_then(|o| o.metadata.name.clone())
+        .expect("a priority level");
+    let (own, leader_election) = (uid(&name).await, uid("leader-election").await);
+
+    let config = Config::from_custom_kubeconfig(
+        Kubeconfig::read_from(&kubeconfig).expect("readable"),
+        &KubeConfigOptions::default(),
+    )
+    .await
+    .expect("a valid kubeconfig");
+    let account = kube::Client::try_from(config).expect("a client");
+    let level_of = |path: String| {
+        let account = account.clone();
+        async move {
+            let request =
+                http::Request::get(path).body(kube::client::Body::empty()).expect("a request");
+            let response = account.send(request).await.expect("an answer");
+            let header = response.headers().get("X-Kubernetes-PF-PriorityLevel-UID");
+            header.and_then(|v| v.to_str().ok()).map(str::to_owned)
+        }
+    };
+    let leases = format!("/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/kube-svm");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let migrations =
+            level_of("/apis/migration.k8s.io/v1alpha1/storageversionmigrations".into()).await;
+        let lease = level_of(leases.clone()).await;
+        if (migrations.as_ref(), lease.as_ref()) == (own.as_ref(), leader_election.as_ref()) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never classified: {migrations:?} {lease:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let request = http::Request::get("/metrics").body(Vec::new()).expect("a request");
+    let metrics = admin.request_text(request).await.expect("the apiserver's metrics");
+    let series = format!("apiserver_flowcontrol_nominal_limit_seats{{priority_level=\"{name}\"}} ");
+    let seats = metrics.lines().find_map(|line| line.strip_prefix(&series));
+    assert_eq!(seats, Some("3"), "the level's seats");
+
+    for object in rendered {
+        let types = object.types.expect("typed");
+        let gvk = kube::core::GroupVersionKind::try_from(&types).expect("a kind");
+        let (resource, _) = kube::discovery::pinned_kind(&admin, &gvk).await.expect("served");
+        let api: kube::Api<DynamicObject> = kube::Api::all_with(admin.clone(), &resource);
+        let name = object.metadata.name.expect("named");
+        api.delete(&name, &DeleteParams::default()).await.expect("deleted");
+    }
 }
 
 /// The chart's alerts pass `promtool check rules`, and `promtool test rules` with the unit tests

@@ -9,7 +9,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use kube_svm::api::GroupVersionResource;
 use kube_svm::engine::{
-    Engine, Finished, Job, Progress, RateLimiter, ResolveError, Resource, Settings,
+    Engine, Finished, Job, Pace, Progress, RateLimiter, ResolveError, Resource, Settings,
 };
 use serde_json::json;
 use tokio::sync::watch;
@@ -64,6 +64,7 @@ async fn migrate_during<F: Future<Output = ()>>(
     let job = Job {
         resource,
         write_to_status: false,
+        pace: None,
         resume: Progress::default(),
         fence: kube_svm::fence::Fence::open(),
     };
@@ -136,6 +137,7 @@ async fn migrates_through_the_status_subresource() {
     let job = Job {
         resource,
         write_to_status: true,
+        pace: None,
         resume: Progress::default(),
         fence: kube_svm::fence::Fence::open(),
     };
@@ -432,7 +434,8 @@ async fn completes_under_priority_and_fairness_throttling() {
             })
         })
         .collect();
-    let settings = Settings { writes_in_flight: 32, ..Settings::default() };
+    // The fast pace, which presses on until the apiserver throttles it.
+    let settings = Settings { writes_in_flight: 32, pace: Pace::Fast, ..Settings::default() };
     let progress =
         migrate(&engine(config, settings), &client, &widgets.group, WidgetCrd::PLURAL).await;
     stop.cancel();
@@ -619,9 +622,10 @@ async fn an_object_in_backoff_does_not_hold_back_later_pages() {
     );
 }
 
-/// A priority level that admits only 4 requests at once and rejects the rest: at its defaults
-/// kube-svm finishes with no object failed and no more than one request in 20 rejected, because
-/// its window remembers where it was throttled.
+/// A priority level that admits only 4 requests at once and rejects the rest: even at the fast
+/// pace, which presses on until the apiserver throttles it, kube-svm finishes with no object
+/// failed and no more than one request in 20 rejected, because its window remembers where it was
+/// throttled.
 #[tokio::test]
 async fn four_seats_of_priority_and_fairness_are_enough() {
     // 60 seats in all; 15 shares of 260 make 4 of them this level's.
@@ -638,9 +642,9 @@ async fn four_seats_of_priority_and_fairness_are_enough() {
     let client = Client::try_from(config.clone()).expect("client");
     wait_for_flow_schema(&client, &flow_schema_uid).await;
 
+    let settings = Settings { pace: Pace::Fast, ..Settings::default() };
     let progress =
-        migrate(&engine(config, Settings::default()), &client, &widgets.group, WidgetCrd::PLURAL)
-            .await;
+        migrate(&engine(config, settings), &client, &widgets.group, WidgetCrd::PLURAL).await;
     assert_eq!((progress.rewritten, progress.failed), (1000, 0), "{:?}", progress.failures.first());
     assert!(progress.throttled > 0, "the level did hold the migration back: {progress:?}");
     eprintln!("four seats: {} of {} requests rejected", progress.throttled, progress.requests);

@@ -67,6 +67,9 @@ async fn shows_running_finished_and_in_tree_migrations() {
     assert!((1..100).contains(&percent), "{row}");
     assert!(row["objectsPerSecond"].as_f64().is_some_and(|r| r > 0.0), "{row}");
     assert!(row["etaSeconds"].as_u64().is_some(), "{row}");
+    // One write in flight at most: the window is at its maximum, so nothing holds it back.
+    assert_eq!((&row["pace"], &row["window"]), (&json!("gentle"), &json!(1)), "{row}");
+    assert!(row.get("holdingBack").is_none(), "{row}");
 
     // The in-tree migrator's API is served on 1.37; nothing runs it here.
     let gvk = GroupVersionKind::gvk("storagemigration.k8s.io", "v1", "StorageVersionMigration");
@@ -91,6 +94,8 @@ async fn shows_running_finished_and_in_tree_migrations() {
         (json!("Succeeded"), json!(100))
     );
     assert_eq!((row["processed"].clone(), row["failed"].clone()), (json!(600), json!(0)));
+    assert_eq!(row["pace"], "gentle", "an ended migration keeps its pace: {row}");
+    assert!(row.get("window").is_none(), "and has no window: {row}");
     let other = named(&finished, "in-tree-configmaps");
     assert_eq!(
         (other["migrator"].clone(), other["resource"].clone()),
