@@ -89,6 +89,14 @@ impl StorageVersionMigration {
         annotations.and_then(|a| a.get(PACE_ANNOTATION)).and_then(|v| Pace::parse(v))
     }
 
+    /// The value of [`PACE_ANNOTATION`] when it names no pace (a typo such as `Fast`), so that
+    /// the run can say the default applies instead of ignoring it silently.
+    pub fn unknown_pace(&self) -> Option<&str> {
+        let annotations = self.metadata.annotations.as_ref();
+        let value = annotations.and_then(|a| a.get(PACE_ANNOTATION))?;
+        Pace::parse(value).is_none().then_some(value.as_str())
+    }
+
     /// Whether an operator vouched for the apiservers' encoding on this migration.
     pub fn encoding_vouched_for(&self) -> bool {
         self.annotation_is_true(ENCODING_CONFIRMED_ANNOTATION)
@@ -153,6 +161,22 @@ mod tests {
         assert!(kept.len() <= MESSAGE_LIMIT, "{}", kept.len());
         assert!(kept.ends_with('…') && kept.starts_with("éé"));
         assert_eq!(cut(&"x".repeat(MESSAGE_LIMIT), MESSAGE_LIMIT).len(), MESSAGE_LIMIT);
+    }
+
+    #[test]
+    fn a_pace_annotation_is_read_or_said_to_name_no_pace() {
+        let with = |value: &str| {
+            let mut migration = StorageVersionMigration::new("m", Default::default());
+            migration.metadata.annotations =
+                Some([(PACE_ANNOTATION.to_owned(), value.to_owned())].into());
+            migration
+        };
+        assert_eq!(with("fast").requested_pace(), Some(Pace::Fast));
+        assert_eq!(with("fast").unknown_pace(), None);
+        assert_eq!(with("Fast").requested_pace(), None);
+        assert_eq!(with("Fast").unknown_pace(), Some("Fast"));
+        let plain = StorageVersionMigration::new("m", Default::default());
+        assert_eq!((plain.requested_pace(), plain.unknown_pace()), (None, None));
     }
 
     /// The committed CRDs are what `kube-svm crds` prints; regenerate with `make crds`.

@@ -404,7 +404,14 @@ impl<H: Host> Lifecycle<'_, H> {
             steps::mark_migrating(&self.cluster, resource, true, &self.by).await;
             *self.marked.lock().unwrap_or_else(|p| p.into_inner()) = Some(resource.clone());
         }
-        let note = format!("{resource}: {}", start.note);
+        let mut note = format!("{resource}: {}", start.note);
+        if let Some(unknown) = self.host.migration().unknown_pace() {
+            note.push_str(&format!(
+                "; the annotation {}: {unknown:?} names no pace ({}), so the default pace applies",
+                crate::api::PACE_ANNOTATION,
+                crate::engine::Pace::NAMES.join(" or ")
+            ));
+        }
         self.host.tell(Notice::Start { event: start.event, note: &note }).await;
         Ok(current)
     }

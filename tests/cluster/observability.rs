@@ -217,7 +217,9 @@ async fn an_outage_is_said_once_and_its_end_once() {
     }
 
     control_plane.kill_apiserver(0).expect("killed");
-    // Down for several polls of the trigger and several watch retries.
+    // The outage is noticed, then lasts several polls of the trigger and several watch retries
+    // more, each of which must stay silent.
+    controller.wait_for_log("the apiserver is unreachable", Duration::from_secs(60)).await;
     tokio::time::sleep(Duration::from_secs(8)).await;
     control_plane.revive_apiserver(0).await.expect("the apiserver starts again");
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -552,14 +552,15 @@ pub fn asset(name: &str) -> anyhow::Result<PathBuf> {
 }
 
 pub(super) fn spawn(binary: &Path, args: &[String], log: &Path) -> anyhow::Result<Child> {
+    let mut command = Command::new(binary);
+    command.args(args);
+    spawn_logged(command, log)
+}
+
+/// Starts `command` with no input and its output, both streams, in `log`.
+fn spawn_logged(mut command: Command, log: &Path) -> anyhow::Result<Child> {
     let out = fs::File::create(log)?;
-    let child = Command::new(binary)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .spawn()?;
-    Ok(child)
+    Ok(command.stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out).spawn()?)
 }
 
 /// [`spawn`], in a UTS namespace of its own whose host name is `host` (util-linux `unshare`).
@@ -569,17 +570,10 @@ fn spawn_with_host_name(
     log: &Path,
     host: &str,
 ) -> anyhow::Result<Child> {
-    let out = fs::File::create(log)?;
     let script = format!("hostname {host} && exec \"$0\" \"$@\"");
-    let child = Command::new("unshare")
-        .args(["--uts", "sh", "-c", &script])
-        .arg(binary)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .spawn()?;
-    Ok(child)
+    let mut command = Command::new("unshare");
+    command.args(["--uts", "sh", "-c", &script]).arg(binary).args(args);
+    spawn_logged(command, log)
 }
 
 /// A round-robin TCP balancer on a loopback port, in front of several apiservers: each new
