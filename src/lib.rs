@@ -12,6 +12,8 @@
 //! - [`lifecycle`]: one migration from resource to end, the same for the controller and for
 //!   `kube-svm migrate`: resolve, wait for the encoding, run the engine, prove, prune.
 //! - [`engine`]: pages through every object of one resource and writes each back unchanged.
+//! - [`managed_fields`]: which `managedFields` entries name a version no longer served, and what
+//!   to keep of them.
 //! - [`encoding`]: evidence that the apiservers encode a resource in the expected version.
 //! - [`storedversions`]: the proof-checked pruning of a CRD's `status.storedVersions`.
 //! - [`census`]: how objects are really stored in etcd, read key by key.
@@ -38,6 +40,7 @@ pub mod fence;
 pub mod in_tree;
 pub mod leader;
 pub mod lifecycle;
+pub mod managed_fields;
 pub mod metrics;
 pub mod plan;
 pub mod reachability;

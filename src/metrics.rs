@@ -47,6 +47,9 @@ pub struct Metrics {
 pub mod results {
     /// The apiserver wrote the object back to etcd, re-encoded.
     pub const REWRITTEN: &str = "rewritten";
+    /// Written back, re-encoded, with its `managedFields` entries of versions no longer served
+    /// removed.
+    pub const CLEANED: &str = "cleaned";
     /// The object was already stored in the current encoding, so the apiserver skipped the write.
     pub const ALREADY_CURRENT: &str = "already_current";
     /// Written by someone else (409) or deleted (404) since it was listed: nothing left to do.
@@ -90,7 +93,7 @@ impl Metrics {
             )?,
             objects: counter(
                 "kube_svm_objects_total",
-                "Objects handled by migrations, by resource and result (rewritten, already_current, skipped, failed).",
+                "Objects handled by migrations, by resource and result (rewritten, cleaned, already_current, skipped, failed).",
                 &["resource", "result"],
             )?,
             requests: counter(

@@ -147,7 +147,8 @@ pub struct MigrationProgress {
     #[serde(default)]
     #[schemars(extend("format" = "int64"))]
     pub listed: u64,
-    /// Objects handled so far, whatever the result: rewritten + alreadyCurrent + skipped + failed.
+    /// Objects handled so far, whatever the result: rewritten + cleaned + alreadyCurrent +
+    /// skipped + failed.
     #[serde(default)]
     #[schemars(extend("format" = "int64"))]
     pub processed: u64,
@@ -155,6 +156,11 @@ pub struct MigrationProgress {
     #[serde(default)]
     #[schemars(extend("format" = "int64"))]
     pub rewritten: u64,
+    /// Objects written back, re-encoded, with their `managedFields` entries naming versions no
+    /// longer served removed (migrations that clean them only).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(extend("format" = "int64"))]
+    pub cleaned: u64,
     /// Objects already stored in the current encoding: the apiserver skipped the write.
     #[serde(default)]
     #[schemars(extend("format" = "int64"))]
@@ -250,4 +256,8 @@ pub struct MigrationTarget {
     /// How the encoding was confirmed, or what was seen instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encoding_evidence: Option<String>,
+}
+
+fn is_zero(count: &u64) -> bool {
+    *count == 0
 }

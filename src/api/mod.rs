@@ -45,6 +45,11 @@ pub const WRITE_TO_STATUS_ANNOTATION: &str = "kube-svm.io/write-to-status";
 /// maintenance windows). Without it, or with another value, the controller's `--pace` applies.
 pub const PACE_ANNOTATION: &str = "kube-svm.io/pace";
 
+/// Annotation on a StorageVersionMigration asking kube-svm to remove, from every object it
+/// writes, the `managedFields` entries naming a version the CRD no longer serves (value
+/// `"true"`), so that the version can be removed from the CRD without breaking server-side apply.
+pub const CLEAN_MANAGED_FIELDS_ANNOTATION: &str = "kube-svm.io/clean-managed-fields";
+
 /// Annotation on a StorageVersionMigration by which an operator vouches that every apiserver
 /// already encodes the CRD's storage version (value `"true"`), for clusters where kube-svm cannot
 /// confirm it (a changed hash formula, discovery that never settles). kube-svm then skips its
@@ -95,6 +100,12 @@ impl StorageVersionMigration {
         let annotations = self.metadata.annotations.as_ref();
         let value = annotations.and_then(|a| a.get(PACE_ANNOTATION))?;
         Pace::parse(value).is_none().then_some(value.as_str())
+    }
+
+    /// Whether this migration asks for `managedFields` entries of versions not served to be
+    /// removed.
+    pub fn cleans_managed_fields(&self) -> bool {
+        self.annotation_is_true(CLEAN_MANAGED_FIELDS_ANNOTATION)
     }
 
     /// Whether an operator vouched for the apiservers' encoding on this migration.

@@ -81,6 +81,12 @@ pub struct MigrateArgs {
     #[arg(long)]
     pub wait_for_others: bool,
 
+    /// Also remove, from every object written, the `managedFields` entries naming a version
+    /// the CRD no longer serves, so the version can be removed from the CRD without breaking
+    /// server-side apply (an object left with none keeps one entry for its latest manager).
+    #[arg(long)]
+    pub clean_managed_fields: bool,
+
     /// How progress is shown (on standard error).
     #[arg(long, value_enum, default_value_t = Show::Auto)]
     pub progress: Show,
@@ -95,6 +101,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
         checkpoint_dir,
         restart,
         wait_for_others,
+        clean_managed_fields,
         progress,
     } = args;
     let config = kube.config().await?;
@@ -129,6 +136,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
         checkpoints,
         restart,
         wait_for_others,
+        clean_managed_fields,
         show: progress,
         terminal: std::io::stderr().is_terminal(),
         stop,
@@ -198,6 +206,8 @@ struct Migrator {
     checkpoints: Checkpoints,
     restart: bool,
     wait_for_others: bool,
+    /// `--clean-managed-fields`.
+    clean_managed_fields: bool,
     show: Show,
     terminal: bool,
     /// Fires on SIGINT or SIGTERM.
@@ -362,6 +372,10 @@ impl lifecycle::Host for Host<'_> {
         self.migrator.built.write_to_status && resource.patchable_status
     }
 
+    fn cleans_managed_fields(&self) -> bool {
+        self.migrator.clean_managed_fields
+    }
+
     async fn record(
         &mut self,
         status: &StorageVersionMigrationStatus,
@@ -450,8 +464,12 @@ fn describe(done: &StorageVersionMigrationStatus) -> Ending {
         return Ending::Failed(message(first));
     }
     let progress = done.progress.clone().unwrap_or_default();
+    let cleaned = match progress.cleaned {
+        0 => String::new(),
+        cleaned => format!(", {cleaned} with managedFields cleaned"),
+    };
     let counts = format!(
-        "Succeeded: {} objects ({} rewritten, {} already current, {} skipped)",
+        "Succeeded: {} objects ({} rewritten{cleaned}, {} already current, {} skipped)",
         progress.processed, progress.rewritten, progress.already_current, progress.skipped
     );
     let elapsed = match (&done.start_time, &done.completion_time) {

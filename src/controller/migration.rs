@@ -144,6 +144,10 @@ impl lifecycle::Host for Host<'_> {
             || (self.context.settings.write_to_status && resource.patchable_status)
     }
 
+    fn cleans_managed_fields(&self) -> bool {
+        self.migration.cleans_managed_fields()
+    }
+
     async fn record(
         &mut self,
         status: &StorageVersionMigrationStatus,

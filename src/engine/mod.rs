@@ -36,6 +36,7 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use crate::fence::Fence;
+use crate::managed_fields::Served;
 use crate::metrics::{self, Metrics, results};
 use denial::Access;
 use outage::{Availability, Verdict};
@@ -115,6 +116,9 @@ pub struct Progress {
     pub listed: u64,
     /// Written back to etcd, re-encoded.
     pub rewritten: u64,
+    /// Written back to etcd, re-encoded, with the `managedFields` entries naming versions no
+    /// longer served removed (only when the job cleans them).
+    pub cleaned: u64,
     /// Already stored in the current encoding: the apiserver skipped the write.
     pub already_current: u64,
     /// Written by someone else (409) or deleted (404) since listed: nothing left to do.
@@ -146,7 +150,7 @@ pub struct Progress {
 impl Progress {
     /// Objects handled, whatever the outcome.
     pub fn processed(&self) -> u64 {
-        self.rewritten + self.already_current + self.skipped + self.failed
+        self.rewritten + self.cleaned + self.already_current + self.skipped + self.failed
     }
 }
 
@@ -249,6 +253,8 @@ struct RunState {
     availability: Availability,
     reviews: denial::Reviews,
     failing: std::sync::Mutex<failing::FailingWrites>,
+    /// The versions whose `managedFields` entries are kept, when the run cleans them.
+    cleaning: Option<Served>,
 }
 
 impl RunState {
@@ -263,6 +269,7 @@ impl RunState {
             availability: Availability::default(),
             reviews: denial::Reviews::default(),
             failing: std::sync::Mutex::new(failing::FailingWrites::new(Instant::now())),
+            cleaning: None,
         }
     }
 
@@ -323,6 +330,9 @@ pub struct Job {
     pub resume: Progress,
     /// No request is sent once this closes: the leader's term.
     pub fence: Fence,
+    /// Remove the `managedFields` entries naming a version not among these (a CRD's served
+    /// versions) from the objects that have any; `None` leaves `managedFields` alone.
+    pub clean_managed_fields: Option<Served>,
 }
 
 impl Engine {
@@ -431,6 +441,7 @@ impl Engine {
         let metrics = &self.metrics;
         for (result, count) in [
             (results::REWRITTEN, after.rewritten - before.rewritten),
+            (results::CLEANED, after.cleaned - before.cleaned),
             (results::ALREADY_CURRENT, after.already_current - before.already_current),
             (results::SKIPPED, after.skipped - before.skipped),
             (results::FAILED, after.failed - before.failed),

@@ -4,12 +4,14 @@ use std::sync::atomic::Ordering;
 
 use kube::api::ListParams;
 use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
 use tokio::time::Instant;
 use tracing::warn;
 
 use super::denial::Access;
 use super::request::{NoReply, Reply};
 use super::{Attempts, Engine, Error, Failure, Next, Resource, RunState};
+use crate::managed_fields::Served;
 
 /// What a write needs of a listed object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,6 +25,9 @@ pub struct Listed {
     /// The version listed; the write carries it as a precondition, so a newer object is
     /// left alone (409).
     pub resource_version: String,
+    /// The `managedFields` to write instead of the object's, when the run cleans them and some
+    /// entries name a version no longer served.
+    pub managed_fields: Option<Vec<serde_json::Value>>,
 }
 
 /// One page of a list.
@@ -74,6 +79,9 @@ struct ObjectMeta {
     #[serde(default)]
     uid: String,
     resource_version: String,
+    /// Kept unparsed: only a run that cleans them reads them.
+    #[serde(default)]
+    managed_fields: Option<Box<RawValue>>,
 }
 
 impl Engine {
@@ -98,7 +106,9 @@ impl Engine {
                 .map_err(|source| Error::BuildRequest(resource.to_string(), source))?;
             let sent = Instant::now();
             let failed = match self.send(request, run).await {
-                Ok(reply) if reply.is_success() => return parse_page(resource, &reply),
+                Ok(reply) if reply.is_success() => {
+                    return parse_page(resource, &reply, run.cleaning.as_ref());
+                }
                 Ok(reply) if reply.code == 410 => {
                     token = Some(expired(resource, &reply)?);
                     run.expired_tokens.fetch_add(1, Ordering::Relaxed);
@@ -165,19 +175,32 @@ fn expired(resource: &Resource, reply: &Reply) -> Result<String, Error> {
     Ok(token)
 }
 
-fn parse_page(resource: &Resource, reply: &Reply) -> Result<Page, Error> {
+fn parse_page(
+    resource: &Resource,
+    reply: &Reply,
+    cleaning: Option<&Served>,
+) -> Result<Page, Error> {
     let list: MetadataList = serde_json::from_slice(&reply.body)
         .map_err(|source| Error::Decode(resource.to_string(), source))?;
     let items = list
         .items
         .into_iter()
-        .map(|item| Listed {
-            namespace: item.metadata.namespace,
-            name: item.metadata.name,
-            uid: item.metadata.uid,
-            resource_version: item.metadata.resource_version,
+        .map(|item| {
+            let entries = item.metadata.managed_fields.as_deref();
+            let managed_fields = match (cleaning, entries) {
+                (Some(served), Some(entries)) => cleaned(served, resource, entries).transpose()?,
+                _ => None,
+            };
+            Ok(Listed {
+                namespace: item.metadata.namespace,
+                name: item.metadata.name,
+                uid: item.metadata.uid,
+                resource_version: item.metadata.resource_version,
+                managed_fields,
+            })
         })
-        .collect();
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|source| Error::Decode(resource.to_string(), source))?;
     let continue_token = Some(list.metadata.continue_token).filter(|token| !token.is_empty());
     let remaining = match continue_token {
         Some(_) => list.metadata.remaining_item_count,
@@ -186,8 +209,24 @@ fn parse_page(resource: &Resource, reply: &Reply) -> Result<Page, Error> {
     Ok(Page { items, continue_token, remaining })
 }
 
+/// The `managedFields` an object should have instead of `entries` (as listed, unparsed), when
+/// some name a version not `served`; the seed entry names the version the run writes to.
+pub(super) fn cleaned(
+    served: &Served,
+    resource: &Resource,
+    entries: &RawValue,
+) -> Option<Result<Vec<serde_json::Value>, serde_json::Error>> {
+    let entries: Vec<serde_json::Value> = match serde_json::from_str(entries.get()) {
+        Ok(entries) => entries,
+        Err(error) => return Some(Err(error)),
+    };
+    served.clean(&entries, &resource.api_version()).map(|cleaned| Ok(cleaned.entries))
+}
+
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
     use super::*;
 
     fn page(body: &str) -> Page {
@@ -201,7 +240,7 @@ mod tests {
             patchable_status: false,
         };
         let reply = Reply { code: 200, retry_after: None, body: body.to_owned().into() };
-        parse_page(&resource, &reply).expect("the page parses")
+        parse_page(&resource, &reply, None).expect("the page parses")
     }
 
     #[test]
@@ -228,16 +267,53 @@ mod tests {
                     namespace: "ns".into(),
                     name: "a".into(),
                     uid: "u-a".into(),
-                    resource_version: "11".into()
+                    resource_version: "11".into(),
+                    managed_fields: None,
                 },
                 Listed {
                     namespace: String::new(),
                     name: "b".into(),
                     uid: "u-b".into(),
-                    resource_version: "12".into()
+                    resource_version: "12".into(),
+                    managed_fields: None,
                 },
             ]
         );
         assert_eq!((parsed.continue_token.as_deref(), parsed.remaining), (Some("next"), Some(7)));
+    }
+
+    #[test]
+    fn a_cleaning_run_keeps_new_managed_fields_only_for_objects_naming_unserved_versions() {
+        let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "secrets" },
+            "spec": { "group": "", "names": { "plural": "secrets", "kind": "Secret" },
+                "scope": "Namespaced", "versions": [
+                    { "name": "v1", "served": false, "storage": false },
+                    { "name": "v2", "served": true, "storage": true }] }
+        }))
+        .expect("a CRD");
+        let served = Served::of(&crd);
+        let resource = Resource {
+            group: String::new(),
+            version: "v2".into(),
+            plural: "secrets".into(),
+            kind: "Secret".into(),
+            namespaced: true,
+            storage_version_hash: None,
+            patchable_status: false,
+        };
+        let body = r#"{"metadata":{},"items":[
+            {"metadata":{"name":"old","resourceVersion":"1","managedFields":[
+                {"manager":"a","apiVersion":"/v1"},{"manager":"b","apiVersion":"/v2"}]}},
+            {"metadata":{"name":"new","resourceVersion":"2","managedFields":[
+                {"manager":"b","apiVersion":"/v2"}]}},
+            {"metadata":{"name":"none","resourceVersion":"3"}}]}"#;
+        let reply = Reply { code: 200, retry_after: None, body: body.to_owned().into() };
+        let parsed = parse_page(&resource, &reply, Some(&served)).expect("the page parses");
+        let cleaned: Vec<_> = parsed.items.iter().map(|i| i.managed_fields.clone()).collect();
+        let kept = serde_json::json!({"manager": "b", "apiVersion": "/v2"});
+        assert_eq!(cleaned, [Some(vec![kept]), None, None]);
+        let plain = parse_page(&resource, &reply, None).expect("the page parses");
+        assert!(plain.items.iter().all(|i| i.managed_fields.is_none()), "not cleaning");
     }
 }

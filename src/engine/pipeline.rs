@@ -39,6 +39,7 @@ struct PageInFlight {
 #[derive(Default)]
 struct Tally {
     rewritten: u64,
+    cleaned: u64,
     already_current: u64,
     skipped: u64,
     failures: Vec<FailedObject>,
@@ -49,6 +50,7 @@ impl Tally {
     fn record(&mut self, outcome: Outcome, failures_kept: usize) {
         match outcome {
             Outcome::Rewritten => self.rewritten += 1,
+            Outcome::Cleaned => self.cleaned += 1,
             Outcome::AlreadyCurrent => self.already_current += 1,
             Outcome::Conflict | Outcome::Deleted => self.skipped += 1,
             Outcome::Failed(failure) => {
@@ -142,9 +144,10 @@ impl Engine {
         report: &watch::Sender<Progress>,
         cancel: &CancellationToken,
     ) -> Result<Finished, Error> {
-        let Job { resource, write_to_status, pace, resume, fence } = job;
+        let Job { resource, write_to_status, pace, resume, fence, clean_managed_fields } = job;
         let mut progress = resume;
-        let run = self.run_state(&resource, pace, fence);
+        let mut run = self.run_state(&resource, pace, fence);
+        run.cleaning = clean_managed_fields;
 
         // The lister: one page waits in the channel while the dispatcher writes another.
         let (pages_tx, mut listed) = mpsc::channel::<Result<Page, Error>>(1);
@@ -244,6 +247,7 @@ impl Engine {
         info!(
             listed = progress.listed,
             rewritten = progress.rewritten,
+            cleaned = progress.cleaned,
             already_current = progress.already_current,
             skipped = progress.skipped,
             failed = progress.failed,
@@ -273,6 +277,7 @@ fn fold(progress: &mut Progress, page: PageInFlight, failures_kept: usize) {
     let PageInFlight { next_token, remaining, listed, tally, .. } = page;
     progress.listed += listed;
     progress.rewritten += tally.rewritten;
+    progress.cleaned += tally.cleaned;
     progress.already_current += tally.already_current;
     progress.skipped += tally.skipped;
     progress.failed += tally.failed;
@@ -333,6 +338,7 @@ mod tests {
                     name: (*name).into(),
                     uid: format!("uid-{name}"),
                     resource_version: "1".into(),
+                    managed_fields: None,
                 })
                 .collect(),
             continue_token: next.map(str::to_owned),

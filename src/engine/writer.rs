@@ -19,6 +19,9 @@ use crate::api::FailedObject;
 pub enum Outcome {
     /// The apiserver wrote it back to etcd, re-encoded.
     Rewritten,
+    /// Written back, re-encoded, with its `managedFields` entries naming versions no longer
+    /// served removed.
+    Cleaned,
     /// The apiserver skipped the write: the object was already stored in the current encoding.
     AlreadyCurrent,
     /// Written by someone else since it was listed (409), which re-encoded it.
@@ -59,6 +62,9 @@ fn patch_body(resource: &Resource, object: &Listed) -> Result<Vec<u8>, serde_jso
         #[serde(skip_serializing_if = "str::is_empty")]
         namespace: &'a str,
         resource_version: &'a str,
+        /// Replaces the list as a whole (a merge patch replaces arrays).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        managed_fields: Option<&'a [serde_json::Value]>,
     }
     serde_json::to_vec(&Body {
         api_version: &resource.api_version(),
@@ -67,6 +73,7 @@ fn patch_body(resource: &Resource, object: &Listed) -> Result<Vec<u8>, serde_jso
             name: &object.name,
             namespace: &object.namespace,
             resource_version: &object.resource_version,
+            managed_fields: object.managed_fields.as_deref(),
         },
     })
 }
@@ -76,6 +83,19 @@ const INVALID_REQUEST: &str = "InvalidRequest";
 
 /// Reason recorded when a successful write's answer could not be read.
 const INVALID_RESPONSE: &str = "InvalidResponse";
+
+/// Reason recorded when a write meant to clean `managedFields` changed nothing, or when
+/// others wrote the object again and again before it could be cleaned.
+pub const MANAGED_FIELDS_NOT_CLEANED: &str = "ManagedFieldsNotCleaned";
+
+/// How a reply settled one write.
+enum Settled {
+    /// The object is done, one way or another.
+    Done(Outcome),
+    /// Written by someone else since it was listed, and still naming versions no longer
+    /// served in `managedFields`: to be cleaned again from what was read.
+    Again(Listed),
+}
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -104,7 +124,9 @@ pub(super) enum Halt {
 }
 
 impl Engine {
-    /// Sends the minimal conditional write for `object`, retrying transient failures.
+    /// Sends the minimal conditional write for `object`, retrying transient failures. An
+    /// object whose `managedFields` the run cleans, and which someone else wrote meanwhile, is
+    /// cleaned again from what was read, a bounded number of times.
     pub(super) async fn write(
         &self,
         resource: &Resource,
@@ -112,24 +134,39 @@ impl Engine {
         to_status: bool,
         run: &RunState,
     ) -> Result<Outcome, Halt> {
+        let mut object = std::borrow::Cow::Borrowed(object);
+        for _ in 0..self.settings.write_attempts {
+            match self.write_once(resource, &object, to_status, run).await? {
+                Settled::Done(outcome) => return Ok(outcome),
+                Settled::Again(again) => object = std::borrow::Cow::Owned(again),
+            }
+        }
+        let message = format!(
+            "written by others {} times before its managedFields could be cleaned",
+            self.settings.write_attempts
+        );
+        Ok(Outcome::Failed(failure(&object, 409, MANAGED_FIELDS_NOT_CLEANED, message)))
+    }
+
+    async fn write_once(
+        &self,
+        resource: &Resource,
+        object: &Listed,
+        to_status: bool,
+        run: &RunState,
+    ) -> Result<Settled, Halt> {
+        let failed_at_once = |reason, message: String| {
+            Ok(Settled::Done(Outcome::Failed(failure(object, 0, reason, message))))
+        };
         let body = match patch_body(resource, object) {
             Ok(body) => body,
-            Err(error) => {
-                return Ok(Outcome::Failed(failure(object, 0, INVALID_REQUEST, error.to_string())));
-            }
+            Err(error) => return failed_at_once(INVALID_REQUEST, error.to_string()),
         };
         let mut attempts = Attempts::default();
         loop {
             let request = match self.write_request(resource, object, to_status, &body) {
                 Ok(request) => request,
-                Err(error) => {
-                    return Ok(Outcome::Failed(failure(
-                        object,
-                        0,
-                        INVALID_REQUEST,
-                        error.to_string(),
-                    )));
-                }
+                Err(error) => return failed_at_once(INVALID_REQUEST, error.to_string()),
             };
             let slot = run.window.enter().await;
             let sent = Instant::now();
@@ -144,16 +181,16 @@ impl Engine {
             });
             let failed = match result {
                 Ok(reply) => match self.classify(resource, object, &reply, run).await? {
-                    Some(Outcome::Failed(failure)) => {
+                    Some(Settled::Done(Outcome::Failed(failure))) => {
                         let first = attempts.other == 0;
                         if let Some(failing) = run.write_failed(first, &failure) {
                             return Err(Halt::WritesFailing(Box::new(failing)));
                         }
-                        return Ok(Outcome::Failed(failure));
+                        return Ok(Settled::Done(Outcome::Failed(failure)));
                     }
-                    Some(outcome) => {
+                    Some(settled) => {
                         run.write_succeeded();
-                        return Ok(outcome);
+                        return Ok(settled);
                     }
                     None => Failure::Answer(reply),
                 },
@@ -187,7 +224,7 @@ impl Engine {
             match next {
                 Next::Retry => {}
                 Next::Unavailable { waited } => return Err(Halt::Unavailable(waited)),
-                Next::GiveUp => return Ok(Outcome::Failed(failure())),
+                Next::GiveUp => return Ok(Settled::Done(Outcome::Failed(failure()))),
             }
         }
     }
@@ -215,20 +252,32 @@ impl Engine {
         object: &Listed,
         reply: &Reply,
         run: &RunState,
-    ) -> Result<Option<Outcome>, Halt> {
+    ) -> Result<Option<Settled>, Halt> {
+        let cleaning = object.managed_fields.is_some();
         Ok(match reply.code {
-            200..300 => Some(match serde_json::from_slice::<WrittenMeta>(&reply.body) {
-                Ok(written) if written.metadata.resource_version == object.resource_version => {
-                    Outcome::AlreadyCurrent
-                }
-                Ok(_) => Outcome::Rewritten,
-                Err(error) => Outcome::Failed(failure(
-                    object,
-                    reply.code,
-                    INVALID_RESPONSE,
-                    error.to_string(),
-                )),
-            }),
+            200..300 => {
+                Some(Settled::Done(match serde_json::from_slice::<WrittenMeta>(&reply.body) {
+                    Ok(written) if written.metadata.resource_version == object.resource_version => {
+                        match cleaning {
+                            false => Outcome::AlreadyCurrent,
+                            true => Outcome::Failed(failure(
+                                object,
+                                reply.code,
+                                MANAGED_FIELDS_NOT_CLEANED,
+                                "the apiserver accepted the write but changed nothing".to_owned(),
+                            )),
+                        }
+                    }
+                    Ok(_) if cleaning => Outcome::Cleaned,
+                    Ok(_) => Outcome::Rewritten,
+                    Err(error) => Outcome::Failed(failure(
+                        object,
+                        reply.code,
+                        INVALID_RESPONSE,
+                        error.to_string(),
+                    )),
+                }))
+            }
             // A 409 or a 404 may be an admission webhook's own answer, passed through with its
             // code: believed only once the object's metadata, read again, bears it out.
             409 | 404 => {
@@ -241,22 +290,58 @@ impl Engine {
                     Err(NoReread::Fenced) => return Err(Halt::Fenced),
                     Err(NoReread::Unavailable(waited)) => return Err(Halt::Unavailable(waited)),
                     Err(error) => {
-                        return Ok(Some(Outcome::Failed(unchecked(object, reply, error))));
+                        let failed = Outcome::Failed(unchecked(object, reply, error));
+                        return Ok(Some(Settled::Done(failed)));
                     }
                 };
-                match (recheck(object, found.as_ref()), resource.namespaced) {
-                    (Recheck::Written, _) => Some(Outcome::Conflict),
-                    (Recheck::Gone, true) => {
-                        Some(not_found(object, self.namespace_exists(&object.namespace).await))
+                let outcome = match (recheck(object, found.as_ref()), resource.namespaced) {
+                    (Recheck::Written, _) if cleaning => {
+                        match self.clean_again(resource, object, found, run) {
+                            Ok(Some(again)) => return Ok(Some(Settled::Again(again))),
+                            Ok(None) => Outcome::Conflict,
+                            Err(error) => Outcome::Failed(failure(
+                                object,
+                                reply.code,
+                                INVALID_RESPONSE,
+                                error.to_string(),
+                            )),
+                        }
                     }
-                    (Recheck::Gone, false) => Some(Outcome::Deleted),
+                    (Recheck::Written, _) => Outcome::Conflict,
+                    (Recheck::Gone, true) => {
+                        not_found(object, self.namespace_exists(&object.namespace).await)
+                    }
+                    (Recheck::Gone, false) => Outcome::Deleted,
                     // Unchanged since listed: the answer was a refusal, not a conflict or a
                     // deletion. The object failed, with the refusal's own words.
-                    (Recheck::Unchanged, _) => Some(Outcome::Failed(refused(object, reply))),
-                }
+                    (Recheck::Unchanged, _) => Outcome::Failed(refused(object, reply)),
+                };
+                Some(Settled::Done(outcome))
             }
             _ => None,
         })
+    }
+
+    /// `object` as read again after someone else wrote it, when its `managedFields` still need
+    /// cleaning; `None` when the other write left nothing to clean.
+    fn clean_again(
+        &self,
+        resource: &Resource,
+        object: &Listed,
+        found: Option<Current>,
+        run: &RunState,
+    ) -> Result<Option<Listed>, serde_json::Error> {
+        let (Some(found), Some(served)) = (found, run.cleaning.as_ref()) else { return Ok(None) };
+        let Some(entries) = found.managed_fields.as_deref() else { return Ok(None) };
+        let Some(managed_fields) = super::pager::cleaned(served, resource, entries).transpose()?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(Listed {
+            resource_version: found.resource_version,
+            managed_fields: Some(managed_fields),
+            ..object.clone()
+        }))
     }
 
     /// Reads `object`'s metadata again, from a consistent list of the one name (so `list`,
@@ -315,6 +400,8 @@ struct Current {
     #[serde(default)]
     uid: String,
     resource_version: String,
+    #[serde(default)]
+    managed_fields: Option<Box<serde_json::value::RawValue>>,
 }
 
 #[derive(Deserialize)]
@@ -480,6 +567,7 @@ mod tests {
             name: "w".into(),
             uid: "u".into(),
             resource_version: "7".into(),
+            managed_fields: None,
         }
     }
 
@@ -519,6 +607,7 @@ mod not_found_tests {
             name: "w-1".into(),
             uid: "u".into(),
             resource_version: "5".into(),
+            managed_fields: None,
         }
     }
 
@@ -567,6 +656,7 @@ mod body_tests {
             name: "w-1".into(),
             uid: "u".into(),
             resource_version: "42".into(),
+            managed_fields: None,
         };
         let body: serde_json::Value =
             serde_json::from_slice(&patch_body(&resource, &object("ns")).expect("serializes"))
@@ -581,5 +671,24 @@ mod body_tests {
         );
         let cluster = patch_body(&resource, &object("")).expect("serializes");
         assert!(!String::from_utf8_lossy(&cluster).contains("namespace"));
+    }
+
+    #[test]
+    fn a_cleaning_write_replaces_managed_fields_as_a_whole() {
+        let kept = serde_json::json!({ "manager": "m", "apiVersion": "example.com/v2" });
+        let object = Listed {
+            namespace: String::new(),
+            name: "w-1".into(),
+            uid: "u".into(),
+            resource_version: "42".into(),
+            managed_fields: Some(vec![kept.clone()]),
+        };
+        let body: serde_json::Value =
+            serde_json::from_slice(&patch_body(&Resource::widgets(), &object).expect("serializes"))
+                .expect("JSON");
+        assert_eq!(
+            body["metadata"],
+            serde_json::json!({ "name": "w-1", "resourceVersion": "42", "managedFields": [kept] })
+        );
     }
 }

@@ -34,6 +34,7 @@ use crate::api::{
     StorageVersionMigrationStatus,
 };
 use crate::engine::{self, Engine, Job, Progress, Resource};
+use crate::managed_fields::Served;
 use status::{CrdNow, Start};
 use steps::{Change, Cluster, Then};
 
@@ -144,6 +145,9 @@ pub trait Host {
 
     /// Whether to write through the `status` subresource of `resource`.
     fn write_to_status(&self, resource: &Resource) -> bool;
+
+    /// Whether the run removes `managedFields` entries naming versions the CRD no longer serves.
+    fn cleans_managed_fields(&self) -> bool;
 
     /// Records `status` at `moment`.
     fn record(
@@ -314,12 +318,12 @@ impl<H: Host> Lifecycle<'_, H> {
         if let Some(change) = steps::target_changed(&self.cluster, resource, &target).await {
             return Attempt::Retarget(change);
         }
-        let current = match self.record_start(resource, &target, start, last).await {
+        let current = match self.record_start(resource, crd, &target, start, last).await {
             Ok(current) => current,
             Err(end) => return Attempt::Ended(end),
         };
         let (progress, mut done) =
-            match self.run_engine(resource, &target, start.clone(), current).await {
+            match self.run_engine(resource, crd, &target, start.clone(), current).await {
                 Ran::Ended(end) => return Attempt::Ended(end),
                 Ran::Changed { change, current } => {
                     return Attempt::StartOver { change, current: Box::new(current) };
@@ -352,6 +356,12 @@ impl<H: Host> Lifecycle<'_, H> {
             None => {}
         }
         Attempt::Finished(Box::new(Finished { target, done }))
+    }
+
+    /// The served versions whose `managedFields` entries the run keeps, when the migration asks
+    /// for the others to be removed; built-in resources have no CRD, and nothing to clean.
+    fn cleaning(&self, crd: Option<&CustomResourceDefinition>) -> Option<Served> {
+        crd.filter(|_| self.host.cleans_managed_fields()).map(Served::of)
     }
 
     fn stopped(&self, start: &Start, why: &str) -> End {
@@ -391,6 +401,7 @@ impl<H: Host> Lifecycle<'_, H> {
     async fn record_start(
         &mut self,
         resource: &Resource,
+        crd: Option<&CustomResourceDefinition>,
         target: &MigrationTarget,
         start: &Start,
         last: Option<&StorageVersionMigrationStatus>,
@@ -412,6 +423,17 @@ impl<H: Host> Lifecycle<'_, H> {
                 crate::engine::Pace::NAMES.join(" or ")
             ));
         }
+        if self.host.cleans_managed_fields() {
+            note.push_str(&match self.cleaning(crd) {
+                Some(served) => format!(
+                    "; managedFields entries naming a version not served (served: {}) are removed",
+                    served.names()
+                ),
+                None => format!(
+                    "; {resource} has no CRD, so its managedFields are left as they are (only a CRD's versions stop being served)"
+                ),
+            });
+        }
         self.host.tell(Notice::Start { event: start.event, note: &note }).await;
         Ok(current)
     }
@@ -421,6 +443,7 @@ impl<H: Host> Lifecycle<'_, H> {
     async fn run_engine(
         &mut self,
         resource: &Resource,
+        crd: Option<&CustomResourceDefinition>,
         target: &MigrationTarget,
         start: Start,
         mut current: StorageVersionMigrationStatus,
@@ -434,6 +457,7 @@ impl<H: Host> Lifecycle<'_, H> {
             pace: self.host.migration().requested_pace(),
             resume: start.progress,
             fence: self.cluster.fence.clone(),
+            clean_managed_fields: self.cleaning(crd),
         };
         let latest = updates.clone();
         let run = self.engine.run(job, &report, &cancel);

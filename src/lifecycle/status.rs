@@ -162,6 +162,7 @@ pub fn start_point(
             progress: Progress {
                 listed: counts.listed,
                 rewritten: counts.rewritten,
+                cleaned: counts.cleaned,
                 already_current: counts.already_current,
                 skipped: counts.skipped,
                 failed: counts.failed,
@@ -258,13 +259,7 @@ pub fn completed(
 ) -> StorageVersionMigrationStatus {
     let mut status = running(previous, target, progress, now);
     let (type_, reason, message) = if progress.failed == 0 {
-        let message = format!(
-            "{} objects migrated: {} rewritten, {} already current, {} skipped",
-            progress.processed(),
-            progress.rewritten,
-            progress.already_current,
-            progress.skipped
-        );
+        let message = format!("{} objects migrated: {}", progress.processed(), outcomes(progress));
         (SUCCEEDED, reasons::COMPLETED, message)
     } else {
         (FAILED, reasons::OBJECTS_FAILED, failed_message(progress))
@@ -366,13 +361,24 @@ fn failed_message(progress: &Progress) -> String {
         })
         .collect();
     format!(
-        "{} of {} objects could not be migrated ({} rewritten, {} already current, {} skipped); first failures: {}",
+        "{} of {} objects could not be migrated ({}); first failures: {}",
         progress.failed,
         progress.processed(),
-        progress.rewritten,
-        progress.already_current,
-        progress.skipped,
+        outcomes(progress),
         first.join("; ")
+    )
+}
+
+/// `12 rewritten, 3 already current, 0 skipped`, with the objects whose managedFields were
+/// cleaned when there are any.
+fn outcomes(progress: &Progress) -> String {
+    let cleaned = match progress.cleaned {
+        0 => String::new(),
+        cleaned => format!(", {cleaned} with managedFields cleaned"),
+    };
+    format!(
+        "{} rewritten{cleaned}, {} already current, {} skipped",
+        progress.rewritten, progress.already_current, progress.skipped
     )
 }
 
@@ -381,6 +387,7 @@ fn counts(progress: &Progress) -> MigrationProgress {
         listed: progress.listed,
         processed: progress.processed(),
         rewritten: progress.rewritten,
+        cleaned: progress.cleaned,
         already_current: progress.already_current,
         skipped: progress.skipped,
         failed: progress.failed,

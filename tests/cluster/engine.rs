@@ -67,6 +67,7 @@ async fn migrate_during<F: Future<Output = ()>>(
         pace: None,
         resume: Progress::default(),
         fence: kube_svm::fence::Fence::open(),
+        clean_managed_fields: None,
     };
     let cancel = CancellationToken::new();
     let (finished, ()) = tokio::join!(engine.run(job, &report, &cancel), during(updates));
@@ -140,6 +141,7 @@ async fn migrates_through_the_status_subresource() {
         pace: None,
         resume: Progress::default(),
         fence: kube_svm::fence::Fence::open(),
+        clean_managed_fields: None,
     };
     let finished = engine.run(job, &report, &CancellationToken::new()).await.expect("runs");
     let Finished::Completed(progress) = finished else { panic!("not cancelled") };

@@ -1,0 +1,182 @@
+//! Removing a version from a CRD, the whole road: objects applied server-side at v1, storage
+//! switched to v2, migrated, v1 no longer served, `managedFields` cleaned, `plan --drop v1`
+//! saying yes, v1 removed, and server-side apply still working. Without the cleaning, the same
+//! road ends with every apply failing.
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+
+use kube::Client;
+use serde_json::Value;
+
+use crate::support::fixtures::{WidgetCrd, update_crd};
+use crate::support::invariant::Census;
+use crate::support::process::binary;
+use crate::support::{ControlPlane, asset};
+
+/// Widgets applied server-side at v1 in each CRD.
+const APPLIED: usize = 12;
+
+/// Runs the harness's kubectl with `input` on standard input; exit code and output.
+fn kubectl(control_plane: &ControlPlane, args: &[&str], input: &str) -> (bool, String) {
+    let kubectl = asset("kubectl").expect("kubectl (hack/control-plane.sh builds it)");
+    let mut child = Command::new(kubectl)
+        .arg("--kubeconfig")
+        .arg(control_plane.kubeconfig())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl runs");
+    child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("written");
+    let output = child.wait_with_output().expect("kubectl ends");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    println!("$ kubectl {}\n{text}", args.join(" "));
+    (output.status.success(), text)
+}
+
+/// `kube-svm <args>`: exit code and output.
+fn kube_svm(control_plane: &ControlPlane, args: &[&str]) -> (Option<i32>, String) {
+    let output = Command::new(binary())
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(control_plane.kubeconfig())
+        .output()
+        .expect("kube-svm runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    println!("$ kube-svm {}  # exit {:?}\n{text}", args.join(" "), output.status.code());
+    (output.status.code(), text)
+}
+
+/// The widgets `w-0` to `w-{count-1}` at `version`, as YAML for `kubectl apply`.
+fn manifests(widgets: &WidgetCrd, version: &str, count: usize, color: &str) -> String {
+    (0..count)
+        .map(|i| {
+            format!(
+                "apiVersion: {}\nkind: Widget\nmetadata:\n  name: w-{i}\nspec:\n  size: {i}\n  color: {color}\n---\n",
+                widgets.api_version(version)
+            )
+        })
+        .collect()
+}
+
+/// Applies `count` widgets server-side at `version` as field manager `manager`.
+fn apply(
+    control_plane: &ControlPlane,
+    widgets: &WidgetCrd,
+    version: &str,
+    count: usize,
+    manager: &str,
+    color: &str,
+) -> (bool, String) {
+    let manager = format!("--field-manager={manager}");
+    let args = ["apply", "--server-side", "--force-conflicts", &manager, "-f", "-"];
+    kubectl(control_plane, &args, &manifests(widgets, version, count, color))
+}
+
+/// A CRD whose widgets were applied server-side at v1 (half of them applied again at v2 by a
+/// second manager), stored at v2, migrated, with v1 no longer served.
+async fn migrated_with_v1_unserved(
+    control_plane: &ControlPlane,
+    client: &Client,
+    test: &str,
+) -> WidgetCrd {
+    let widgets = WidgetCrd::new(test, false);
+    widgets.create(client, "v1").await;
+    let (applied, out) = apply(control_plane, &widgets, "v1", APPLIED, "deployer", "red");
+    assert!(applied, "{out}");
+    let (applied, out) = apply(control_plane, &widgets, "v2", APPLIED / 2, "tuner", "red");
+    assert!(applied, "{out}");
+    widgets.set_storage_version(client, "v2").await;
+    let (code, out) =
+        kube_svm(control_plane, &["migrate", &widgets.name(), "--storage-version-settle=0"]);
+    assert_eq!(code, Some(0), "{out}");
+    widgets.set_served(client, "v1", false).await;
+    widgets
+}
+
+/// The apiVersions the `managedFields` of widget `name` name, by manager.
+async fn managers(client: &Client, widgets: &WidgetCrd, name: &str) -> Vec<(String, String)> {
+    let widget = widgets.api(client, "v2", None).get(name).await.expect("the widget");
+    let entries = widget.metadata.managed_fields.unwrap_or_default();
+    let mut named: Vec<(String, String)> = entries
+        .into_iter()
+        .map(|entry| (entry.manager.unwrap_or_default(), entry.api_version.unwrap_or_default()))
+        .collect();
+    named.sort();
+    named
+}
+
+async fn remove_version(client: &Client, widgets: &WidgetCrd, version: &str) {
+    update_crd(client, &widgets.name(), |crd| crd.spec.versions.retain(|v| v.name != version))
+        .await;
+}
+
+async fn spec(client: &Client, widgets: &WidgetCrd, name: &str) -> Value {
+    let widget = widgets.api(client, "v2", None).get(name).await.expect("the widget");
+    widget.data["spec"].clone()
+}
+
+#[tokio::test]
+async fn a_version_is_removed_without_breaking_server_side_apply_once_managed_fields_are_cleaned() {
+    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
+    let (client, etcd) = (control_plane.client().await, control_plane.etcd());
+
+    // Without the cleaning: v1 removed, every apply of an object it names fails.
+    let uncleaned = migrated_with_v1_unserved(&control_plane, &client, "removal-kept").await;
+    remove_version(&client, &uncleaned, "v1").await;
+    let (applied, out) = apply(&control_plane, &uncleaned, "v2", 1, "deployer", "blue");
+    assert!(!applied, "the apply fails while managedFields name v1: {out}");
+    assert!(out.contains("request to convert CR to an invalid group/version"), "{out}");
+
+    // With it: only the entries naming v1 go, the rest of every object stays as it was.
+    let widgets = migrated_with_v1_unserved(&control_plane, &client, "removal-cleaned").await;
+    let name = widgets.name();
+    let v1 = widgets.api_version("v1");
+    let v2 = widgets.api_version("v2");
+    assert!(managers(&client, &widgets, "w-0").await.contains(&("deployer".into(), v1.clone())));
+    let before = spec(&client, &widgets, "w-0").await;
+    let (code, out) = kube_svm(
+        &control_plane,
+        &["migrate", &name, "--clean-managed-fields", "--storage-version-settle=0"],
+    );
+    assert_eq!(code, Some(0), "{out}");
+    let cleaned = format!("{APPLIED} with managedFields cleaned");
+    assert!(out.contains(&cleaned), "{out}");
+    for i in 0..APPLIED {
+        let named = managers(&client, &widgets, &format!("w-{i}")).await;
+        assert!(named.iter().all(|(_, version)| *version == v2), "w-{i}: {named:?}");
+        let expected = match i < APPLIED / 2 {
+            // The second manager's v2 entry is kept as it was.
+            true => vec![("tuner".to_owned(), v2.clone())],
+            // A seed for the latest manager, so the next apply invents no co-owner.
+            false => vec![("deployer".to_owned(), v2.clone())],
+        };
+        assert_eq!(named, expected, "w-{i}");
+    }
+    assert_eq!(spec(&client, &widgets, "w-0").await, before, "the cleaning changes no field");
+    let census = Census::of(&etcd, &widgets).await;
+    assert_eq!(census.count(&v2), APPLIED, "all stored in v2: {census:?}");
+
+    // A second run has nothing left to clean.
+    let (code, out) = kube_svm(
+        &control_plane,
+        &["migrate", &name, "--clean-managed-fields", "--storage-version-settle=0"],
+    );
+    assert_eq!(code, Some(0), "{out}");
+    assert!(!out.contains("managedFields cleaned"), "{out}");
+
+    remove_version(&client, &widgets, "v1").await;
+    let (applied, out) = apply(&control_plane, &widgets, "v2", APPLIED, "deployer", "blue");
+    assert!(applied, "the apply works once v1 is removed: {out}");
+    assert_eq!(spec(&client, &widgets, "w-7").await["color"], "blue");
+}
