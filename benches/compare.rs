@@ -591,6 +591,7 @@ async fn run_engine(engine: &Engine, resource: Resource) -> Progress {
         pace: None,
         resume: Progress::default(),
         fence: Fence::open(),
+        clean_managed_fields: None,
     };
     match engine.run(job, &report, &CancellationToken::new()).await {
         Ok(Finished::Completed(progress)) if progress.failed == 0 => progress,
