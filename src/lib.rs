@@ -18,6 +18,7 @@
 //! - [`storedversions`]: the proof-checked pruning of a CRD's `status.storedVersions`.
 //! - [`census`]: how objects are really stored in etcd, read key by key.
 //! - [`plan`]: the pure part of `kube-svm plan` (what needs migrating and why).
+//! - [`removal`]: the pure part of `kube-svm plan --drop` (what keeps a version in its CRD).
 //! - [`in_tree`]: the in-tree migrator's `storagemigration.k8s.io/v1` migrations, to coexist.
 //! - [`storage_hash`]: the apiserver's storage version hash.
 //! - [`answers`]: reading the apiserver's answers by status code, in one place.
@@ -44,6 +45,7 @@ pub mod managed_fields;
 pub mod metrics;
 pub mod plan;
 pub mod reachability;
+pub mod removal;
 pub mod server;
 pub mod storage_hash;
 pub mod storedversions;

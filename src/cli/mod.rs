@@ -3,6 +3,7 @@
 mod checkpoints;
 mod controller;
 mod crds;
+mod drop;
 mod engine;
 mod etcd;
 mod figures;

@@ -39,6 +39,12 @@ pub struct PlanArgs {
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
+
+    /// Instead of what needs migrating: whether VERSION can be removed from the one CRD named
+    /// (what blocks it, with numbers, and what clears each blocker). Exits 0 when it can, 3 when
+    /// something blocks it.
+    #[arg(long, value_name = "VERSION")]
+    pub drop: Option<String>,
 }
 
 /// What the plan needs to know of a listed resource beyond its entry.
@@ -50,8 +56,18 @@ struct Known {
 }
 
 pub async fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
-    let PlanArgs { resources, kube, etcd, output } = args;
+    let PlanArgs { resources, kube, etcd, output, drop } = args;
     let client = Client::try_from(kube.config().await?)?;
+    if let Some(version) = drop {
+        let [resource] = <[String; 1]>::try_from(resources).map_err(|named| {
+            anyhow::anyhow!(
+                "--drop {version} takes the one CRD to drop it from (resource.group), {} named",
+                named.len()
+            )
+        })?;
+        let question = super::drop::Question { version, resource, etcd, output };
+        return super::drop::run(client, question).await;
+    }
     let mut plan = Plan::default();
     let mut known: BTreeMap<(String, String), Known> = BTreeMap::new();
 
@@ -191,7 +207,7 @@ async fn count(client: &Client, resource: &Resource) -> (Option<u64>, bool) {
 }
 
 /// The migration of `group`/`resource` that is pending or running, else the newest one.
-fn existing(
+pub(super) fn existing(
     migrations: &[StorageVersionMigration],
     group: &str,
     resource: &str,

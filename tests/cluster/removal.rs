@@ -7,7 +7,7 @@ use std::io::Write as _;
 use std::process::{Command, Stdio};
 
 use kube::Client;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::support::fixtures::{WidgetCrd, update_crd};
 use crate::support::invariant::Census;
@@ -116,6 +116,20 @@ async fn managers(client: &Client, widgets: &WidgetCrd, name: &str) -> Vec<(Stri
     named
 }
 
+/// `kube-svm plan --drop v1 <widgets> -o json <args>`: its exit code and its verdict.
+fn drop_plan(
+    control_plane: &ControlPlane,
+    widgets: &WidgetCrd,
+    args: &[&str],
+) -> (Option<i32>, Value) {
+    let name = widgets.name();
+    let args: Vec<&str> =
+        ["plan", "--drop", "v1", &name, "-o", "json"].iter().chain(args).copied().collect();
+    let (code, out) = kube_svm(control_plane, &args);
+    let verdict = serde_json::from_str(&out).unwrap_or_else(|_| panic!("JSON: {out}"));
+    (code, verdict)
+}
+
 async fn remove_version(client: &Client, widgets: &WidgetCrd, version: &str) {
     update_crd(client, &widgets.name(), |crd| crd.spec.versions.retain(|v| v.name != version))
         .await;
@@ -131,8 +145,17 @@ async fn a_version_is_removed_without_breaking_server_side_apply_once_managed_fi
     let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
     let (client, etcd) = (control_plane.client().await, control_plane.etcd());
 
-    // Without the cleaning: v1 removed, every apply of an object it names fails.
+    // Without the cleaning: `plan --drop` says what blocks the removal. Removed anyway, every
+    // apply of an object whose managedFields name v1 fails.
     let uncleaned = migrated_with_v1_unserved(&control_plane, &client, "removal-kept").await;
+    let (code, verdict) = drop_plan(&control_plane, &uncleaned, &[]);
+    assert_eq!(code, Some(3), "{verdict:#}");
+    assert_eq!(verdict["removable"], false);
+    let blockers = &verdict["blockers"];
+    assert_eq!(blockers.as_array().map(Vec::len), Some(1), "{verdict:#}");
+    assert_eq!(blockers[0]["blocker"], "ManagedFields");
+    assert_eq!(blockers[0]["count"], APPLIED);
+    assert!(verdict["requests"]["served"].as_u64() > Some(0), "the applies at v1: {verdict:#}");
     remove_version(&client, &uncleaned, "v1").await;
     let (applied, out) = apply(&control_plane, &uncleaned, "v2", 1, "deployer", "blue");
     assert!(!applied, "the apply fails while managedFields name v1: {out}");
@@ -166,6 +189,18 @@ async fn a_version_is_removed_without_breaking_server_side_apply_once_managed_fi
     assert_eq!(spec(&client, &widgets, "w-0").await, before, "the cleaning changes no field");
     let census = Census::of(&etcd, &widgets).await;
     assert_eq!(census.count(&v2), APPLIED, "all stored in v2: {census:?}");
+
+    // Nothing blocks the removal now, etcd's census included.
+    let etcd_endpoints = format!("--etcd-endpoints={}", etcd.url());
+    let (code, verdict) = drop_plan(&control_plane, &widgets, &[&etcd_endpoints]);
+    assert_eq!(code, Some(0), "{verdict:#}");
+    assert_eq!(
+        (verdict["removable"].clone(), verdict["blockers"].clone()),
+        (json!(true), json!([]))
+    );
+    let (code, table) = kube_svm(&control_plane, &["plan", "--drop", "v1", &name]);
+    assert_eq!(code, Some(0), "{table}");
+    assert!(table.starts_with(&format!("v1 can be removed from {name}: nothing blocks it.")));
 
     // A second run has nothing left to clean.
     let (code, out) = kube_svm(

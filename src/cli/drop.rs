@@ -1,0 +1,168 @@
+//! `kube-svm plan --drop VERSION RESOURCE`: can this version be removed from the CRD now? The
+//! decisions are in [`crate::removal`]; this file gathers the facts (the CRD, every object's
+//! `managedFields` page by page, the apiserver's `/metrics`, the etcd census) and prints them.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::ListParams;
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::{Api, Client};
+
+use super::etcd::EtcdArgs;
+use super::table::Output;
+use crate::api::{GroupResource, StorageVersionMigration};
+use crate::census::{self, EtcdReader, Scope};
+use crate::plan::EXIT_NEEDS_MIGRATION;
+use crate::removal::{self, Count, Facts, Requests, Verdict};
+
+/// Objects per list request while counting `managedFields`.
+const PAGE_SIZE: u32 = 500;
+
+/// What `plan --drop` is asked.
+pub struct Question {
+    pub version: String,
+    pub resource: String,
+    pub etcd: EtcdArgs,
+    pub output: Output,
+}
+
+pub async fn run(client: Client, question: Question) -> anyhow::Result<ExitCode> {
+    let Question { version, resource, etcd, output } = question;
+    let GroupResource { group, resource } = GroupResource::parse(&resource);
+    let name = GroupResource::name_of(&group, &resource);
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = crds
+        .get_opt(&name)
+        .await
+        .with_context(|| format!("failed to read the CRD {name}"))?
+        .with_context(|| {
+            format!("{name} is not served by a CRD: only a CRD's versions can be dropped")
+        })?;
+    let versions: Vec<&str> = crd.spec.versions.iter().map(|v| v.name.as_str()).collect();
+    let Some(dropped) = crd.spec.versions.iter().find(|v| v.name == version) else {
+        anyhow::bail!(
+            "{version} is not a version of {name} (its versions: {})",
+            versions.join(", ")
+        );
+    };
+    let storage =
+        crd.spec.versions.iter().find(|v| v.storage).context("the CRD has no storage version")?;
+    let read_at = crd.spec.versions.iter().find(|v| v.served).unwrap_or(storage);
+    let kind = &crd.spec.names.kind;
+
+    let gvk = GroupVersionKind::gvk(&group, &read_at.name, kind);
+    let objects: Api<DynamicObject> =
+        Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, &resource));
+    let api_version = format!("{group}/{version}");
+    let managed_fields =
+        naming(&objects, &api_version).await.with_context(|| format!("failed to list {name}"))?;
+    let migrations: Api<StorageVersionMigration> = Api::all(client.clone());
+    let migrations = match migrations.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(error) if crate::answers::is_not_found(&error) => Vec::new(),
+        Err(error) => return Err(error).context("failed to list StorageVersionMigrations"),
+    };
+    let facts = Facts {
+        group: group.clone(),
+        resource: resource.clone(),
+        version: version.clone(),
+        storage_version: storage.name.clone(),
+        served: dropped.served,
+        stored_versions: crd
+            .status
+            .as_ref()
+            .and_then(|s| s.stored_versions.clone())
+            .unwrap_or_default(),
+        managed_fields,
+        requests: requests(&client, &group, &version, &resource).await,
+        stored: stored(etcd, &name, &api_version).await?,
+        migration: super::plan::existing(&migrations, &group, &resource),
+    };
+    let verdict = removal::judge(&facts);
+    let text = output.format(&verdict, render)?;
+    std::io::stdout().write_all(text.as_bytes()).context("failed to write the plan")?;
+    Ok(ExitCode::from(if verdict.removable { 0 } else { EXIT_NEEDS_MIGRATION }))
+}
+
+/// Objects whose `managedFields` name `api_version`, of every object, listed page by page
+/// (metadata only, which carries `managedFields`).
+async fn naming(objects: &Api<DynamicObject>, api_version: &str) -> kube::Result<Count> {
+    let mut count = Count::default();
+    let mut params = ListParams::default().limit(PAGE_SIZE);
+    loop {
+        let page = objects.list_metadata(&params).await?;
+        for object in &page.items {
+            count.of += 1;
+            let entries = object.metadata.managed_fields.as_deref().unwrap_or_default();
+            if entries.iter().any(|e| e.api_version.as_deref() == Some(api_version)) {
+                count.objects += 1;
+            }
+        }
+        match page.metadata.continue_.filter(|token| !token.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(count),
+        }
+    }
+}
+
+/// Requests for the version, from the answering apiserver's `/metrics`.
+async fn requests(
+    client: &Client,
+    group: &str,
+    version: &str,
+    resource: &str,
+) -> Result<Requests, String> {
+    let request = http::Request::get("/metrics").body(Vec::new()).map_err(|e| e.to_string())?;
+    match client.request_text(request).await {
+        Ok(metrics) => Ok(removal::requests_in(&metrics, group, version, resource)),
+        Err(error) => {
+            Err(format!("reading the apiserver's /metrics failed: {}", crate::error_chain(&error)))
+        }
+    }
+}
+
+/// Objects stored in `api_version`, and objects the census could not read, when etcd was given.
+async fn stored(etcd: EtcdArgs, name: &str, api_version: &str) -> anyhow::Result<Option<Count>> {
+    let (connection, etcd_prefix) = etcd.connection();
+    let Some(connection) = connection else { return Ok(None) };
+    let reader = EtcdReader::connect(&connection).context("failed to set up the etcd client")?;
+    let located = vec![census::keys::locate(&etcd_prefix, name)];
+    let report =
+        census::take(&reader, &etcd_prefix, &Scope::Resources(located), |_, _, _| {}).await?;
+    let Some(census) = report.resources.into_iter().next() else { return Ok(None) };
+    let objects = census.api_versions.get(api_version).copied().unwrap_or(0);
+    let unreadable = census.objects.saturating_sub(census.api_versions.values().sum::<u64>());
+    Ok(Some(Count { objects, of: unreadable }))
+}
+
+fn render(verdict: &Verdict) -> String {
+    let Verdict { group, resource, version, removable, blockers, notes, .. } = verdict;
+    let name = GroupResource::name_of(group, resource);
+    let mut out = match removable {
+        true => format!("{version} can be removed from {name}: nothing blocks it.\n"),
+        false => format!(
+            "{version} cannot be removed from {name} yet: {} blocker{}.\n",
+            blockers.len(),
+            if blockers.len() == 1 { "" } else { "s" }
+        ),
+    };
+    for (i, found) in blockers.iter().enumerate() {
+        out.push_str(&format!(
+            "\n{}. {:?}: {}\n   To clear it: {}\n",
+            i + 1,
+            found.blocker,
+            found.message,
+            found.clear
+        ));
+    }
+    if !notes.is_empty() {
+        out.push('\n');
+    }
+    for note in notes {
+        out.push_str(&format!("Note: {note}\n"));
+    }
+    out
+}
