@@ -70,6 +70,12 @@ pub struct ControllerArgs {
     #[arg(long, env = "KUBE_SVM_CRD_TRIGGER", default_value_t = true, action = clap::ArgAction::Set)]
     pub crd_trigger: bool,
 
+    /// With the CRD trigger: also migrate a CRD that defines a version it no longer serves,
+    /// removing from every object the `managedFields` entries naming such versions, so they can
+    /// be removed from the CRD without breaking server-side apply.
+    #[arg(long, env = "KUBE_SVM_CLEAN_MANAGED_FIELDS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub clean_managed_fields: bool,
+
     /// Keep a StorageState per resource from discovery, and create a migration when a
     /// resource's storage version hash changes (kube-storage-version-migrator's trigger).
     #[arg(long, env = "KUBE_SVM_DISCOVERY_TRIGGER", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
@@ -99,6 +105,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         metrics_bind_address,
         discovery_attempts,
         crd_trigger,
+        clean_managed_fields,
         discovery_trigger,
         discovery_interval,
     } = args;
@@ -120,6 +127,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         identity: identity.clone(),
         encoding,
         crd_trigger,
+        clean_managed_fields,
         write_to_status,
         request_timeout,
         discovery_attempts: discovery_attempts.max(1),

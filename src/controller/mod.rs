@@ -59,6 +59,9 @@ pub struct Settings {
     pub identity: String,
     /// Whether to run the CRD trigger (on the leader only).
     pub crd_trigger: bool,
+    /// Whether the CRD trigger also migrates CRDs with a version no longer served, cleaning
+    /// `managedFields`.
+    pub clean_managed_fields: bool,
     /// How long encoding checks take (and how long the discovery trigger must see a new hash).
     pub encoding: EncodingPolicy,
     /// Write through the `status` subresource wherever a resource has one.
@@ -268,6 +271,7 @@ async fn triggers(context: &Context, watches: Client, stop: CancellationToken) {
         encoding: settings.encoding,
         poke: discovery.as_ref().map(|d| d.poke.clone()),
         request_timeout: settings.request_timeout,
+        clean_managed_fields: settings.clean_managed_fields,
     };
     let fence = context.fence.clone();
     let crd = crate::trigger::crd::run(clients.clone(), crd_settings, fence.clone(), stop.clone());

@@ -26,7 +26,8 @@ use sha2::{Digest, Sha256};
 pub use super::TRIGGER_LABEL;
 use super::{Clients, Requests, is_conflict};
 use crate::api::{
-    GroupVersionResource, Phase, StorageVersionMigration, StorageVersionMigrationSpec,
+    CLEAN_MANAGED_FIELDS_ANNOTATION, GroupVersionResource, Phase, StorageVersionMigration,
+    StorageVersionMigrationSpec,
 };
 use crate::encoding::{Check, EncodingPolicy, Expected, Observer};
 use crate::fence::Fence;
@@ -73,13 +74,27 @@ pub fn migration_name(plural: &str, group: &str, storage: &str, generation: i64)
     format!("{kept}-{hash}{suffix}")
 }
 
-/// The migration a CRD needs, if any: its name and what it migrates.
-pub fn needed_migration(crd: &CustomResourceDefinition) -> Option<(String, GroupVersionResource)> {
+/// A migration a CRD needs.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Needed {
+    /// The migration's name, after the CRD's state.
+    pub name: String,
+    /// What it migrates.
+    pub target: GroupVersionResource,
+    /// Whether it removes `managedFields` entries naming versions no longer served.
+    pub clean_managed_fields: bool,
+}
+
+/// The migration a CRD needs, if any: when its `storedVersions` is stale, or, with
+/// `clean_unserved`, when it defines a version it does not serve (whose `managedFields` entries
+/// would break server-side apply once the version is removed).
+pub fn needed_migration(crd: &CustomResourceDefinition, clean_unserved: bool) -> Option<Needed> {
     if crd.annotations().get(OPT_OUT_ANNOTATION).is_some_and(|v| v == "false") {
         return None;
     }
     let storage = &crd.spec.versions.iter().find(|v| v.storage)?.name;
-    if !CrdState::of(crd)?.is_stale() {
+    let clean_managed_fields = clean_unserved && crd.spec.versions.iter().any(|v| !v.served);
+    if !CrdState::of(crd)?.is_stale() && !clean_managed_fields {
         return None;
     }
     let plural = &crd.spec.names.plural;
@@ -91,7 +106,7 @@ pub fn needed_migration(crd: &CustomResourceDefinition) -> Option<(String, Group
         version: storage.clone(),
         resource: plural.clone(),
     };
-    Some((name, target))
+    Some(Needed { name, target, clean_managed_fields })
 }
 
 /// What the CRD watch does besides creating migrations.
@@ -107,6 +122,9 @@ pub struct Settings {
     pub poke: Option<Arc<tokio::sync::Notify>>,
     /// Longest time one request may go unanswered.
     pub request_timeout: Duration,
+    /// Also migrate a CRD that stopped serving a version, removing the `managedFields` entries
+    /// that name it (`--clean-managed-fields`).
+    pub clean_managed_fields: bool,
 }
 
 /// The encoding check a CRD with stale `storedVersions` needs before it can be pruned.
@@ -185,7 +203,10 @@ async fn reconcile(
     if let Some(check) = encoding_check(&crd, &context.settings) {
         context.settings.observer.observe(&context.client, &context.config, &check);
     }
-    let Some((name, target)) = needed_migration(&crd) else { return Ok(Action::await_change()) };
+    let needed = needed_migration(&crd, context.settings.clean_managed_fields);
+    let Some(Needed { name, target, clean_managed_fields }) = needed else {
+        return Ok(Action::await_change());
+    };
     if !context.settings.create {
         return Ok(Action::await_change());
     }
@@ -204,6 +225,9 @@ async fn reconcile(
         metadata: ObjectMeta {
             name: Some(name.clone()),
             labels: Some(BTreeMap::from([(TRIGGER_LABEL.to_owned(), "crd".to_owned())])),
+            annotations: clean_managed_fields.then(|| {
+                BTreeMap::from([(CLEAN_MANAGED_FIELDS_ANNOTATION.to_owned(), "true".to_owned())])
+            }),
             ..ObjectMeta::default()
         },
         spec: StorageVersionMigrationSpec { resource: target, continue_token: None },
@@ -213,7 +237,8 @@ async fn reconcile(
         Ok(_) => info!(
             crd = crd.name_any(),
             migration = name,
-            "created a migration for stale storedVersions"
+            clean_managed_fields,
+            "created a migration for the CRD"
         ),
         Err(error) if is_conflict(&error) => {
             debug!(migration = name, "a migration for this CRD state exists already");
@@ -258,7 +283,9 @@ mod tests {
 
     #[test]
     fn stale_stored_versions_need_a_migration_named_after_the_crd_state() {
-        let (name, target) = needed_migration(&crd("v2", &["v1", "v2"], None)).unwrap();
+        let Needed { name, target, clean_managed_fields } =
+            needed_migration(&crd("v2", &["v1", "v2"], None), true).unwrap();
+        assert!(!clean_managed_fields, "every version is served");
         assert_eq!(name, "widgets.example.com-v2-4");
         assert_eq!(
             (target.group.as_str(), target.version.as_str(), target.resource.as_str()),
@@ -268,7 +295,7 @@ mod tests {
 
     #[test]
     fn current_stored_versions_need_nothing() {
-        assert_eq!(needed_migration(&crd("v2", &["v2"], None)), None);
+        assert_eq!(needed_migration(&crd("v2", &["v2"], None), true), None);
     }
 
     #[test]
@@ -293,7 +320,7 @@ mod tests {
 
     #[test]
     fn the_opt_out_annotation_is_respected() {
-        assert_eq!(needed_migration(&crd("v2", &["v1", "v2"], Some("false"))), None);
-        assert!(needed_migration(&crd("v2", &["v1", "v2"], Some("true"))).is_some());
+        assert_eq!(needed_migration(&crd("v2", &["v1", "v2"], Some("false")), true), None);
+        assert!(needed_migration(&crd("v2", &["v1", "v2"], Some("true")), true).is_some());
     }
 }

@@ -9,10 +9,18 @@ use std::process::{Command, Stdio};
 use kube::Client;
 use serde_json::{Value, json};
 
+use std::time::Duration;
+
+use kube_svm::api::Phase;
+
 use crate::support::fixtures::{WidgetCrd, update_crd};
 use crate::support::invariant::Census;
-use crate::support::process::binary;
-use crate::support::{ControlPlane, asset};
+use crate::support::migrations::{phase_is, progress, wait_for, wait_for_triggered};
+use crate::support::process::{KubeSvm, binary};
+use crate::support::{ControlPlane, Scenario, asset};
+
+/// How long a migration of a few objects may take on a loaded machine.
+const TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Widgets applied server-side at v1 in each CRD.
 const APPLIED: usize = 12;
@@ -214,4 +222,38 @@ async fn a_version_is_removed_without_breaking_server_side_apply_once_managed_fi
     let (applied, out) = apply(&control_plane, &widgets, "v2", APPLIED, "deployer", "blue");
     assert!(applied, "the apply works once v1 is removed: {out}");
     assert_eq!(spec(&client, &widgets, "w-7").await["color"], "blue");
+}
+
+#[tokio::test]
+async fn the_crd_trigger_cleans_managed_fields_once_a_version_is_no_longer_served() {
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
+    let widgets = WidgetCrd::new("removal-trigger", false);
+    widgets.create(&client, "v1").await;
+    let (applied, out) = apply(&control_plane, &widgets, "v1", APPLIED, "deployer", "red");
+    assert!(applied, "{out}");
+    let args =
+        ["controller", "--leader-elect=false", "--crd-trigger=true", "--clean-managed-fields"];
+    let controller = KubeSvm::start(&control_plane, "controller", &args).await;
+
+    // The storage switch: a migration that rewrites, cleaning nothing (every version served).
+    widgets.set_storage_version(&client, "v2").await;
+    let switched = wait_for_triggered(&client, &widgets, 1, &controller).await;
+    let name = switched.metadata.name.clone().expect("named");
+    let done = wait_for(&client, &name, TIMEOUT, &[&controller], phase_is(Phase::Succeeded)).await;
+    assert_eq!((progress(&done).rewritten, progress(&done).cleaned), (APPLIED as u64, 0));
+
+    // v1 no longer served: a second migration, cleaning every object of its v1 entries.
+    widgets.set_served(&client, "v1", false).await;
+    let unserved = wait_for_triggered(&client, &widgets, 2, &controller).await;
+    assert!(unserved.cleans_managed_fields(), "{:?}", unserved.metadata.annotations);
+    let name = unserved.metadata.name.clone().expect("named");
+    let done = wait_for(&client, &name, TIMEOUT, &[&controller], phase_is(Phase::Succeeded)).await;
+    assert_eq!(progress(&done).cleaned, APPLIED as u64, "{:?}", done.status);
+    let v2 = widgets.api_version("v2");
+    for i in 0..APPLIED {
+        let named = managers(&client, &widgets, &format!("w-{i}")).await;
+        assert_eq!(named, [("deployer".to_owned(), v2.clone())], "w-{i}");
+    }
+    let (code, verdict) = drop_plan(&control_plane, &widgets, &[]);
+    assert_eq!(code, Some(0), "{verdict:#}");
 }
