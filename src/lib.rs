@@ -13,6 +13,7 @@
 //!   `kube-svm migrate`: resolve, wait for the encoding, run the engine, prove, prune.
 //! - [`engine`]: pages through every object of one resource and writes each back unchanged.
 //! - [`encoding`]: evidence that the apiservers encode a resource in the expected version.
+//! - [`conversion`]: whether a CRD's conversion webhook answers, before the first write.
 //! - [`storedversions`]: the proof-checked pruning of a CRD's `status.storedVersions`.
 //! - [`census`]: how objects are really stored in etcd, read key by key.
 //! - [`plan`]: the pure part of `kube-svm plan` (what needs migrating and why).
@@ -32,6 +33,7 @@ pub mod api;
 pub mod census;
 pub mod cli;
 pub mod controller;
+pub mod conversion;
 pub mod encoding;
 pub mod engine;
 pub mod fence;
