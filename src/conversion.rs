@@ -23,7 +23,7 @@ use kube::api::ListParams;
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, Client};
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{debug, info};
 
 use crate::answers;
 
@@ -163,13 +163,13 @@ pub async fn preflight(
                 None => break None,
                 Some(error) if reads >= READS => break Some(error),
                 Some(error) => {
-                    warn!(%crd_name, %version, %error, "the conversion webhook failed a read; reading again");
+                    debug!(%crd_name, %version, %error, "the conversion webhook failed a read; reading again");
                     tokio::time::sleep(READ_INTERVAL).await;
                 }
             }
         };
         if let Some(error) = error {
-            warn!(%crd_name, %version, elapsed = ?started.elapsed(), "the conversion webhook is unavailable");
+            info!(%crd_name, %version, elapsed = ?started.elapsed(), "the conversion webhook is unavailable");
             return Err(Unavailable {
                 crd: crd_name,
                 webhook,

@@ -99,4 +99,11 @@ impl WidgetCrd {
         .await;
         wait_established(client, &self.name()).await;
     }
+
+    /// Converts by rewriting `apiVersion` again, as the CRD did before [`WidgetCrd::convert_with`]
+    /// (a webhook served by a test stops with it).
+    pub async fn convert_without_webhook(&self, client: &Client) {
+        update_crd(client, &self.name(), |crd| crd.spec.conversion = None).await;
+        wait_established(client, &self.name()).await;
+    }
 }
