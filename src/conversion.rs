@@ -91,7 +91,10 @@ pub fn describe(config: &WebhookClientConfig) -> String {
 /// it is stored in: the storage version, then `writes_through` (the version the migration writes
 /// through) when it is another served version, else a served version the CRD's
 /// `storedVersions` names, else any other served version. Pure.
-pub fn versions_to_read(crd: &CustomResourceDefinition, writes_through: Option<&str>) -> Vec<String> {
+pub fn versions_to_read(
+    crd: &CustomResourceDefinition,
+    writes_through: Option<&str>,
+) -> Vec<String> {
     let served: Vec<&str> =
         crd.spec.versions.iter().filter(|v| v.served).map(|v| v.name.as_str()).collect();
     let storage = crd.spec.versions.iter().find(|v| v.storage).map(|v| v.name.as_str());
@@ -139,8 +142,7 @@ pub async fn preflight(
 ) -> Result<(), Unavailable> {
     let Some(webhook) = webhook_of(crd) else { return Ok(()) };
     let crd_name = crd.metadata.name.clone().unwrap_or_default();
-    let (group, kind, plural) =
-        (&crd.spec.group, &crd.spec.names.kind, &crd.spec.names.plural);
+    let (group, kind, plural) = (&crd.spec.group, &crd.spec.names.kind, &crd.spec.names.plural);
     for version in versions_to_read(crd, writes_through) {
         let gvk = GroupVersionKind::gvk(group, &version, kind);
         let api: Api<DynamicObject> =
@@ -202,7 +204,10 @@ mod tests {
         // An object the apiserver cannot decrypt: the same code and reason, no webhook.
         let undecryptable = "failed to read one or more secrets from the storage: StorageError: corrupt object, Code: 7, Key: /registry/secrets/default/s, AdditionalErrorMsg: no matching key was found for the provided AES transformer";
         assert_eq!(webhook_failure(500, undecryptable), None);
-        assert_eq!(webhook_failure(503, "the server is currently unable to handle the request"), None);
+        assert_eq!(
+            webhook_failure(503, "the server is currently unable to handle the request"),
+            None
+        );
         assert_eq!(webhook_failure(429, "too many requests"), None);
         // The words alone, in an answer that is not a server error, are not the apiserver's.
         assert_eq!(webhook_failure(422, REFUSED), None);
@@ -242,7 +247,10 @@ mod tests {
             "conversionReviewVersions": ["v1"],
             "clientConfig": { "url": "https://10.0.0.9:9443/convert" },
         }});
-        assert_eq!(webhook_of(&crd(url, &[])).as_deref(), Some("URL https://10.0.0.9:9443/convert"));
+        assert_eq!(
+            webhook_of(&crd(url, &[])).as_deref(),
+            Some("URL https://10.0.0.9:9443/convert")
+        );
         let service_port = serde_json::json!({ "strategy": "Webhook", "webhook": {
             "conversionReviewVersions": ["v1"],
             "clientConfig": { "service": { "namespace": "a", "name": "b", "port": 8443 } },

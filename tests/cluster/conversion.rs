@@ -143,7 +143,8 @@ async fn a_conversion_webhook_that_points_at_nothing_fails_the_migration_within_
     println!("$ kube-svm plan\n{table}");
     assert_eq!(code, Some(i32::from(EXIT_NEEDS_MIGRATION)), "{table}{errors}");
     assert!(table.contains("\nProblems (a migration would fail before writing):\n"), "{table}");
-    let problem = format!("  {}: the conversion webhook of {} (URL {url})", refused.name(), refused.name());
+    let problem =
+        format!("  {}: the conversion webhook of {} (URL {url})", refused.name(), refused.name());
     assert!(table.contains(&problem), "{table}");
     let (_, json, errors) = run(&control_plane, &["plan", "-o", "json"]).await;
     let plan: Value = serde_json::from_str(&json).unwrap_or_else(|_| panic!("{errors}"));
