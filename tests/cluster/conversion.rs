@@ -7,14 +7,12 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::{Api, Client};
 use kube_svm::api::Phase;
 use kube_svm::api::conditions::reasons::CONVERSION_WEBHOOK_UNAVAILABLE;
 use kube_svm::plan::EXIT_NEEDS_MIGRATION;
 use serde_json::Value;
 
-use crate::migrate::{migrate, result_line};
+use crate::migrate::{migrate, result_line, stored_versions};
 use crate::support::conversion::{Converter, closed_port, missing_service};
 use crate::support::fixtures::{WidgetCrd, unique};
 use crate::support::migrations::{create_migration, has_event, phase_is, state, wait_for};
@@ -29,12 +27,6 @@ const WITHIN_SECONDS: Duration = Duration::from_secs(30);
 async fn revisions(etcd: &Etcd, widgets: &WidgetCrd) -> BTreeMap<String, i64> {
     let keys = etcd.list(&widgets.etcd_prefix()).await.expect("etcd answers");
     keys.into_iter().map(|kv| (kv.key, kv.mod_revision)).collect()
-}
-
-async fn stored_versions(client: &Client, widgets: &WidgetCrd) -> Vec<String> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = crds.get(&widgets.name()).await.expect("the CRD");
-    crd.status.and_then(|s| s.stored_versions).unwrap_or_default()
 }
 
 /// Waits until the controller's `/readyz` answers 200: it takes migrations from then on.

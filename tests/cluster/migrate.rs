@@ -56,7 +56,7 @@ pub(crate) fn result_line<'a>(out: &'a str, resource: &str) -> &'a str {
     line.unwrap_or_else(|| panic!("no result for {resource} in {out}"))
 }
 
-async fn stored_versions(client: &Client, widgets: &WidgetCrd) -> Vec<String> {
+pub(crate) async fn stored_versions(client: &Client, widgets: &WidgetCrd) -> Vec<String> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let crd = crds.get(&widgets.name()).await.expect("the CRD");
     crd.status.and_then(|s| s.stored_versions).unwrap_or_default()
