@@ -15,6 +15,7 @@
 //! - [`managed_fields`]: which `managedFields` entries name a version no longer served, and what
 //!   to keep of them.
 //! - [`encoding`]: evidence that the apiservers encode a resource in the expected version.
+//! - [`conversion`]: whether a CRD's conversion webhook answers, before the first write.
 //! - [`storedversions`]: the proof-checked pruning of a CRD's `status.storedVersions`.
 //! - [`census`]: how objects are really stored in etcd, read key by key.
 //! - [`plan`]: the pure part of `kube-svm plan` (what needs migrating and why).
@@ -35,6 +36,7 @@ pub mod api;
 pub mod census;
 pub mod cli;
 pub mod controller;
+pub mod conversion;
 pub mod encoding;
 pub mod engine;
 pub mod fence;

@@ -35,6 +35,10 @@ pub struct Entry {
     /// The migration that exists for it already, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub migration: Option<ExistingMigration>,
+    /// What would make its migration fail before it writes anything (a conversion webhook
+    /// that fails), one sentence each.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
     /// What a successful migration does afterwards.
     pub afterwards: String,
     /// The census of its keys, when etcd was read.

@@ -50,6 +50,9 @@ pub mod reasons {
     /// Object after object failed, none succeeding (an admission webhook that refuses or never
     /// answers): the migration stopped early instead of holding its slot for hours.
     pub const WRITES_FAILING: &str = "WritesFailing";
+    /// The CRD's conversion webhook failed a read through a version that needs it, again and
+    /// again, before the first write: every write would have failed the same way.
+    pub const CONVERSION_WEBHOOK_UNAVAILABLE: &str = "ConversionWebhookUnavailable";
 }
 
 /// Reasons of the StoredVersionsPruned condition (and of the stored-versions metric).

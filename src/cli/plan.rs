@@ -53,6 +53,8 @@ struct Known {
     resolved: Option<Resource>,
     /// The CRD's storage version.
     storage_version: Option<String>,
+    /// The CRD behind it, when it is a custom resource.
+    crd: Option<CustomResourceDefinition>,
 }
 
 pub async fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
@@ -78,7 +80,9 @@ pub async fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         let entry = plan.entry(&group, &resource);
         entry.reasons.push(reason);
         entry.add_afterwards(afterwards);
-        known.entry((group, resource)).or_default().storage_version = Some(state.storage_version);
+        let facts = known.entry((group, resource)).or_default();
+        facts.storage_version = Some(state.storage_version);
+        facts.crd = Some(crd);
     }
 
     for state in list_or_empty(Api::<StorageState>::all(client.clone())).await? {
@@ -127,6 +131,20 @@ pub async fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         }
         if let Some(resolved) = &facts.resolved {
             (entry.objects, entry.objects_exact) = count(&client, resolved).await;
+            if facts.crd.is_none() && !resolved.group.is_empty() {
+                let name = format!("{}.{}", resolved.plural, resolved.group);
+                let crds = Api::<CustomResourceDefinition>::all(client.clone());
+                facts.crd = crds.get_opt(&name).await.ok().flatten();
+            }
+        }
+        if let Some(crd) = &facts.crd {
+            let writes_through = facts.resolved.as_ref().map(|r| r.version.as_str());
+            let timeout = crate::engine::Settings::default().request_timeout;
+            if let Err(unavailable) =
+                crate::conversion::preflight(&client, crd, writes_through, timeout).await
+            {
+                entry.problems.push(unavailable.to_string());
+            }
         }
         entry.migration = existing(&migrations, &entry.group, &entry.resource);
     }
@@ -271,6 +289,16 @@ fn render(plan: &Plan) -> String {
             GroupResource::name_of(&entry.group, &entry.resource),
             entry.afterwards
         ));
+    }
+    let problems: Vec<_> = plan.resources.iter().filter(|e| !e.problems.is_empty()).collect();
+    if !problems.is_empty() {
+        out.push_str("\nProblems (a migration would fail before writing):\n");
+        for entry in problems {
+            for problem in &entry.problems {
+                let name = GroupResource::name_of(&entry.group, &entry.resource);
+                out.push_str(&format!("  {name}: {problem}\n"));
+            }
+        }
     }
     for unexamined in &plan.unexamined {
         out.push_str(&format!("Not examined: {unexamined}\n"));

@@ -3,7 +3,9 @@
 //!
 //! 1. resolve the resource (and the CRD behind it);
 //! 2. where to start: the checkpoint to resume, or the first object;
-//! 3. the target, and whether the apiservers already encode in it ([`crate::encoding`]);
+//! 3. for a CRD that converts with a webhook, one read through the webhook
+//!    ([`crate::conversion`]): a webhook that fails it ends the migration at once; then the
+//!    target, and whether the apiservers already encode in it ([`crate::encoding`]);
 //! 4. record the start, and mark the CRD `StorageMigrating`;
 //! 5. run the engine, with progress recorded beside it and the target watched: a change of the
 //!    storage version after the first write starts the run over (a bounded number of times), one
@@ -28,7 +30,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::api::conditions::SUCCEEDED;
+use crate::api::conditions::{SUCCEEDED, reasons};
 use crate::api::{
     GroupVersionResource, MigrationCondition, MigrationTarget, StorageVersionMigration,
     StorageVersionMigrationStatus,
@@ -310,6 +312,19 @@ impl<H: Host> Lifecycle<'_, H> {
         start: &Start,
         last: Option<&StorageVersionMigrationStatus>,
     ) -> Attempt {
+        if let Some(crd) = crd {
+            let preflight = steps::conversion_preflight(&self.cluster, resource, crd);
+            let unavailable = tokio::select! {
+                checked = preflight => checked.err(),
+                () = self.cancel.cancelled() => return Attempt::Ended(self.stopped(start, "stopped before the first write")),
+            };
+            if let Some(unavailable) = unavailable {
+                let (reason, message) =
+                    (reasons::CONVERSION_WEBHOOK_UNAVAILABLE, unavailable.to_string());
+                let done = status::failed(last, reason, message, Timestamp::now());
+                return Attempt::Ended(self.record_end(resource, done).await);
+            }
+        }
         // The encoding check may wait minutes: a stopping process does not wait for it.
         let target = tokio::select! {
             target = self.target(resource, crd, start, last) => target,

@@ -1,5 +1,5 @@
-//! The requests a migration makes around the engine: what it targets when it starts, and whether
-//! the apiservers already encode in it; marking the CRD `StorageMigrating` while it runs;
+//! The requests a migration makes around the engine: whether a CRD's conversion webhook answers;
+//! what it targets when it starts, and whether the apiservers already encode in it; marking the CRD `StorageMigrating` while it runs;
 //! watching the target while it runs and checking it again at the end; and pruning
 //! `storedVersions` afterwards when [`storedversions::decide`] allows it.
 
@@ -20,6 +20,7 @@ use crate::api::conditions::{
     storage_migrating, stored_versions,
 };
 use crate::api::{GroupVersionResource, MigrationCondition, MigrationTarget};
+use crate::conversion;
 use crate::encoding::{self, Encoding, EncodingPolicy, Observer};
 use crate::engine::{ResolveError, Resource};
 use crate::fence::{Fence, RequestError, bounded};
@@ -63,6 +64,17 @@ pub async fn crd_of(
     let Some(name) = crd_name(resource) else { return Ok(None) };
     let crds: Api<CustomResourceDefinition> = Api::all(cluster.client.clone());
     bounded(cluster.fence, cluster.request_timeout, crds.get_opt(&name)).await
+}
+
+/// Whether the conversion webhook of `crd` (the CRD behind `resource`), if it has one, answers
+/// a read of an object that needs converting ([`conversion::preflight`]).
+pub async fn conversion_preflight(
+    cluster: &Cluster<'_>,
+    resource: &Resource,
+    crd: &CustomResourceDefinition,
+) -> Result<(), conversion::Unavailable> {
+    let timeout = cluster.request_timeout;
+    conversion::preflight(cluster.client, crd, Some(&resource.version), timeout).await
 }
 
 /// What the migration targets, and whether the apiservers already encode in it (`vouched` when

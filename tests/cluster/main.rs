@@ -4,6 +4,7 @@
 
 mod chart;
 mod controller;
+mod conversion;
 mod discovery;
 mod engine;
 mod faults;

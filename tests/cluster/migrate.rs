@@ -36,7 +36,7 @@ fn command(kubeconfig: &Path, state: &Path, args: &[&str]) -> Command {
 
 /// Runs `kube-svm migrate <args>` to the end; its exit code and what it printed, standard output
 /// and standard error interleaved as on a terminal (also printed, for `--nocapture`).
-fn migrate(kubeconfig: &Path, state: &Path, args: &[&str]) -> (Option<i32>, String) {
+pub(crate) fn migrate(kubeconfig: &Path, state: &Path, args: &[&str]) -> (Option<i32>, String) {
     let log = tempfile::NamedTempFile::new().expect("a log file");
     let out = log.reopen().expect("the log file");
     let status = command(kubeconfig, state, args)
@@ -50,13 +50,13 @@ fn migrate(kubeconfig: &Path, state: &Path, args: &[&str]) -> (Option<i32>, Stri
 }
 
 /// The line of `out` that says how the migration of `resource` ended.
-fn result_line<'a>(out: &'a str, resource: &str) -> &'a str {
+pub(crate) fn result_line<'a>(out: &'a str, resource: &str) -> &'a str {
     let ended = [format!("{resource}: Succeeded"), format!("{resource}: FAILED")];
     let line = out.lines().find(|l| ended.iter().any(|e| l.starts_with(e.as_str())));
     line.unwrap_or_else(|| panic!("no result for {resource} in {out}"))
 }
 
-async fn stored_versions(client: &Client, widgets: &WidgetCrd) -> Vec<String> {
+pub(crate) async fn stored_versions(client: &Client, widgets: &WidgetCrd) -> Vec<String> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let crd = crds.get(&widgets.name()).await.expect("the CRD");
     crd.status.and_then(|s| s.stored_versions).unwrap_or_default()

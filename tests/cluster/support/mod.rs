@@ -3,6 +3,7 @@
 pub mod admission;
 pub mod chart;
 mod control_plane;
+pub mod conversion;
 pub mod docs;
 mod etcd;
 pub mod fixtures;

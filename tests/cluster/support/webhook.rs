@@ -1,7 +1,8 @@
 //! A real validating admission webhook, served over TLS from the test process and registered
 //! with the apiserver: it answers updates as a test tells it to, with the codes a
 //! ValidatingAdmissionPolicy cannot give (a 409 "object is locked", a 404 naming the object,
-//! kilobytes of message), or never answers at all.
+//! kilobytes of message), or never answers at all. [`Tls`] is the HTTPS server under it, which
+//! `conversion.rs` serves a conversion webhook from.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -80,20 +81,6 @@ impl Webhook {
         resources: &[&str],
         timeout_seconds: i32,
     ) -> Webhook {
-        let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
-        let ca = authority("webhook-ca").expect("a CA");
-        let key = KeyPair::generate().expect("a key");
-        let params = CertificateParams::new(vec!["127.0.0.1".into()]).expect("parameters");
-        let certificate = params.signed_by(&key, &ca).expect("a serving certificate");
-        let tls = ServerConfig::builder()
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![CertificateDer::from(certificate.der().to_vec())],
-                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-            )
-            .expect("a TLS configuration");
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
-        let address = listener.local_addr().expect("an address");
         let (released, release) = tokio::sync::watch::channel(false);
         let shared = Shared {
             rules: Arc::new(Mutex::new(Rules::default())),
@@ -101,8 +88,9 @@ impl Webhook {
             held: Arc::new(AtomicU64::new(0)),
             released: release,
         };
-        tokio::spawn(serve(listener, TlsAcceptor::from(Arc::new(tls)), shared.clone()));
-        register(client, name, group, resources, timeout_seconds, address, ca.pem()).await;
+        let answering = shared.clone();
+        let server = Tls::serve(move |body| review(body, answering.clone())).await;
+        register(client, name, group, resources, timeout_seconds, &server).await;
         let Shared { rules, reviews, held, .. } = shared;
         Webhook { name: name.to_owned(), rules, reviews, held, released, client: client.clone() }
     }
@@ -148,10 +136,9 @@ async fn register(
     group: &str,
     resources: &[&str],
     timeout_seconds: i32,
-    address: SocketAddr,
-    ca_pem: String,
+    server: &Tls,
 ) {
-    let ca_bundle = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let (address, ca_bundle) = (server.address, server.ca_bundle());
     let configuration: ValidatingWebhookConfiguration = serde_json::from_value(json!({
         "metadata": { "name": name },
         "webhooks": [{
@@ -174,26 +161,7 @@ async fn register(
         .expect("the webhook is registered");
 }
 
-async fn serve(listener: TcpListener, acceptor: TlsAcceptor, shared: Shared) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
-        let (acceptor, shared) = (acceptor.clone(), shared.clone());
-        tokio::spawn(async move {
-            let Ok(stream) = acceptor.accept(stream).await else { return };
-            let service = service_fn(move |request: Request<Incoming>| {
-                let shared = shared.clone();
-                async move { review(request, shared).await }
-            });
-            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-        });
-    }
-}
-
-async fn review(
-    request: Request<Incoming>,
-    mut shared: Shared,
-) -> Result<Response<Full<Bytes>>, hyper::Error> {
-    let body = request.into_body().collect().await?.to_bytes();
+async fn review(body: Bytes, mut shared: Shared) -> Value {
     shared.reviews.fetch_add(1, Ordering::Relaxed);
     let rules = &shared.rules;
     let review: Value = serde_json::from_slice(&body).unwrap_or_default();
@@ -229,11 +197,72 @@ async fn review(
             },
         }),
     };
-    let body = json!({
-        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response,
-    });
-    Ok(Response::builder()
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .expect("a response"))
+    json!({ "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response })
+}
+
+/// An HTTPS server on 127.0.0.1 with a certificate of its own CA, answering every POST with the
+/// JSON its handler makes of the request body: what the apiserver's webhooks call.
+pub struct Tls {
+    pub address: SocketAddr,
+    /// The CA that signed the serving certificate, PEM-encoded.
+    pub ca_pem: String,
+}
+
+impl Tls {
+    /// Serves `answer` from a task of the test's runtime.
+    pub async fn serve<F, A>(answer: F) -> Tls
+    where
+        F: Fn(Bytes) -> A + Clone + Send + Sync + 'static,
+        A: Future<Output = Value> + Send + 'static,
+    {
+        let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
+        let ca = authority("webhook-ca").expect("a CA");
+        let key = KeyPair::generate().expect("a key");
+        let params = CertificateParams::new(vec!["127.0.0.1".into()]).expect("parameters");
+        let certificate = params.signed_by(&key, &ca).expect("a serving certificate");
+        let tls = ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![CertificateDer::from(certificate.der().to_vec())],
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+            )
+            .expect("a TLS configuration");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let address = listener.local_addr().expect("an address");
+        tokio::spawn(accept(listener, TlsAcceptor::from(Arc::new(tls)), answer));
+        Tls { address, ca_pem: ca.pem() }
+    }
+
+    /// The CA bundle a webhook's `clientConfig.caBundle` carries.
+    pub fn ca_bundle(&self) -> String {
+        base64::engine::general_purpose::STANDARD.encode(&self.ca_pem)
+    }
+}
+
+async fn accept<F, A>(listener: TcpListener, acceptor: TlsAcceptor, answer: F)
+where
+    F: Fn(Bytes) -> A + Clone + Send + Sync + 'static,
+    A: Future<Output = Value> + Send + 'static,
+{
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let (acceptor, answer) = (acceptor.clone(), answer.clone());
+        tokio::spawn(async move {
+            let Ok(stream) = acceptor.accept(stream).await else { return };
+            let service = service_fn(move |request: Request<Incoming>| {
+                let answer = answer.clone();
+                async move {
+                    let body = request.into_body().collect().await?.to_bytes();
+                    let reply = answer(body).await;
+                    Ok::<_, hyper::Error>(
+                        Response::builder()
+                            .header("content-type", "application/json")
+                            .body(Full::new(Bytes::from(reply.to_string())))
+                            .expect("a response"),
+                    )
+                }
+            });
+            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+        });
+    }
 }
