@@ -164,6 +164,9 @@ async fn a_version_is_removed_without_breaking_server_side_apply_once_managed_fi
     assert_eq!(blockers[0]["blocker"], "ManagedFields");
     assert_eq!(blockers[0]["count"], APPLIED);
     assert!(verdict["requests"]["served"].as_u64() > Some(0), "the applies at v1: {verdict:#}");
+    let (code, table) = kube_svm(&control_plane, &["plan", "--drop", "v1", &uncleaned.name()]);
+    assert_eq!(code, Some(3), "{table}");
+    assert!(table.contains("yet: 1 blocker.\n\n1. ManagedFields: 12 of 12 objects"), "{table}");
     remove_version(&client, &uncleaned, "v1").await;
     let (applied, out) = apply(&control_plane, &uncleaned, "v2", 1, "deployer", "blue");
     assert!(!applied, "the apply fails while managedFields name v1: {out}");
@@ -256,4 +259,46 @@ async fn the_crd_trigger_cleans_managed_fields_once_a_version_is_no_longer_serve
     }
     let (code, verdict) = drop_plan(&control_plane, &widgets, &[]);
     assert_eq!(code, Some(0), "{verdict:#}");
+}
+
+#[tokio::test]
+async fn the_road_on_this_page_works_as_written() {
+    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
+    let client = control_plane.client().await;
+    let widgets = WidgetCrd { group: "example.com".into(), namespaced: false };
+    widgets.create(&client, "v1").await;
+    let (applied, out) = apply(&control_plane, &widgets, "v1", APPLIED, "deployer", "red");
+    assert!(applied, "{out}");
+
+    let script = crate::support::docs::sh_script("removing-a-version.md");
+    let bin = tempfile::tempdir().expect("a directory");
+    let kubectl = asset("kubectl").expect("kubectl (hack/control-plane.sh builds it)");
+    std::os::unix::fs::symlink(&kubectl, bin.path().join("kubectl")).expect("linked");
+    std::os::unix::fs::symlink(binary(), bin.path().join("kube-svm")).expect("linked");
+    let path = format!("{}:{}", bin.path().display(), std::env::var("PATH").unwrap_or_default());
+    let state = tempfile::tempdir().expect("a directory");
+    let output = Command::new("bash")
+        .args(["-euo", "pipefail", "-x", "-c"])
+        .arg(format!("exec 2>&1\n{script}"))
+        .env("PATH", path)
+        .env("KUBECONFIG", control_plane.kubeconfig())
+        .env("XDG_STATE_HOME", state.path())
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("bash runs");
+    let out = String::from_utf8_lossy(&output.stdout);
+    println!("{out}");
+    assert!(output.status.success(), "the page's commands fail: {out}");
+    for step in [
+        r#"storedVersions set to ["v2"] (was ["v1", "v2"])"#,
+        &format!("{APPLIED} with managedFields cleaned"),
+        "v1 can be removed from widgets.example.com: nothing blocks it.",
+        "widget.example.com/w-1 serverside-applied",
+    ] {
+        assert!(out.contains(step), "{step:?} not in {out}");
+    }
+    let crd = update_crd(&client, &widgets.name(), |_| {}).await;
+    let versions: Vec<&str> = crd.spec.versions.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(versions, ["v2", "v3"]);
+    assert_eq!(spec(&client, &widgets, "w-1").await["size"], 7);
 }

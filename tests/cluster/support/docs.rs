@@ -14,11 +14,17 @@ fn pages() -> Vec<PathBuf> {
     std::iter::once(root.join("README.md")).chain(docs).collect()
 }
 
+/// Pages whose `sh` blocks are one procedure, run as a whole by their own test (a heredoc, steps
+/// that build on each other), and not line by line.
+const PROCEDURES: [&str; 1] = ["removing-a-version.md"];
+
 /// The lines of the `sh` blocks of the README and the docs that start with `prefix`, in the
-/// order a reader meets them.
+/// order a reader meets them; the pages of [`PROCEDURES`] are left out.
 pub fn sh_lines(prefix: &str) -> Vec<String> {
     let mut lines = Vec::new();
-    for page in pages() {
+    let procedure =
+        |page: &Path| page.file_name().is_some_and(|name| PROCEDURES.iter().any(|p| name == *p));
+    for page in pages().into_iter().filter(|page| !procedure(page)) {
         let text = std::fs::read_to_string(&page).expect("a readable page");
         let mut in_sh = false;
         for line in text.lines() {
@@ -31,4 +37,24 @@ pub fn sh_lines(prefix: &str) -> Vec<String> {
         }
     }
     lines
+}
+
+/// Every `sh` block of `docs/<page>`, in order, as one script.
+pub fn sh_script(page: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs").join(page);
+    let text = std::fs::read_to_string(&path).expect("a readable page");
+    let mut script = String::new();
+    let mut in_sh = false;
+    for line in text.lines() {
+        match line.trim() {
+            "```sh" => in_sh = true,
+            "```" => in_sh = false,
+            _ if in_sh => {
+                script.push_str(line);
+                script.push('\n');
+            }
+            _ => {}
+        }
+    }
+    script
 }
