@@ -280,7 +280,7 @@ fn lifecycle_end(unrecorded: &Unrecorded) -> End {
 }
 
 /// Publishes an Event on `migration`, inside the leader's term.
-async fn publish(
+pub(super) async fn publish(
     context: &Context,
     migration: &StorageVersionMigration,
     type_: EventType,
