@@ -15,6 +15,7 @@ mod migrate;
 mod observability;
 mod plan;
 mod readme;
+mod retry;
 mod startup;
 mod status;
 mod storedversions;
