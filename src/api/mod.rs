@@ -156,6 +156,22 @@ impl StorageVersionMigration {
     }
 }
 
+/// A migration named `m` whose first condition is `type_`, true: the state tests start from.
+#[cfg(test)]
+pub fn in_state(type_: &str) -> StorageVersionMigration {
+    let mut migration = StorageVersionMigration::new("m", Default::default());
+    let condition = MigrationCondition {
+        type_: type_.to_owned(),
+        status: conditions::STATUS_TRUE.to_owned(),
+        ..MigrationCondition::default()
+    };
+    migration.status = Some(StorageVersionMigrationStatus {
+        conditions: vec![condition],
+        ..StorageVersionMigrationStatus::default()
+    });
+    migration
+}
+
 /// Both CRDs, in the order they are printed and installed.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![StorageVersionMigration::crd(), StorageState::crd()]
@@ -229,21 +245,14 @@ mod tests {
 
     #[test]
     fn a_retry_token_is_acted_on_once_and_only_for_a_failed_migration() {
-        use crate::api::conditions::{FAILED, STATUS_TRUE, SUCCEEDED};
+        use crate::api::conditions::{FAILED, SUCCEEDED};
         let migration = |phase: &str, token: Option<&str>, acted_on: Option<&str>| {
-            let mut migration = StorageVersionMigration::new("m", Default::default());
+            let mut migration = in_state(phase);
             migration.metadata.annotations =
                 token.map(|t| [(RETRY_ANNOTATION.to_owned(), t.to_owned())].into());
-            let condition = MigrationCondition {
-                type_: phase.to_owned(),
-                status: STATUS_TRUE.to_owned(),
-                ..MigrationCondition::default()
-            };
-            migration.status = Some(StorageVersionMigrationStatus {
-                conditions: vec![condition],
-                retry_token: acted_on.map(str::to_owned),
-                ..StorageVersionMigrationStatus::default()
-            });
+            if let Some(status) = migration.status.as_mut() {
+                status.retry_token = acted_on.map(str::to_owned);
+            }
             migration
         };
         assert_eq!(migration(FAILED, Some("t1"), None).retry_requested(), Some("t1"));

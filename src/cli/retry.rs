@@ -95,22 +95,8 @@ fn retriable(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::conditions::{FAILED, STATUS_TRUE, SUCCEEDED};
-    use crate::api::{MigrationCondition, StorageVersionMigrationStatus};
-
-    fn in_state(type_: &str) -> StorageVersionMigration {
-        let mut migration = StorageVersionMigration::new("m", Default::default());
-        let condition = MigrationCondition {
-            type_: type_.into(),
-            status: STATUS_TRUE.into(),
-            ..MigrationCondition::default()
-        };
-        migration.status = Some(StorageVersionMigrationStatus {
-            conditions: vec![condition],
-            ..StorageVersionMigrationStatus::default()
-        });
-        migration
-    }
+    use crate::api::conditions::{FAILED, SUCCEEDED};
+    use crate::api::in_state;
 
     #[test]
     fn only_a_failed_migration_that_exists_is_retried() {

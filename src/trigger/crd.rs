@@ -418,23 +418,15 @@ mod tests {
 
     /// A migration the trigger created, Failed at second 1,000 after `retries` retries.
     fn failed(retries: u32, label: Option<&str>) -> StorageVersionMigration {
-        use crate::api::conditions::{FAILED, STATUS_TRUE};
-        use crate::api::{MigrationCondition, StorageVersionMigrationStatus};
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-        let mut migration = StorageVersionMigration::new("m", Default::default());
+        let mut migration = crate::api::in_state(crate::api::conditions::FAILED);
         migration.metadata.labels =
             label.map(|l| [(TRIGGER_LABEL.to_owned(), l.to_owned())].into());
-        migration.status = Some(StorageVersionMigrationStatus {
-            conditions: vec![MigrationCondition {
-                type_: FAILED.into(),
-                status: STATUS_TRUE.into(),
-                ..MigrationCondition::default()
-            }],
-            completion_time: Some(Time(Timestamp::from_second(1_000).unwrap())),
-            retries: Some(retries).filter(|n| *n > 0),
-            retry_token: Some("t0").filter(|_| retries > 0).map(str::to_owned),
-            ..StorageVersionMigrationStatus::default()
-        });
+        if let Some(status) = migration.status.as_mut() {
+            status.completion_time = Some(Time(Timestamp::from_second(1_000).unwrap()));
+            status.retries = Some(retries).filter(|n| *n > 0);
+            status.retry_token = Some("t0").filter(|_| retries > 0).map(str::to_owned);
+        }
         migration
     }
 
