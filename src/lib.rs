@@ -4,7 +4,7 @@
 //! (`docs/architecture.md` draws it):
 //!
 //! - [`cli`]: the `kube-svm` binary's subcommands (`controller`, `migrate`, `plan`, `status`,
-//!   `inspect`, `crds`); each is a thin shell over the modules below.
+//!   `retry`, `inspect`, `crds`); each is a thin shell over the modules below.
 //! - [`api`]: the `migration.k8s.io/v1alpha1` types (StorageVersionMigration, StorageState),
 //!   their conditions, and which CRDs are installed.
 //! - [`trigger`]: migrations kube-svm creates on its own (CRD storage switches, discovery hashes).

@@ -103,6 +103,9 @@ pub mod events {
     pub const SUCCEEDED: &str = "Succeeded";
     /// The migration failed; the note says why.
     pub const FAILED: &str = "Failed";
+    /// A Failed migration is run again in place (annotation `kube-svm.io/retry`); the note keeps
+    /// the outcome the retry cleared.
+    pub const RETRIED: &str = "Retried";
     /// The CRD's `storedVersions` was pruned to the storage version.
     pub const STORED_VERSIONS_PRUNED: &str = "StoredVersionsPruned";
     /// The CRD's `storedVersions` was left alone; the note says why.

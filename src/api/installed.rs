@@ -286,6 +286,8 @@ mod tests {
                 ".status.listedFromStart",
                 ".status.progress",
                 ".status.restarts",
+                ".status.retries",
+                ".status.retryToken",
                 ".status.startTime",
                 ".status.target",
             ]

@@ -109,6 +109,19 @@ pub struct StorageVersionMigrationStatus {
     #[schemars(extend("format" = "int32"))]
     pub restarts: Option<u32>,
 
+    /// Times the migration was run again in place after it had failed, at the request of the
+    /// annotation `kube-svm.io/retry` (set by `kube-svm retry`, or by the CRD trigger for its
+    /// own migrations). Each retry starts from the first object; an Event `Retried` keeps the
+    /// outcome it cleared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "int32"))]
+    pub retries: Option<u32>,
+
+    /// The value of the annotation `kube-svm.io/retry` that kube-svm last acted on: a retry is
+    /// run once per value, whatever restarts or resyncs follow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_token: Option<String>,
+
     /// When kube-svm started the migration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,

@@ -10,6 +10,7 @@ mod migration;
 mod storage_state;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::jiff::Timestamp;
 use kube::CustomResourceExt;
 
 use crate::engine::Pace;
@@ -56,6 +57,18 @@ pub const CLEAN_MANAGED_FIELDS_ANNOTATION: &str = "kube-svm.io/clean-managed-fie
 /// encoding check, says so in an Event and in `status.target.encodingEvidence`, and may prune
 /// `storedVersions` after the migration succeeds.
 pub const ENCODING_CONFIRMED_ANNOTATION: &str = "kube-svm.io/encoding-confirmed";
+
+/// Annotation on a StorageVersionMigration asking kube-svm to run it again in place once it has
+/// failed. Its value is a token (`kube-svm retry` writes the time, RFC 3339): the controller
+/// acts once per value, recording the value in `status.retryToken`, so setting the same value
+/// again, or restarting the controller, runs nothing again.
+pub const RETRY_ANNOTATION: &str = "kube-svm.io/retry";
+
+/// A new value for [`RETRY_ANNOTATION`]: the time now, RFC 3339, which also tells an operator
+/// when the retry was asked for.
+pub fn retry_token() -> String {
+    Timestamp::now().to_string()
+}
 
 /// Longest message kept for one failed object, in bytes: webhook answers can be kilobytes, and a
 /// migration's status must stay well inside what the apiserver accepts (1.5 MB an object in
@@ -113,10 +126,61 @@ impl StorageVersionMigration {
         self.annotation_is_true(ENCODING_CONFIRMED_ANNOTATION)
     }
 
+    /// The retry token to act on: the value of [`RETRY_ANNOTATION`] on a Failed migration, when
+    /// it is not the one last acted on (`status.retryToken`). `None` otherwise: a migration that
+    /// did not fail is never run again, and a token is acted on once.
+    pub fn retry_requested(&self) -> Option<&str> {
+        let annotations = self.metadata.annotations.as_ref();
+        let token = annotations.and_then(|a| a.get(RETRY_ANNOTATION))?.trim();
+        let acted_on = self.status.as_ref().and_then(|s| s.retry_token.as_deref());
+        let wanted = !token.is_empty() && acted_on != Some(token);
+        (wanted && Phase::of(self) == Phase::Failed).then_some(token)
+    }
+
+    /// The merge patch that asks for a retry with `token`, conditional on the resourceVersion
+    /// this copy was read at: a migration that changed since is read and judged again.
+    pub fn retry_patch(&self, token: &str) -> serde_json::Value {
+        serde_json::json!({ "metadata": {
+            "resourceVersion": self.metadata.resource_version,
+            "annotations": { RETRY_ANNOTATION: token },
+        }})
+    }
+
+    /// Retries run so far (`status.retries`).
+    pub fn retries(&self) -> u32 {
+        self.status.as_ref().and_then(|s| s.retries).unwrap_or(0)
+    }
+
+    /// When the migration ended: its `completionTime`, else (a status schema that drops it) when
+    /// its first condition was last updated, else when it was created.
+    pub fn ended_at(&self) -> Option<Timestamp> {
+        let status = self.status.as_ref();
+        let completed = status.and_then(|s| s.completion_time.as_ref());
+        let updated = status.and_then(|s| s.conditions.first()?.last_update_time.as_ref());
+        let created = self.metadata.creation_timestamp.as_ref();
+        completed.or(updated).or(created).map(|t| t.0)
+    }
+
     fn annotation_is_true(&self, key: &str) -> bool {
         let annotations = self.metadata.annotations.as_ref();
         annotations.and_then(|a| a.get(key)).is_some_and(|v| v == "true")
     }
+}
+
+/// A migration named `m` whose first condition is `type_`, true: the state tests start from.
+#[cfg(test)]
+pub fn in_state(type_: &str) -> StorageVersionMigration {
+    let mut migration = StorageVersionMigration::new("m", Default::default());
+    let condition = MigrationCondition {
+        type_: type_.to_owned(),
+        status: conditions::STATUS_TRUE.to_owned(),
+        ..MigrationCondition::default()
+    };
+    migration.status = Some(StorageVersionMigrationStatus {
+        conditions: vec![condition],
+        ..StorageVersionMigrationStatus::default()
+    });
+    migration
 }
 
 /// Both CRDs, in the order they are printed and installed.
@@ -188,6 +252,29 @@ mod tests {
         assert_eq!(with("Fast").unknown_pace(), Some("Fast"));
         let plain = StorageVersionMigration::new("m", Default::default());
         assert_eq!((plain.requested_pace(), plain.unknown_pace()), (None, None));
+    }
+
+    #[test]
+    fn a_retry_token_is_acted_on_once_and_only_for_a_failed_migration() {
+        use crate::api::conditions::{FAILED, SUCCEEDED};
+        let migration = |phase: &str, token: Option<&str>, acted_on: Option<&str>| {
+            let mut migration = in_state(phase);
+            migration.metadata.annotations =
+                token.map(|t| [(RETRY_ANNOTATION.to_owned(), t.to_owned())].into());
+            if let Some(status) = migration.status.as_mut() {
+                status.retry_token = acted_on.map(str::to_owned);
+            }
+            migration
+        };
+        assert_eq!(migration(FAILED, Some("t1"), None).retry_requested(), Some("t1"));
+        assert_eq!(migration(FAILED, Some("t2"), Some("t1")).retry_requested(), Some("t2"));
+        // Acted on already: a restart or a resync sees the same token and does nothing.
+        assert_eq!(migration(FAILED, Some("t1"), Some("t1")).retry_requested(), None);
+        assert_eq!(migration(FAILED, None, Some("t1")).retry_requested(), None);
+        assert_eq!(migration(FAILED, Some("  "), None).retry_requested(), None);
+        // Only a Failed migration runs again.
+        assert_eq!(migration(SUCCEEDED, Some("t1"), None).retry_requested(), None);
+        assert_eq!(migration("Running", Some("t1"), None).retry_requested(), None);
     }
 
     /// The committed CRDs are what `kube-svm crds` prints; regenerate with `make crds`.

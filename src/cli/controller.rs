@@ -75,6 +75,10 @@ pub struct ControllerArgs {
     /// be removed from the CRD without breaking server-side apply.
     #[arg(long, env = "KUBE_SVM_CLEAN_MANAGED_FIELDS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub clean_managed_fields: bool,
+    /// Seconds the CRD trigger waits after one of its migrations failed before it runs it again
+    /// in place; the wait doubles with each retry, up to an hour, for at most 10 retries.
+    #[arg(long, env = "KUBE_SVM_CRD_TRIGGER_RETRY_DELAY", default_value_t = 60.0, value_parser = values::seconds(1.0))]
+    pub crd_trigger_retry_delay: f64,
 
     /// Keep a StorageState per resource from discovery, and create a migration when a
     /// resource's storage version hash changes (kube-storage-version-migrator's trigger).
@@ -106,6 +110,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         discovery_attempts,
         crd_trigger,
         clean_managed_fields,
+        crd_trigger_retry_delay,
         discovery_trigger,
         discovery_interval,
     } = args;
@@ -133,6 +138,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         discovery_attempts: discovery_attempts.max(1),
         discovery_trigger: discovery_trigger
             .then(|| seconds(discovery_interval).max(Duration::from_secs(1))),
+        crd_trigger_retry_delay: seconds(crd_trigger_retry_delay),
     };
 
     let shutdown = CancellationToken::new();

@@ -12,6 +12,7 @@ pub mod kube;
 mod migrate;
 mod plan;
 mod progress;
+mod retry;
 mod status;
 mod table;
 mod values;
@@ -53,6 +54,10 @@ pub enum Command {
     /// Show what needs migrating and what kube-svm would do, writing nothing. Exits 0 when
     /// nothing needs migrating, 3 when something does.
     Plan(plan::PlanArgs),
+    /// Run Failed migrations again in place, from their first object: the controller acts on
+    /// the annotation kube-svm.io/retry this sets, once, and keeps the outcome it clears in an
+    /// Event. Exits 1 when a migration does not exist or is not Failed.
+    Retry(retry::RetryArgs),
     /// Show migrations and their progress (kube-svm's, and the in-tree migrator's where the
     /// cluster serves its API), once or with --watch.
     Status(status::StatusArgs),
@@ -98,6 +103,7 @@ impl Cli {
             Command::Inspect(args) => done(inspect::run(args).await),
             Command::Migrate(args) => migrate::run(*args).await,
             Command::Plan(args) => plan::run(args).await,
+            Command::Retry(args) => retry::run(args).await,
             Command::Status(args) => done(status::run(args).await),
         }
     }

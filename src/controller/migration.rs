@@ -284,7 +284,7 @@ fn lifecycle_end(unrecorded: &Unrecorded) -> End {
 }
 
 /// Publishes an Event on `migration`, inside the leader's term.
-async fn publish(
+pub(super) async fn publish(
     context: &Context,
     migration: &StorageVersionMigration,
     type_: EventType,
@@ -300,7 +300,12 @@ async fn publish(
         action: "Migrate".into(),
         secondary: None,
     };
-    let reference = migration.object_ref(&());
+    // With the version of the migration, as client-go's references carry it: kube's Recorder
+    // folds an Event into an earlier one of the same reason on the same reference for minutes,
+    // keeping the earlier note. Each run and each retry starts from a version of its own, so
+    // its Events keep their own notes (a second Failed, a second Retried).
+    let mut reference = migration.object_ref(&());
+    reference.resource_version = migration.metadata.resource_version.clone();
     let published = context.recorder.publish(&event, &reference);
     let limit = context.settings.request_timeout;
     let published = match context.fence.deadline(limit) {

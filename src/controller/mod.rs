@@ -5,6 +5,7 @@
 //!   and starts it;
 //! - `migration`: one running migration: the [`lifecycle`](crate::lifecycle), shared with
 //!   `kube-svm migrate`, with the controller as its host (status, Events, metrics);
+//! - `retry`: a Failed migration run again in place, once per value of its retry annotation;
 //! - [`crds`]: the start-up gate, until kube-svm's CRDs are installed and kube-svm's own;
 //! - `status_writer`: conditional status writes;
 //! - `triggers`: the CRD and discovery triggers, wired to the controller's settings.
@@ -12,6 +13,7 @@
 pub mod crds;
 mod migration;
 mod reconcile;
+mod retry;
 mod status_writer;
 
 pub use reconcile::DISCOVERY_ATTEMPTS;
@@ -72,6 +74,9 @@ pub struct Settings {
     pub discovery_attempts: u32,
     /// Run the discovery trigger (on the leader only), polling this often.
     pub discovery_trigger: Option<Duration>,
+    /// Wait after a migration of the CRD trigger failed before it is retried; doubles with
+    /// each retry.
+    pub crd_trigger_retry_delay: Duration,
 }
 
 /// The clients the controller talks through.
@@ -272,6 +277,7 @@ async fn triggers(context: &Context, watches: Client, stop: CancellationToken) {
         poke: discovery.as_ref().map(|d| d.poke.clone()),
         request_timeout: settings.request_timeout,
         clean_managed_fields: settings.clean_managed_fields,
+        retry_delay: settings.crd_trigger_retry_delay,
     };
     let fence = context.fence.clone();
     let crd = crate::trigger::crd::run(clients.clone(), crd_settings, fence.clone(), stop.clone());

@@ -1,5 +1,6 @@
 //! Deciding when a migration starts: never twice, at most one per resource (the oldest first), at
-//! most `concurrency` at once. Terminal migrations are never run again. A migration whose
+//! most `concurrency` at once. Terminal migrations are never run again, save a Failed one asked
+//! to by its retry annotation (`retry`), which then starts as a new one. A migration whose
 //! discovery failed waits for its next try without holding a slot, and fails after a few.
 
 use std::sync::Arc;
@@ -58,6 +59,8 @@ pub(super) struct Retrying {
 pub enum Error {
     #[error("a StorageVersionMigration has no name")]
     Unnamed,
+    #[error(transparent)]
+    Retry(#[from] super::retry::Error),
 }
 
 #[instrument(skip_all, fields(migration = %migration.name_any()))]
@@ -68,7 +71,13 @@ pub(super) async fn reconcile(
     let name = migration.metadata.name.clone().ok_or(Error::Unnamed)?;
     // A term that ran out stops work before the lease task has noticed.
     let stopping = context.stopping.is_cancelled() || !context.fence.holds();
-    if Phase::of(&migration).is_terminal() || stopping {
+    if stopping {
+        return Ok(Action::await_change());
+    }
+    if let Some(token) = migration.retry_requested() {
+        return Ok(super::retry::retry(&context, &migration, token).await?);
+    }
+    if Phase::of(&migration).is_terminal() {
         return Ok(Action::await_change());
     }
     let resource = group_resource(&migration);

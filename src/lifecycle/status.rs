@@ -9,7 +9,7 @@ use super::steps::Change;
 use crate::api::conditions::{FAILED, Phase, RUNNING, STATUS_TRUE, SUCCEEDED, events, reasons};
 use crate::api::{
     CONDITION_MESSAGE_LIMIT, Checkpoint, MigrationCondition, MigrationProgress, MigrationTarget,
-    StorageVersionMigration, StorageVersionMigrationStatus, cut,
+    RETRY_ANNOTATION, StorageVersionMigration, StorageVersionMigrationStatus, cut,
 };
 use crate::engine::{self, Progress};
 use crate::storedversions::Run;
@@ -196,8 +196,13 @@ pub fn start_point(
             (events::RESTARTED, " again: there was no checkpoint to resume from".into())
         }
     };
+    // A retry lists from the first object: the objects before upstream's token were never
+    // written by kube-svm, and a run that lists them all can prove what a prune needs.
+    let retry = status.retries.filter(|n| *n > 0);
+    let again = retry.map(|n| format!(" (retry {n})")).unwrap_or_default();
     // Counts restart with the listing, so they stay exact.
-    let upstream = migration.spec.continue_token.clone().filter(|t| !t.is_empty());
+    let upstream =
+        migration.spec.continue_token.clone().filter(|t| !t.is_empty() && retry.is_none());
     let (listed_from_start, from) = match &upstream {
         Some(_) => (false, "from the continue token in spec.continueToken"),
         None => (true, "from the first object"),
@@ -208,8 +213,44 @@ pub fn start_point(
         keeps_target: false,
         restarts,
         event,
-        note: format!("migrating every object {from}{why}"),
+        note: format!("migrating every object {from}{why}{again}"),
     }
+}
+
+/// The status that runs a Failed migration again in place, for the retry `token`: its outcome
+/// and progress cleared, so that it starts as a new migration does, from the first object; the
+/// retry counted, and its token recorded so that it is acted on once.
+pub fn retried(
+    previous: Option<&StorageVersionMigrationStatus>,
+    token: &str,
+) -> StorageVersionMigrationStatus {
+    let retries = previous.and_then(|s| s.retries).unwrap_or(0) + 1;
+    StorageVersionMigrationStatus {
+        retries: Some(retries),
+        retry_token: Some(token.to_owned()),
+        ..StorageVersionMigrationStatus::default()
+    }
+}
+
+/// What the Event of a retry says: which retry, and the outcome it clears (state, reason,
+/// counts, message), which the status no longer shows afterwards.
+pub fn retry_note(previous: Option<&StorageVersionMigrationStatus>, token: &str) -> String {
+    let previous = previous.cloned().unwrap_or_default();
+    let retry = previous.retries.unwrap_or(0) + 1;
+    let first = previous.conditions.first().cloned().unwrap_or_default();
+    let counts = previous.progress.unwrap_or_default();
+    // The message last: the apiserver's limit on a note cuts it, not the counts.
+    format!(
+        "retry {retry} ({RETRY_ANNOTATION}={token}) runs the migration again from the first object; the previous run ended {} ({}) after {} objects: {} rewritten, {} already current, {} skipped, {} failed: {}",
+        first.type_,
+        first.reason.unwrap_or_default(),
+        counts.processed,
+        counts.rewritten,
+        counts.already_current,
+        counts.skipped,
+        counts.failed,
+        first.message.unwrap_or_default()
+    )
 }
 
 /// The status of a migration starting from `start`, targeting `target`.
@@ -237,6 +278,8 @@ pub fn running(
     StorageVersionMigrationStatus {
         listed_from_start: previous.listed_from_start,
         restarts: previous.restarts,
+        retries: previous.retries,
+        retry_token: previous.retry_token.clone(),
         conditions: conditions(&previous, RUNNING, reasons::MIGRATING, message, now),
         progress: Some(counts(progress)),
         checkpoint: Some(Checkpoint {
@@ -719,6 +762,45 @@ mod tests {
         assert_eq!(later.listed_from_start, Some(true));
         let done = completed(Some(&later), &target("h2"), &progress(0), now());
         assert_eq!(done.listed_from_start, Some(true));
+    }
+
+    #[test]
+    fn a_retry_clears_the_outcome_counts_it_and_starts_from_the_first_object() {
+        let target = target("h2");
+        let mut upstream = migration(None);
+        upstream.spec.continue_token = Some("upstream-token".into());
+        let first = started(None, &target, &start_point(&upstream, Some("h2"), None), now());
+        assert_eq!(first.listed_from_start, Some(false), "began at upstream's token");
+        let done = completed(Some(&first), &target, &progress(4), now());
+        let note = retry_note(Some(&done), "t1");
+        assert!(
+            note.starts_with("retry 1 (kube-svm.io/retry=t1) runs the migration again from the first object; the previous run ended Failed (ObjectsFailed) after 10 objects: 4 rewritten, 1 already current, 1 skipped, 4 failed: 4 of 10 objects could not be migrated"),
+            "{note}"
+        );
+
+        let cleared = retried(Some(&done), "t1");
+        assert_eq!((cleared.retries, cleared.retry_token.as_deref()), (Some(1), Some("t1")));
+        assert!(cleared.conditions.is_empty() && cleared.progress.is_none());
+        assert!(cleared.failed_objects.is_empty() && cleared.target.is_none());
+        assert!(cleared.checkpoint.is_none() && cleared.completion_time.is_none());
+        upstream.status = Some(cleared.clone());
+        assert_eq!(Phase::of(&upstream), Phase::New, "taken up as a new migration is");
+        let start = start_point(&upstream, Some("h2"), None);
+        assert_eq!((&start.progress, start.listed_from_start), (&Progress::default(), true));
+        assert_eq!(start.event, events::STARTED);
+        assert_eq!(start.note, "migrating every object from the first object (retry 1)");
+
+        // Every later status keeps the count and the token, whatever the run's end.
+        let again = started(Some(&cleared), &target, &start, now());
+        let ended = [
+            completed(Some(&again), &target, &progress(0), now()),
+            failed(Some(&again), reasons::WRITES_FAILING, "failing".into(), now()),
+        ];
+        for ended in ended {
+            assert_eq!((ended.retries, ended.retry_token.as_deref()), (Some(1), Some("t1")));
+        }
+        let second = retried(Some(&again), "t2");
+        assert_eq!((second.retries, second.retry_token.as_deref()), (Some(2), Some("t2")));
     }
 
     #[test]

@@ -4,8 +4,12 @@
 //!
 //! Migrations are named `<plural>.<group>-<storage version>-<generation>` (shortened, with a
 //! hash of the full name, when that is longer than a name may be): the same CRD state never gets
-//! a second migration, so a migration that failed is not retried in a loop; a changed CRD (new
-//! generation) gets a new one once the previous has finished.
+//! a second migration; a changed CRD (new generation) gets a new one once the previous has
+//! finished. When the trigger's own migration fails, the trigger asks for it to be run again in
+//! place (the annotation `kube-svm.io/retry`, as `kube-svm retry` does), after a wait that
+//! doubles with each retry ([`retry_wait`]), a bounded number of times ([`MAX_RETRIES`]). The
+//! wait is counted from the failure's recorded time and the retries recorded in status, so a
+//! restarted controller keeps the same schedule.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,7 +17,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ObjectMeta, PostParams};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
@@ -44,6 +49,62 @@ const MAX_NAME: usize = 253;
 /// meet.
 const NAME_HASH_DIGITS: usize = 10;
 
+/// Longest wait between two retries of a migration the trigger created: an hour, as a cause
+/// such as a webhook or an apiserver being upgraded is usually gone within one, and a longer
+/// wait would leave `storedVersions` stale for long after.
+pub const RETRY_CAP: Duration = Duration::from_secs(3600);
+
+/// Retries the trigger asks for before it leaves a failing migration to the operator: with the
+/// default first wait of a minute, the last comes about six hours after the first failure. A
+/// cause that lasts longer needs a person, and each retry may rewrite the whole resource again.
+pub const MAX_RETRIES: u32 = 10;
+
+/// What the trigger does about the migration it created for a CRD's current state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retry {
+    /// Nothing: it did not fail, or it is not the trigger's own.
+    No,
+    /// A retry was asked for, and the controller has not acted on it yet.
+    Pending,
+    /// Ask for a retry now.
+    Now,
+    /// Ask for a retry after this long.
+    After(Duration),
+    /// It was retried [`MAX_RETRIES`] times: left to the operator.
+    GaveUp,
+}
+
+/// The wait, after the trigger's migration failed with `retries` retries run so far, before the
+/// next retry: `first`, doubling with each retry, at most [`RETRY_CAP`] (or `first`, when
+/// longer).
+pub fn retry_wait(retries: u32, first: Duration) -> Duration {
+    super::retry_after(retries.saturating_add(1), first, RETRY_CAP.max(first))
+}
+
+/// Whether, and when, to retry `migration` at `now`, from what its status records (when it
+/// failed, how often it was retried), never from a timer: a restart keeps the schedule. Pure.
+pub fn retry_of(migration: &StorageVersionMigration, now: Timestamp, first: Duration) -> Retry {
+    let labels = migration.metadata.labels.as_ref();
+    let ours = labels.and_then(|l| l.get(TRIGGER_LABEL)).is_some_and(|v| v == "crd");
+    if !ours || Phase::of(migration) != Phase::Failed {
+        return Retry::No;
+    }
+    if migration.retry_requested().is_some() {
+        return Retry::Pending;
+    }
+    let retries = migration.retries();
+    if retries >= MAX_RETRIES {
+        return Retry::GaveUp;
+    }
+    let failed_at = migration.ended_at().unwrap_or(now);
+    // A failure recorded in the future (clocks apart) counts as just now.
+    let elapsed = Duration::try_from(now.duration_since(failed_at)).unwrap_or_default();
+    match retry_wait(retries, first).checked_sub(elapsed) {
+        Some(left) if !left.is_zero() => Retry::After(left),
+        _ => Retry::Now,
+    }
+}
+
 /// Why the CRD trigger could not act on a CRD this time; the CRD is looked at again in five
 /// seconds.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +115,9 @@ pub enum Error {
     /// Creating the named migration failed (one that exists already is not an error).
     #[error("failed to create StorageVersionMigration {0}")]
     Create(String, #[source] RequestError),
+    /// Asking for a retry of the named migration failed.
+    #[error("failed to ask for a retry of StorageVersionMigration {0}")]
+    Retry(String, #[source] RequestError),
 }
 
 /// `<plural>.<group>-<storage version>-<generation>`, or, when that is too long for a name, its
@@ -125,6 +189,9 @@ pub struct Settings {
     /// Also migrate a CRD that stopped serving a version, removing the `managedFields` entries
     /// that name it (`--clean-managed-fields`).
     pub clean_managed_fields: bool,
+    /// Wait after the trigger's migration failed before its first retry
+    /// (`--crd-trigger-retry-delay`); it doubles with each retry.
+    pub retry_delay: Duration,
 }
 
 /// The encoding check a CRD with stale `storedVersions` needs before it can be pruned.
@@ -221,6 +288,9 @@ async fn reconcile(
     if busy {
         return Ok(Action::await_change());
     }
+    if let Some(own) = existing.items.iter().find(|m| m.metadata.name.as_deref() == Some(&name)) {
+        return retry(requests, &api, own, context.settings.retry_delay).await;
+    }
     let migration = StorageVersionMigration {
         metadata: ObjectMeta {
             name: Some(name.clone()),
@@ -246,6 +316,50 @@ async fn reconcile(
         Err(error) => return Err(Error::Create(name, error)),
     }
     Ok(Action::await_change())
+}
+
+/// Asks for a retry of the migration the trigger created for a CRD's current state, when
+/// [`retry_of`] says it is due; otherwise looks again when it will be.
+async fn retry(
+    requests: Requests<'_>,
+    api: &Api<StorageVersionMigration>,
+    own: &StorageVersionMigration,
+    first: Duration,
+) -> Result<Action, Error> {
+    let name = own.name_any();
+    match retry_of(own, Timestamp::now(), first) {
+        Retry::No | Retry::Pending => Ok(Action::await_change()),
+        Retry::After(wait) => {
+            debug!(migration = name, ?wait, "the migration failed; retrying it later");
+            Ok(Action::requeue(wait))
+        }
+        Retry::GaveUp => {
+            info!(
+                migration = name,
+                retries = MAX_RETRIES,
+                "the migration failed after every retry; left for an operator (kube-svm retry)"
+            );
+            Ok(Action::await_change())
+        }
+        Retry::Now => {
+            let token = crate::api::retry_token();
+            let (params, patch) = (PatchParams::default(), Patch::Merge(own.retry_patch(&token)));
+            let sent = api.patch(&name, &params, &patch);
+            match requests.send(sent).await {
+                Ok(_) => {
+                    let retry = own.retries() + 1;
+                    info!(
+                        migration = name,
+                        retry, token, "asked for a retry of the failed migration"
+                    );
+                    Ok(Action::await_change())
+                }
+                // Changed since it was listed: the watch brings it back, and it is judged again.
+                Err(error) if is_conflict(&error) => Ok(Action::await_change()),
+                Err(error) => Err(Error::Retry(name, error)),
+            }
+        }
+    }
 }
 
 fn error_policy(
@@ -316,6 +430,58 @@ mod tests {
         assert!(name.chars().all(valid), "{name}");
         // Short names are left as they are.
         assert_eq!(migration_name("widgets", "example.com", "v2", 4), "widgets.example.com-v2-4");
+    }
+
+    #[test]
+    fn retries_wait_a_doubling_time_up_to_an_hour() {
+        let minute = Duration::from_secs(60);
+        let waits: Vec<u64> =
+            (0..MAX_RETRIES).map(|retries| retry_wait(retries, minute).as_secs() / 60).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60, 60, 60]);
+        assert_eq!(retry_wait(u32::MAX, minute), RETRY_CAP);
+        let day = Duration::from_secs(86_400);
+        assert_eq!(retry_wait(3, day), day, "a first wait longer than the cap is kept");
+    }
+
+    /// A migration the trigger created, Failed at second 1,000 after `retries` retries.
+    fn failed(retries: u32, label: Option<&str>) -> StorageVersionMigration {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let mut migration = crate::api::in_state(crate::api::conditions::FAILED);
+        migration.metadata.labels =
+            label.map(|l| [(TRIGGER_LABEL.to_owned(), l.to_owned())].into());
+        if let Some(status) = migration.status.as_mut() {
+            status.completion_time = Some(Time(Timestamp::from_second(1_000).unwrap()));
+            status.retries = Some(retries).filter(|n| *n > 0);
+            status.retry_token = Some("t0").filter(|_| retries > 0).map(str::to_owned);
+        }
+        migration
+    }
+
+    #[test]
+    fn the_triggers_own_failed_migration_is_retried_when_its_wait_is_over() {
+        let at = |second: i64| Timestamp::from_second(second).unwrap();
+        let first = Duration::from_secs(10);
+        let once = failed(0, Some("crd"));
+        assert_eq!(retry_of(&once, at(1_004), first), Retry::After(Duration::from_secs(6)));
+        assert_eq!(retry_of(&once, at(1_010), first), Retry::Now);
+        // The wait doubles with the retries recorded in status, whoever asked for them.
+        let thrice = failed(3, Some("crd"));
+        assert_eq!(retry_of(&thrice, at(1_010), first), Retry::After(Duration::from_secs(70)));
+        assert_eq!(retry_of(&thrice, at(1_080), first), Retry::Now);
+        // Clocks apart: a failure in the future waits the whole wait.
+        assert_eq!(retry_of(&once, at(900), first), Retry::After(first));
+        assert_eq!(retry_of(&failed(MAX_RETRIES, Some("crd")), at(9_999), first), Retry::GaveUp);
+        // Asked for and not acted on yet: not asked again.
+        let mut pending = failed(1, Some("crd"));
+        pending.metadata.annotations =
+            Some([(crate::api::RETRY_ANNOTATION.to_owned(), "t1".to_owned())].into());
+        assert_eq!(retry_of(&pending, at(9_999), first), Retry::Pending);
+        // Not the trigger's, or not failed: left alone.
+        assert_eq!(retry_of(&failed(0, None), at(9_999), first), Retry::No);
+        assert_eq!(retry_of(&failed(0, Some("discovery")), at(9_999), first), Retry::No);
+        let mut running = failed(0, Some("crd"));
+        running.status.as_mut().unwrap().conditions[0].type_ = "Running".into();
+        assert_eq!(retry_of(&running, at(9_999), first), Retry::No);
     }
 
     #[test]

@@ -246,7 +246,7 @@ pub fn failures(
     let mut ended: Vec<(Timestamp, bool)> = migrations
         .iter()
         .filter(|m| Phase::of(m).is_terminal())
-        .filter_map(|m| Some((ended_at(m)?, !proves(m))))
+        .filter_map(|m| Some((m.ended_at()?, !proves(m))))
         .collect();
     ended.sort_by_key(|(at, _)| *at);
     let failed = ended.iter().rev().take_while(|(_, failed)| *failed).count();
@@ -262,31 +262,16 @@ pub fn last_ended<'a>(
         .iter()
         .copied()
         .filter(|m| Phase::of(m).is_terminal())
-        .filter_map(|m| Some((ended_at(m)?, m)))
+        .filter_map(|m| Some((m.ended_at()?, m)))
         .max_by_key(|(at, _)| *at)
         .map(|(_, m)| m)
-}
-
-/// When a migration ended: its `completionTime`, else (a status schema that drops it) when its
-/// first condition was last updated, else when it was created.
-fn ended_at(migration: &StorageVersionMigration) -> Option<Timestamp> {
-    let status = migration.status.as_ref();
-    let completed = status.and_then(|s| s.completion_time.as_ref());
-    let updated = status.and_then(|s| s.conditions.first()?.last_update_time.as_ref());
-    let created = migration.metadata.creation_timestamp.as_ref();
-    completed.or(updated).or(created).map(|t| t.0)
-}
-
-/// How long after its last failure a resource whose migrations keep failing is tried again:
-/// `first` after one failure, doubling with each further one, at most `longest`.
-pub fn retry_after(failures: u32, first: Duration, longest: Duration) -> Duration {
-    let doublings = failures.saturating_sub(1).min(16);
-    first.saturating_mul(1 << doublings).min(longest)
 }
 
 #[cfg(test)]
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use crate::trigger::retry_after;
 
     use super::*;
     use crate::api::{

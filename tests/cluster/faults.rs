@@ -220,7 +220,7 @@ async fn a_crd_emptied_mid_run_succeeds_and_is_pruned() {
     let client = plane.control_plane.client().await;
     let count = scale(600);
     let widgets = stale_widgets(&client, "emptied", count, &[]).await;
-    let webhook = webhook_on(&client, &widgets, 30).await;
+    let webhook = Webhook::on_widgets(&client, &widgets, 30).await;
     webhook.answer_all(Answer::Hold);
     let name = switch_and_wait_for_migration(&client, &widgets, &plane.controller).await;
     let deadline = Instant::now() + FINISH;
@@ -494,24 +494,6 @@ async fn a_refused_status_write_is_retried() {
     assert_migrated_and_pruned(&widgets, &done, &outcome, scale(100));
 }
 
-/// Installs a webhook on the widgets of `widgets` (allowing everything until told otherwise)
-/// and waits until the apiserver calls it.
-async fn webhook_on(client: &Client, widgets: &WidgetCrd, timeout_seconds: i32) -> Webhook {
-    let name = format!("hook-{}", widgets.group);
-    let webhook =
-        Webhook::install(client, &name, &widgets.group, &["widgets"], timeout_seconds).await;
-    // The apiserver calls a new webhook once its informers see it: wait for the first review.
-    let api = widgets.api(client, "v1", None);
-    let touch = json!({ "metadata": { "annotations": { "probe": "yes" } } });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while webhook.reviews() == 0 {
-        assert!(Instant::now() < deadline, "the apiserver never called the webhook");
-        let _ = api.patch("w-1", &PatchParams::default(), &Patch::Merge(&touch)).await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    webhook
-}
-
 /// A validating webhook answers some writes with its own 409 ("object is locked") and others
 /// with a 404 that names the object: the apiserver passes both through, code, reason and
 /// details. Neither is believed: those objects were not written by anyone else nor deleted, so
@@ -523,7 +505,7 @@ async fn a_webhook_answering_409_or_404_is_not_believed() {
     let client = plane.control_plane.client().await;
     let count = scale(300);
     let widgets = stale_widgets(&client, "lying", count, &[]).await;
-    let webhook = webhook_on(&client, &widgets, 5).await;
+    let webhook = Webhook::on_widgets(&client, &widgets, 5).await;
     let locked: Vec<String> = (0..30).map(|i| format!("w-{}", i * 7 + 2)).collect();
     let missing: Vec<String> = (0..10).map(|i| format!("w-{}", i * 7 + 5)).collect();
     webhook.answer(
@@ -554,16 +536,8 @@ async fn a_webhook_answering_409_or_404_is_not_believed() {
         assert!(locked.contains(&failed.name) || missing.contains(&failed.name), "{failed:?}");
     }
 
-    webhook.remove().await;
+    webhook.remove_from_widgets(&client, &widgets, &locked[0]).await;
     let again = unique("unlocked");
-    // The apiserver stops calling the webhook once its informers see it go.
-    let api = widgets.api(&client, "v1", None);
-    let touch = json!({ "metadata": { "annotations": { "unlocked": "yes" } } });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while api.patch(&locked[0], &PatchParams::default(), &Patch::Merge(&touch)).await.is_err() {
-        assert!(Instant::now() < deadline, "the webhook never went");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
     migrations::create_migration(&client, &again, &widgets.group, "widgets").await;
     let (done, outcome) =
         finish(&plane.control_plane, &client, &widgets, &again, count, &[&plane.controller]).await;
@@ -580,7 +554,7 @@ async fn a_webhook_that_never_answers_ends_the_migration_early() {
     let client = plane.control_plane.client().await;
     let count = scale(400);
     let widgets = stale_widgets(&client, "hanging", count, &[]).await;
-    let webhook = webhook_on(&client, &widgets, 2).await;
+    let webhook = Webhook::on_widgets(&client, &widgets, 2).await;
     webhook.answer_all(Answer::Hang);
     let name = switch_and_wait_for_migration(&client, &widgets, &plane.controller).await;
 
@@ -606,7 +580,7 @@ async fn huge_refusals_keep_the_status_small() {
     let client = plane.control_plane.client().await;
     let count = scale(100);
     let widgets = stale_widgets(&client, "huge", count, &[]).await;
-    let webhook = webhook_on(&client, &widgets, 5).await;
+    let webhook = Webhook::on_widgets(&client, &widgets, 5).await;
     let refused: Vec<String> = (0..25).map(|i| format!("w-{}", i * 4)).collect();
     let message = format!("refused: {}", "a very long explanation ".repeat(4_400));
     webhook.answer(refused.clone(), Answer::Deny { code: 422, reason: "Invalid".into(), message });

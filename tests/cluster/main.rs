@@ -17,6 +17,7 @@ mod observability;
 mod plan;
 mod readme;
 mod removal;
+mod retry;
 mod startup;
 mod status;
 mod storedversions;

@@ -258,13 +258,11 @@ async fn failed_objects_prevent_pruning() {
     let (status, reason, message) = pruned(&done);
     assert_eq!((status.as_str(), reason.as_str()), ("False", "MigrationFailed"), "{message}");
     assert_eq!(stored_versions(&client, &widgets).await, ["v1", "v2"]);
-    // The failed migration is not retried in a loop: the trigger looks at the CRD again once
-    // the migration has failed, finds its migration there, and creates nothing.
+    // No second migration: the trigger looks at the CRD again once the migration has failed,
+    // finds its migration there, and schedules its retry in place (a minute later by default).
     let deadline = Instant::now() + Duration::from_secs(10);
-    let seen = format!(
-        "a migration for this CRD state exists already migration=\"{}\"",
-        migration.name_any()
-    );
+    let seen =
+        format!("the migration failed; retrying it later migration=\"{}\"", migration.name_any());
     while !controller.logs().contains(&seen) {
         assert!(Instant::now() < deadline, "the trigger never looked again\n{}", controller.logs());
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use http_body_util::{BodyExt, Full};
@@ -17,7 +18,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use rcgen::{CertificateParams, KeyPair};
 use serde_json::{Value, json};
@@ -26,6 +27,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
+use super::fixtures::WidgetCrd;
 use super::secure_etcd::authority;
 
 /// How the webhook answers an update of an object it was told about.
@@ -93,6 +95,36 @@ impl Webhook {
         register(client, name, group, resources, timeout_seconds, &server).await;
         let Shared { rules, reviews, held, .. } = shared;
         Webhook { name: name.to_owned(), rules, reviews, held, released, client: client.clone() }
+    }
+
+    /// Installs a webhook on the widgets of `widgets` (allowing everything until told
+    /// otherwise) and waits until the apiserver calls it: it does once its informers see it.
+    pub async fn on_widgets(client: &Client, widgets: &WidgetCrd, timeout_seconds: i32) -> Webhook {
+        let name = format!("hook-{}", widgets.group);
+        let webhook =
+            Webhook::install(client, &name, &widgets.group, &["widgets"], timeout_seconds).await;
+        let api = widgets.api(client, "v1", None);
+        let touch = json!({ "metadata": { "annotations": { "probe": "yes" } } });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while webhook.reviews() == 0 {
+            assert!(Instant::now() < deadline, "the apiserver never called the webhook");
+            let _ = api.patch("w-1", &PatchParams::default(), &Patch::Merge(&touch)).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        webhook
+    }
+
+    /// Unregisters the webhook and waits until the apiserver stops calling it (once its
+    /// informers see it go): until an update of the widget `name` gets through.
+    pub async fn remove_from_widgets(&self, client: &Client, widgets: &WidgetCrd, name: &str) {
+        self.remove().await;
+        let api = widgets.api(client, "v1", None);
+        let touch = json!({ "metadata": { "annotations": { "unlocked": "yes" } } });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while api.patch(name, &PatchParams::default(), &Patch::Merge(&touch)).await.is_err() {
+            assert!(Instant::now() < deadline, "the webhook never went");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// Reviews held now ([`Answer::Hold`]).
