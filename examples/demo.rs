@@ -4,8 +4,10 @@
 //! Starts a real etcd and kube-apiserver (the test harness's), creates a CRD stored at v1 with a
 //! few thousand objects, switches its storage version to v2, and runs `kube-svm controller` as the
 //! Helm chart's ServiceAccount. The CRD trigger creates the migration by itself; the demo follows
-//! its progress, then shows the stored bytes in etcd, the pruned `storedVersions`, v1 being
-//! removable, and the metrics. Everything is stopped and removed at the end.
+//! its progress, then shows the stored bytes in etcd and the pruned `storedVersions`. Then the
+//! rest of the road: v1 no longer served, the controller cleaning the `managedFields` entries
+//! that name it, `kube-svm plan --drop v1` saying yes, v1 removed, and a widget applied
+//! server-side at v1 applied again at v2. Everything is stopped and removed at the end.
 
 // The integration tests' harness; the demo needs only part of it.
 #[allow(dead_code, unused_imports)]
@@ -55,7 +57,11 @@ async fn main() -> anyhow::Result<()> {
     }
     let namespaces: Vec<Option<&str>> = NAMESPACES.iter().copied().map(Some).collect();
     widgets.seed(&client, "v1", &namespaces, PER_NAMESPACE).await;
-    done(format!("created in {:.1} s", seeding.elapsed().as_secs_f64()));
+    apply_catalog(&client, &widgets, "v1", 1).await?;
+    done(format!(
+        "created in {:.1} s, and shop/catalog applied server-side at v1 by {MANAGER}",
+        seeding.elapsed().as_secs_f64()
+    ));
 
     step("Switching the CRD's storage version to v2");
     widgets.set_storage_version(&client, "v2").await;
@@ -74,6 +80,9 @@ async fn main() -> anyhow::Result<()> {
         "controller",
         "--leader-elect=false",
         "--crd-trigger=true",
+        // As the Helm chart runs it: a CRD that stops serving a version gets its managedFields
+        // cleaned.
+        "--clean-managed-fields=true",
         "--checkpoint-interval=1",
         // The control plane is the demo's alone: no client-side rate limit (the default, 100
         // requests per second, is meant for sharing a production apiserver).
@@ -84,13 +93,7 @@ async fn main() -> anyhow::Result<()> {
     let mut controller = KubeSvm::start(&control_plane, "controller", &args).await;
     let migrations: Api<StorageVersionMigration> = Api::all(client.clone());
     let triggered = ListParams::default().labels("kube-svm.io/trigger=crd");
-    let name = loop {
-        if let Some(found) = migrations.list(&triggered).await?.items.into_iter().next() {
-            break found.metadata.name.unwrap_or_default();
-        }
-        anyhow::ensure!(switched.elapsed() < Duration::from_secs(60), "no migration was created");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let name = triggered_migration(&migrations, &triggered, 1, switched).await?;
     detail(&format!(
         "the CRD trigger created migration {name} {:.1} s after the storage switch, start-up included",
         switched.elapsed().as_secs_f64()
@@ -115,10 +118,51 @@ async fn main() -> anyhow::Result<()> {
     inspect(&etcd, &widgets)?;
     let pruned = wait_stored_versions(&client, &widgets, &["v2"]).await;
     detail(&format!("status.storedVersions: {pruned:?}"));
+    let (code, _) = plan_drop(&control_plane, &widgets)?;
+    anyhow::ensure!(code == Some(3), "plan --drop let v1 go while it is served");
+
+    step("Stopping serving v1: the controller cleans the managedFields entries that name it");
+    widgets.set_served(&client, "v1", false).await;
+    let unserved = Instant::now();
+    let name = triggered_migration(&migrations, &triggered, 2, unserved).await?;
+    detail(&format!(
+        "the CRD trigger created migration {name}, annotated kube-svm.io/clean-managed-fields"
+    ));
+    let migration = follow(&migrations, &name, &controller).await?;
+    let progress = migration.status.clone().unwrap_or_default().progress.unwrap_or_default();
+    detail(&format!(
+        "{:?}: {} objects with managedFields cleaned, {} rewritten, {} failed, in {:.1} s",
+        Phase::of(&migration),
+        progress.cleaned,
+        progress.rewritten,
+        progress.failed,
+        unserved.elapsed().as_secs_f64(),
+    ));
+    anyhow::ensure!(Phase::of(&migration) == Phase::Succeeded, "the cleaning did not succeed");
+    let (code, _) = plan_drop(&control_plane, &widgets)?;
+    anyhow::ensure!(code == Some(0), "plan --drop still finds v1 blocked");
+
+    step("Removing v1, and applying shop/catalog server-side again, at v2");
     match drop_version(&client, &widgets, "v1", false).await {
         Ok(()) => detail("removing v1 from spec.versions: accepted, v1 is gone"),
         Err(message) => anyhow::bail!("v1 could not be removed: {message}"),
     }
+    let applied = apply_catalog(&client, &widgets, "v2", 2).await?;
+    let entries: Vec<String> = applied
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| {
+            format!("{} ({})", e.manager.unwrap_or_default(), e.api_version.unwrap_or_default())
+        })
+        .collect();
+    detail(&format!(
+        "applied: spec.size is now {}; managedFields: {}",
+        applied.data["spec"]["size"],
+        entries.join(", ")
+    ));
+
     let metrics = support::http_client()
         .get(format!("http://127.0.0.1:{port}/metrics"))
         .send()
@@ -159,6 +203,73 @@ fn done(text: impl std::fmt::Display) {
 
 fn detail(text: &str) {
     println!("    {text}");
+}
+
+/// The field manager that applies shop/catalog.
+const MANAGER: &str = "shop-deployer";
+
+/// Applies widget shop/catalog server-side at `version`, as [`MANAGER`].
+async fn apply_catalog(
+    client: &Client,
+    widgets: &WidgetCrd,
+    version: &str,
+    size: u32,
+) -> anyhow::Result<kube::core::DynamicObject> {
+    let catalog = serde_json::json!({
+        "apiVersion": widgets.api_version(version),
+        "kind": WidgetCrd::KIND,
+        "metadata": { "name": "catalog", "namespace": "shop" },
+        "spec": { "size": size },
+    });
+    let api = widgets.api(client, version, Some("shop"));
+    let params = kube::api::PatchParams::apply(MANAGER);
+    Ok(api.patch("catalog", &params, &kube::api::Patch::Apply(&catalog)).await?)
+}
+
+/// Waits for the CRD trigger's `n`th migration; its name.
+async fn triggered_migration(
+    migrations: &Api<StorageVersionMigration>,
+    triggered: &ListParams,
+    n: usize,
+    since: Instant,
+) -> anyhow::Result<String> {
+    loop {
+        let mut found = migrations.list(triggered).await?.items;
+        found.sort_by_key(|m| m.metadata.creation_timestamp.clone());
+        if let Some(found) = found.into_iter().nth(n - 1) {
+            return Ok(found.metadata.name.unwrap_or_default());
+        }
+        anyhow::ensure!(since.elapsed() < Duration::from_secs(60), "no migration was created");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Runs `kube-svm plan --drop v1` on the widgets and shows its answer; its exit code.
+fn plan_drop(
+    control_plane: &ControlPlane,
+    widgets: &WidgetCrd,
+) -> anyhow::Result<(Option<i32>, String)> {
+    let name = widgets.name();
+    let args = ["plan", "--drop", "v1", &name];
+    detail(&format!("$ kube-svm {}", args.join(" ")));
+    let output = std::process::Command::new(support::process::binary())
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(control_plane.kubeconfig())
+        .output()?;
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    for line in text.lines() {
+        match line.is_empty() {
+            true => println!(),
+            false => detail(line),
+        }
+    }
+    anyhow::ensure!(
+        matches!(output.status.code(), Some(0 | 3)),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok((output.status.code(), text))
 }
 
 /// Runs `kube-svm inspect` on the widgets and shows its census of etcd.
@@ -237,7 +348,7 @@ async fn follow(
             detail(&format!(
                 "{phase:?}: {:>5} of {} processed, {} remaining",
                 progress.processed,
-                total(),
+                total() + 1,
                 progress.remaining.map(|r| r.to_string()).unwrap_or_else(|| "?".into())
             ));
         }
