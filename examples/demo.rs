@@ -163,6 +163,7 @@ async fn main() -> anyhow::Result<()> {
         entries.join(", ")
     ));
 
+    step("The controller's metrics");
     let metrics = support::http_client()
         .get(format!("http://127.0.0.1:{port}/metrics"))
         .send()
