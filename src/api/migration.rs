@@ -271,6 +271,21 @@ pub struct MigrationTarget {
     pub encoding_evidence: Option<String>,
 }
 
+impl MigrationProgress {
+    /// `12 rewritten, 3 already current, 0 skipped`, with the objects whose `managedFields`
+    /// were cleaned when there are any: `0 rewritten, 12 with managedFields cleaned, …`.
+    pub fn outcomes(&self) -> String {
+        let cleaned = match self.cleaned {
+            0 => String::new(),
+            cleaned => format!(", {cleaned} with managedFields cleaned"),
+        };
+        format!(
+            "{} rewritten{cleaned}, {} already current, {} skipped",
+            self.rewritten, self.already_current, self.skipped
+        )
+    }
+}
+
 fn is_zero(count: &u64) -> bool {
     *count == 0
 }

@@ -464,14 +464,7 @@ fn describe(done: &StorageVersionMigrationStatus) -> Ending {
         return Ending::Failed(message(first));
     }
     let progress = done.progress.clone().unwrap_or_default();
-    let cleaned = match progress.cleaned {
-        0 => String::new(),
-        cleaned => format!(", {cleaned} with managedFields cleaned"),
-    };
-    let counts = format!(
-        "Succeeded: {} objects ({} rewritten{cleaned}, {} already current, {} skipped)",
-        progress.processed, progress.rewritten, progress.already_current, progress.skipped
-    );
+    let counts = format!("Succeeded: {} objects ({})", progress.processed, progress.outcomes());
     let elapsed = match (&done.start_time, &done.completion_time) {
         (Some(start), Some(end)) => {
             let seconds = end.0.duration_since(start.0).as_secs_f64().max(0.0);

@@ -41,14 +41,15 @@ pub struct Page {
     pub remaining: Option<u64>,
 }
 
-// `PartialObjectMetadataList`, reduced to what a migration keeps: three strings an object.
+// `PartialObjectMetadataList`, reduced to what a migration keeps: four strings an object, and
+// its `managedFields` borrowed from the answer, unparsed and uncopied.
 #[derive(Deserialize)]
-struct MetadataList {
+struct MetadataList<'a> {
     #[serde(default)]
     metadata: ListMeta,
     /// The apiserver sends `"items": null` for an empty list.
-    #[serde(default, deserialize_with = "null_as_empty")]
-    items: Vec<MetadataItem>,
+    #[serde(default, borrow, deserialize_with = "null_as_empty")]
+    items: Vec<MetadataItem<'a>>,
 }
 
 pub(super) fn null_as_empty<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
@@ -66,22 +67,23 @@ struct ListMeta {
 }
 
 #[derive(Deserialize)]
-struct MetadataItem {
-    metadata: ObjectMeta,
+struct MetadataItem<'a> {
+    #[serde(borrow)]
+    metadata: ObjectMeta<'a>,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct ObjectMeta {
+struct ObjectMeta<'a> {
     #[serde(default)]
     namespace: String,
     name: String,
     #[serde(default)]
     uid: String,
     resource_version: String,
-    /// Kept unparsed: only a run that cleans them reads them.
-    #[serde(default)]
-    managed_fields: Option<Box<RawValue>>,
+    /// Kept unparsed and in the answer's bytes: only a run that cleans them reads them.
+    #[serde(default, borrow)]
+    managed_fields: Option<&'a RawValue>,
 }
 
 impl Engine {
@@ -186,7 +188,7 @@ fn parse_page(
         .items
         .into_iter()
         .map(|item| {
-            let entries = item.metadata.managed_fields.as_deref();
+            let entries = item.metadata.managed_fields;
             let managed_fields = match (cleaning, entries) {
                 (Some(served), Some(entries)) => cleaned(served, resource, entries).transpose()?,
                 _ => None,

@@ -412,17 +412,9 @@ fn failed_message(progress: &Progress) -> String {
     )
 }
 
-/// `12 rewritten, 3 already current, 0 skipped`, with the objects whose managedFields were
-/// cleaned when there are any.
+/// `12 rewritten, 3 already current, 0 skipped` ([`MigrationProgress::outcomes`]).
 fn outcomes(progress: &Progress) -> String {
-    let cleaned = match progress.cleaned {
-        0 => String::new(),
-        cleaned => format!(", {cleaned} with managedFields cleaned"),
-    };
-    format!(
-        "{} rewritten{cleaned}, {} already current, {} skipped",
-        progress.rewritten, progress.already_current, progress.skipped
-    )
+    counts(progress).outcomes()
 }
 
 fn counts(progress: &Progress) -> MigrationProgress {

@@ -1,7 +1,7 @@
 //! The requests a migration makes around the engine: whether a CRD's conversion webhook answers;
-//! what it targets when it starts, and whether the apiservers already encode in it; marking the CRD `StorageMigrating` while it runs;
-//! watching the target while it runs and checking it again at the end; and pruning
-//! `storedVersions` afterwards when [`storedversions::decide`] allows it.
+//! what it targets when it starts, and whether the apiservers already encode in it; marking the
+//! CRD `StorageMigrating` while it runs; watching the target while it runs and checking it again
+//! at the end; and pruning `storedVersions` afterwards when [`storedversions::decide`] allows it.
 
 use std::time::Duration;
 

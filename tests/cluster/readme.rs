@@ -15,10 +15,9 @@ use kube::api::PostParams;
 use kube_svm::api::Phase;
 
 use crate::support::Scenario;
-use crate::support::asset;
 use crate::support::fixtures::WidgetCrd;
 use crate::support::migrations::{phase_is, wait_for, wait_for_triggered};
-use crate::support::process::{KubeSvm, binary};
+use crate::support::process::{KubeSvm, ReadersPath};
 
 /// The lines of the `sh` blocks (README and docs) that start with `prefix`.
 fn readme_lines(prefix: &str) -> Vec<String> {
@@ -64,23 +63,18 @@ async fn the_readmes_kubectl_and_migrate_lines_work_as_written() {
     shop.set_storage_version(&client, "v2").await;
 
     // kubectl 1.37, kube-svm and its kubectl plugin name on PATH.
-    let bin = tempfile::tempdir().expect("a directory");
-    let kubectl = asset("kubectl").expect("kubectl (hack/control-plane.sh builds it)");
-    std::os::unix::fs::symlink(&kubectl, bin.path().join("kubectl")).expect("linked");
-    for name in ["kube-svm", kube_svm::cli::PLUGIN_BINARY] {
-        std::os::unix::fs::symlink(binary(), bin.path().join(name)).expect("linked");
-    }
-    let path = format!("{}:{}", bin.path().display(), std::env::var("PATH").unwrap_or_default());
+    let readers = ReadersPath::new();
+    let path = readers.path.as_str();
     let state = tempfile::tempdir().expect("a directory");
     let admin = control_plane.kubeconfig();
-    let (code, version) = run("kubectl version", &path, admin, state.path());
+    let (code, version) = run("kubectl version", path, admin, state.path());
     assert_eq!(code, Some(0), "{version}");
     assert!(version.contains("Client Version: v1.37"), "{version}");
 
     // "Run it once", before any controller: the first `kube-svm migrate` line.
     let migrate = readme_lines("kube-svm migrate ");
     let first = migrate.first().expect("the README shows kube-svm migrate");
-    let (code, out) = run(first, &path, admin, state.path());
+    let (code, out) = run(first, path, admin, state.path());
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("widgets.example.com: Succeeded: 2000 objects"), "{out}");
     assert!(out.contains("secrets: Succeeded: 5 objects"), "{out}");
@@ -97,7 +91,7 @@ async fn the_readmes_kubectl_and_migrate_lines_work_as_written() {
     let lines = readme_lines("kubectl ");
     assert!(lines.len() >= 8, "{lines:#?}");
     for line in &lines {
-        let (code, out) = run(line, &path, admin, state.path());
+        let (code, out) = run(line, path, admin, state.path());
         assert_eq!(code, Some(0), "{line}: {out}");
         if line.contains("apply -f config/samples/secrets.yaml") {
             let timeout = Duration::from_secs(60);

@@ -16,7 +16,7 @@ use kube_svm::api::Phase;
 use crate::support::fixtures::{WidgetCrd, update_crd};
 use crate::support::invariant::Census;
 use crate::support::migrations::{phase_is, progress, wait_for, wait_for_triggered};
-use crate::support::process::{KubeSvm, binary};
+use crate::support::process::{KubeSvm, ReadersPath, binary};
 use crate::support::{ControlPlane, Scenario, asset};
 
 /// How long a migration of a few objects may take on a loaded machine.
@@ -271,16 +271,12 @@ async fn the_road_on_this_page_works_as_written() {
     assert!(applied, "{out}");
 
     let script = crate::support::docs::sh_script("removing-a-version.md");
-    let bin = tempfile::tempdir().expect("a directory");
-    let kubectl = asset("kubectl").expect("kubectl (hack/control-plane.sh builds it)");
-    std::os::unix::fs::symlink(&kubectl, bin.path().join("kubectl")).expect("linked");
-    std::os::unix::fs::symlink(binary(), bin.path().join("kube-svm")).expect("linked");
-    let path = format!("{}:{}", bin.path().display(), std::env::var("PATH").unwrap_or_default());
+    let readers = ReadersPath::new();
     let state = tempfile::tempdir().expect("a directory");
     let output = Command::new("bash")
         .args(["-euo", "pipefail", "-x", "-c"])
         .arg(format!("exec 2>&1\n{script}"))
-        .env("PATH", path)
+        .env("PATH", &readers.path)
         .env("KUBECONFIG", control_plane.kubeconfig())
         .env("XDG_STATE_HOME", state.path())
         .env_remove("RUST_LOG")

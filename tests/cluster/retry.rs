@@ -64,10 +64,10 @@ async fn retried_notes(client: &Client, name: &str) -> Vec<String> {
     retried.map(|e| e.message.unwrap_or_default()).collect()
 }
 
-/// Waits up to ten seconds for `n` `Retried` Events on migration `name` (an Event follows the
+/// Waits up to a minute for `n` `Retried` Events on migration `name` (an Event follows the
 /// status write it explains); returns their notes.
 async fn wait_for_retried_notes(client: &Client, name: &str, n: usize) -> Vec<String> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let notes = retried_notes(client, name).await;
         if notes.len() >= n || tokio::time::Instant::now() > deadline {

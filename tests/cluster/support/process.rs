@@ -16,6 +16,28 @@ pub fn binary() -> PathBuf {
         .unwrap_or_else(|| panic!("set KUBE_SVM_BINARY to the kube-svm binary to run"))
 }
 
+/// A `PATH` a reader's shell would have: the harness's kubectl, kube-svm and its kubectl plugin
+/// name, before the test's own `PATH`. The directory lives as long as the value returned.
+pub struct ReadersPath {
+    _bin: tempfile::TempDir,
+    /// The value for `PATH`.
+    pub path: String,
+}
+
+impl ReadersPath {
+    pub fn new() -> ReadersPath {
+        let bin = tempfile::tempdir().expect("a directory");
+        let kubectl = super::asset("kubectl").expect("kubectl (hack/control-plane.sh builds it)");
+        std::os::unix::fs::symlink(&kubectl, bin.path().join("kubectl")).expect("linked");
+        for name in ["kube-svm", kube_svm::cli::PLUGIN_BINARY] {
+            std::os::unix::fs::symlink(binary(), bin.path().join(name)).expect("linked");
+        }
+        let path =
+            format!("{}:{}", bin.path().display(), std::env::var("PATH").unwrap_or_default());
+        ReadersPath { _bin: bin, path }
+    }
+}
+
 pub struct KubeSvm {
     child: Child,
     pub log: PathBuf,

@@ -5,7 +5,6 @@
 use std::process::Command;
 
 use super::fixtures::wait_established;
-use super::process::binary;
 use super::{ControlPlane, asset};
 
 /// The names of the two CRDs, the same as kube-svm's.
@@ -148,16 +147,12 @@ pub fn kubectl(control_plane: &ControlPlane, args: &[&str]) -> std::process::Out
 pub fn take_over_as_the_readme_says(control_plane: &ControlPlane) -> String {
     let lines = super::docs::sh_lines("kube-svm crds |");
     let line = lines.first().expect("the docs show how to take the CRDs over");
-    let bin = tempfile::tempdir().expect("a directory");
-    let kubectl = asset("kubectl").expect("kubectl (hack/control-plane.sh builds it)");
-    std::os::unix::fs::symlink(&kubectl, bin.path().join("kubectl")).expect("linked");
-    std::os::unix::fs::symlink(binary(), bin.path().join("kube-svm")).expect("linked");
-    let path = format!("{}:{}", bin.path().display(), std::env::var("PATH").unwrap_or_default());
+    let readers = super::process::ReadersPath::new();
     // pipefail: a failing `kube-svm crds` must fail the line.
     let output = Command::new("bash")
         .args(["-o", "pipefail", "-c"])
         .arg(format!("exec 2>&1\n{line}"))
-        .env("PATH", path)
+        .env("PATH", &readers.path)
         .env("KUBECONFIG", control_plane.kubeconfig())
         .env_remove("RUST_LOG")
         .output()
