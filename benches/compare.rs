@@ -781,7 +781,7 @@ struct Setting {
 
 /// The settings the sweep tries (`BENCH_SWEEP`: `0` none, `windows`, `bands`, anything else
 /// both): fixed windows at the fast pace, where the window grows to its maximum, and gentle
-/// bands of several widths with the maximum of 64.
+/// bands of several widths and spacings with the maximum of 64.
 fn sweep_settings() -> Vec<Setting> {
     let which = std::env::var("BENCH_SWEEP").unwrap_or_default();
     let mut settings = Vec::new();
@@ -799,12 +799,24 @@ fn sweep_settings() -> Vec<Setting> {
         }
     }
     if which != "windows" {
-        for (grow_below, shrink_above) in [(1.5, 3.0), (2.0, 4.0), (3.0, 6.0), (5.0, 10.0)] {
+        for (grow_below, shrink_above, max_spacing) in [
+            (1.5, 3.0, 0.0),
+            (1.5, 3.0, 2.0),
+            (1.5, 3.0, 4.0),
+            (1.25, 2.5, 2.0),
+            (2.0, 4.0, 0.0),
+            (5.0, 10.0, 0.0),
+        ] {
+            let spacing = if max_spacing > 0.0 {
+                format!(", spaced up to {max_spacing}x")
+            } else {
+                ", unspaced".to_owned()
+            };
             settings.push(Setting {
-                name: format!("gentle band {grow_below}x-{shrink_above}x"),
+                name: format!("gentle band {grow_below}x-{shrink_above}x{spacing}"),
                 pace: Pace::Gentle,
                 writes_in_flight: 64,
-                gentle_band: Band { grow_below, shrink_above, ..Band::GENTLE },
+                gentle_band: Band { grow_below, shrink_above, max_spacing, ..Band::GENTLE },
             });
         }
     }
@@ -819,10 +831,14 @@ struct Point {
     writes_in_flight: usize,
     grow_below: Option<f64>,
     shrink_above: Option<f64>,
+    max_spacing: Option<f64>,
     objects_per_second: f64,
     mean_write_ms: f64,
     /// The window's mean size over the run, sampled every 100 ms.
     mean_window: f64,
+    /// Writes in flight on average (Little's law: the writes' summed latency over the run's
+    /// duration); below 1 when writes are spaced.
+    mean_in_flight: f64,
     foreground: Option<Latencies>,
 }
 
@@ -1101,13 +1117,15 @@ async fn main() {
         let ended = Instant::now();
         let patches = metrics.request_duration.with_label_values(&["patch"]);
         let latency = patches.get_sample_sum() / patches.get_sample_count().max(1) as f64;
-        let rate = bench.objects as f64 / ended.duration_since(started).as_secs_f64();
+        let elapsed = ended.duration_since(started).as_secs_f64();
+        let rate = bench.objects as f64 / elapsed;
+        let mean_in_flight = patches.get_sample_sum() / elapsed;
         let mean_window = *window_sum.lock().expect("not poisoned")
             / (*window_samples.lock().expect("not poisoned")).max(1) as f64;
         bench.stored = if bench.stored == "v1" { "v2" } else { "v1" };
         let foreground = bench.foreground.between(started, ended);
         println!(
-            "sweep: {:<28} {rate:>7.1} objects/s, mean write latency {:.1} ms, mean window {mean_window:.1}, foreground {}",
+            "sweep: {:<28} {rate:>7.1} objects/s, mean write latency {:.1} ms, mean window {mean_window:.1}, in flight {mean_in_flight:.2}, foreground {}",
             setting.name,
             latency * 1000.0,
             foreground.map(|f| f.cells()).unwrap_or_default()
@@ -1119,9 +1137,11 @@ async fn main() {
             writes_in_flight: setting.writes_in_flight,
             grow_below: gentle.then_some(setting.gentle_band.grow_below),
             shrink_above: gentle.then_some(setting.gentle_band.shrink_above),
+            max_spacing: gentle.then_some(setting.gentle_band.max_spacing),
             objects_per_second: rate,
             mean_write_ms: latency * 1000.0,
             mean_window,
+            mean_in_flight,
             foreground,
         });
     }
@@ -1168,11 +1188,11 @@ fn write_report(bench: &Bench, sweep: &[Point], bytes: usize) {
         );
     }
     if !sweep.is_empty() {
-        table.push_str("\nkube-svm's engine (as the chart's ServiceAccount, no client-side rate limit) at fixed windows (the fast pace, at most N writes in flight) and at gentle latency bands (grow below a×, shrink above b× the fastest write, at most 64 in flight): the curve of throughput against the foreground's latency.\n\n| setting | objects/s | × limit | foreground p50 / p99 / max (ms) | mean write latency (ms) | mean window |\n| --- | --- | --- | --- | --- | --- |\n");
+        table.push_str("\nkube-svm's engine (as the chart's ServiceAccount, no client-side rate limit) at fixed windows (the fast pace, at most N writes in flight) and at gentle latency bands (grow below a×, shrink above b× the fastest write, at most 64 in flight; spaced: at one write in flight, up to c× its latency idle after each write): the curve of throughput against the foreground's latency. Writes in flight is their summed latency over the run's duration, below 1 when spaced.\n\n| setting | objects/s | × limit | foreground p50 / p99 / max (ms) | mean write latency (ms) | mean window | writes in flight |\n| --- | --- | --- | --- | --- | --- | --- |\n");
         for point in sweep {
             let _ = writeln!(
                 table,
-                "| {} | {:.0} | {} | {} | {:.1} | {:.1} |",
+                "| {} | {:.0} | {} | {} | {:.1} | {:.1} | {:.2} |",
                 point.setting,
                 point.objects_per_second,
                 match limit > 0.0 {
@@ -1182,6 +1202,7 @@ fn write_report(bench: &Bench, sweep: &[Point], bytes: usize) {
                 point.foreground.map(|f| f.cells()).unwrap_or_else(dash),
                 point.mean_write_ms,
                 point.mean_window,
+                point.mean_in_flight,
             );
         }
     }

@@ -10,6 +10,13 @@
 //!   above its upper bound, or above its ceiling at all, it shrinks by one per window's worth. In
 //!   between it holds.
 //!
+//! Below one write in flight, a band may also **space** the writes: at one write at a time, the
+//! further the smoothed latency sits into the band, the longer the window waits after each
+//! write before the next (up to [`Band::max_spacing`] times its latency), so that a slower
+//! apiserver gets idle time back. The floor is the fastest write seen at one write in flight in
+//! the last one to two [`FLOOR_PERIOD`]s, so a long run follows the apiserver as etcd grows
+//! instead of judging it against a lucky answer from its first minute.
+//!
 //! The band is the migration's [`Pace`]. A CPU-bound apiserver's latency climbs with every write
 //! added beyond a few while its throughput still grows slowly, and every other client of the
 //! apiserver waits about as long as kube-svm's own writes do: the band kube-svm keeps its own
@@ -21,6 +28,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::time::Instant;
 
 /// Windows' worth of successes before the window grows back to the size last throttled: with
 /// 4 seats granted, about one write in 70 is rejected instead of one in 8 (measured against
@@ -29,6 +37,14 @@ const PROBE_WINDOWS: usize = 16;
 
 /// Weight of a new sample in the smoothed latency (TCP's 1/8).
 const SMOOTHING: f64 = 0.125;
+
+/// How long a fastest write stays the floor: it is forgotten one to two periods later, unless a
+/// write at one in flight was as fast since.
+const FLOOR_PERIOD: Duration = Duration::from_secs(30);
+
+/// The longest a spaced write waits, however slow the apiserver: a run stays responsive to
+/// being stopped, and a slow apiserver still sees progress.
+const MAX_SPACING_WAIT: Duration = Duration::from_secs(2);
 
 /// How hard a migration presses the apiserver.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -73,6 +89,10 @@ pub struct Band {
     pub shrink_above: f64,
     /// Smoothed latency above this, whatever the floor, shrinks the window.
     pub ceiling: Duration,
+    /// At one write in flight, the longest wait after a write before the next, as a multiple of
+    /// the smoothed latency: reached at the upper bound, none at the lower one, in proportion in
+    /// between. 0 never spaces writes.
+    pub max_spacing: f64,
 }
 
 impl Band {
@@ -81,8 +101,12 @@ impl Band {
     /// and 483 at 64. This band settles between about 20 and 50 writes, near the apiserver's
     /// limit, and gives way only when something else makes the apiserver far slower; other
     /// clients then wait ten to twenty times as long as on an idle apiserver.
-    pub const FAST: Band =
-        Band { grow_below: 10.0, shrink_above: 20.0, ceiling: Duration::from_millis(500) };
+    pub const FAST: Band = Band {
+        grow_below: 10.0,
+        shrink_above: 20.0,
+        ceiling: Duration::from_millis(500),
+        max_spacing: 0.0,
+    };
 
     /// Narrow: other clients wait about as long as kube-svm's writes do, so holding those within
     /// one and a half to three times the fastest write keeps everyone's latency within a small
@@ -90,8 +114,12 @@ impl Band {
     /// from `make bench`'s sweep (docs/performance.md): of the bands tried (1.5x-3x, 2x-4x, 3x-6x,
     /// 5x-10x), this one left the foreground client's p50 at its idle value and its p99 lowest,
     /// while moving 0.56x the limit; wider bands bought up to 0.81x with twice the p99.
-    pub const GENTLE: Band =
-        Band { grow_below: 1.5, shrink_above: 3.0, ceiling: Duration::from_millis(100) };
+    pub const GENTLE: Band = Band {
+        grow_below: 1.5,
+        shrink_above: 3.0,
+        ceiling: Duration::from_millis(100),
+        max_spacing: 2.0,
+    };
 }
 
 /// Why a window is below its maximum: the migration is holding back for the cluster's sake.
@@ -180,12 +208,50 @@ struct State {
     /// windows' worth of successes, so a migration held to a few seats by its priority level is
     /// rarely rejected, yet still notices when more seats free up.
     throttled_at: Option<usize>,
-    /// The fastest write seen, in seconds.
-    floor: Option<f64>,
+    /// The fastest write lately.
+    floor: Floor,
     /// The smoothed latency, in seconds.
     smoothed: Option<f64>,
     /// What the smoothed latency said last.
     load: Load,
+    /// At one write in flight: no write enters before this.
+    not_before: Option<Instant>,
+}
+
+/// The fastest write lately, in seconds: the fastest of the current [`FLOOR_PERIOD`] and the
+/// one before it. Only writes made alone (one in flight) set it, unless a write with others
+/// beside it was faster still, so that a window kept wide does not raise its own floor.
+#[derive(Debug, Default, PartialEq)]
+struct Floor {
+    before: Option<f64>,
+    current: Option<f64>,
+    /// When the current period started.
+    started: Option<Instant>,
+}
+
+impl Floor {
+    fn seconds(&self) -> Option<f64> {
+        match (self.before, self.current) {
+            (Some(before), Some(current)) => Some(before.min(current)),
+            (before, current) => before.or(current),
+        }
+    }
+
+    /// Takes in a write of `sample` seconds, made `alone` or not, and returns the floor.
+    fn observe(&mut self, sample: f64, alone: bool, now: Instant) -> f64 {
+        let started = *self.started.get_or_insert(now);
+        if now.duration_since(started) >= FLOOR_PERIOD {
+            // A period without a write alone keeps the floor of the one before.
+            if let Some(current) = self.current.take() {
+                self.before = Some(current);
+            }
+            self.started = Some(now);
+        }
+        if alone || self.seconds().is_none_or(|floor| sample < floor) {
+            self.current = Some(self.current.map_or(sample, |current| current.min(sample)));
+        }
+        self.seconds().unwrap_or(sample)
+    }
 }
 
 /// What the caller learnt from one request.
@@ -221,9 +287,10 @@ impl Window {
                 successes: 0,
                 threshold: max,
                 throttled_at: None,
-                floor: None,
+                floor: Floor::default(),
                 smoothed: None,
                 load: Load::Light,
+                not_before: None,
             }),
             gauges,
         };
@@ -233,10 +300,14 @@ impl Window {
         window
     }
 
-    /// Waits for room in the window.
+    /// Waits for room in the window, and then for the spacing after the write before, if any.
     pub async fn enter(&self) -> Slot<'_> {
         // The semaphore is never closed, so acquiring cannot fail; fall back to no permit.
         let permit = self.permits.acquire().await.ok();
+        let not_before = self.lock().not_before;
+        if let Some(not_before) = not_before {
+            tokio::time::sleep_until(not_before).await;
+        }
         Slot { window: self, permit }
     }
 
@@ -265,7 +336,7 @@ impl Window {
                 let halved = state.size.div_ceil(2);
                 self.shrink(&mut state, halved);
             }
-            Signal::Success(latency) => match state.observe(latency, &self.band) {
+            Signal::Success(latency) => match state.observe(latency, &self.band, Instant::now()) {
                 Load::Heavy if state.size < state.threshold => {
                     // Slow start ends where queueing begins.
                     state.threshold = state.size;
@@ -295,6 +366,9 @@ impl Window {
                 Load::Light | Load::Fair => {}
             },
             Signal::Neutral => {}
+        }
+        if let Signal::Success(_) = signal {
+            state.not_before = state.spacing(&self.band).map(|wait| Instant::now() + wait);
         }
         if let Some(permit) = permit
             && state.to_retire > 0
@@ -353,13 +427,11 @@ impl Drop for Window {
 }
 
 impl State {
-    /// Takes one write's latency into the floor and the smoothed latency; says what they show
-    /// against `band`.
-    fn observe(&mut self, latency: Duration, band: &Band) -> Load {
+    /// Takes one write's latency, done at `now`, into the floor and the smoothed latency; says
+    /// what they show against `band`.
+    fn observe(&mut self, latency: Duration, band: &Band, now: Instant) -> Load {
         let sample = latency.as_secs_f64();
-        let floor = *self.floor.get_or_insert(sample);
-        let floor = floor.min(sample);
-        self.floor = Some(floor);
+        let floor = self.floor.observe(sample, self.size == 1, now);
         let smoothed = match self.smoothed {
             None => sample,
             Some(previous) => previous + SMOOTHING * (sample - previous),
@@ -374,6 +446,25 @@ impl State {
             Load::Fair
         };
         self.load
+    }
+
+    /// How long to wait after a write before the next: only at one write in flight, in
+    /// proportion to how far the smoothed latency sits into `band`, in multiples of it.
+    fn spacing(&self, band: &Band) -> Option<Duration> {
+        let (Some(smoothed), Some(floor)) = (self.smoothed, self.floor.seconds()) else {
+            return None;
+        };
+        if self.size > 1 || band.max_spacing <= 0.0 {
+            return None;
+        }
+        let depth = if smoothed > band.ceiling.as_secs_f64() {
+            1.0
+        } else {
+            let width = band.shrink_above - band.grow_below;
+            ((smoothed / floor - band.grow_below) / width).clamp(0.0, 1.0)
+        };
+        let wait = band.max_spacing * depth * smoothed;
+        (wait > 0.0).then(|| Duration::from_secs_f64(wait).min(MAX_SPACING_WAIT))
     }
 
     /// The size, and what holds it below `max`: throttling, until the window has grown past
@@ -581,6 +672,75 @@ mod tests {
         assert_eq!((size.get(), latency.get(), throttling.get()), (2, 0, 1));
         drop(window);
         assert_eq!((size.get(), latency.get(), throttling.get()), (0, 0, 0));
+    }
+
+    /// How long entering `window` waits, on a paused clock.
+    async fn wait_to_enter(window: &Window) -> Duration {
+        let start = Instant::now();
+        let slot = window.enter().await;
+        let waited = start.elapsed();
+        slot.leave(Signal::Neutral);
+        waited
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_one_write_a_slower_apiserver_gets_idle_time_back() {
+        // A gentle window held to one write: 5 ms is the floor, then the apiserver slows down.
+        let window = Window::new(1, Band::GENTLE, None);
+        succeed(&window, 1, FAST).await;
+        assert_eq!(wait_to_enter(&window).await, Duration::ZERO, "at the floor, no spacing");
+        // 2.25 times the floor: halfway into the band, half the maximum spacing.
+        succeed(&window, 100, Signal::Success(Duration::from_micros(11_250))).await;
+        let waited = wait_to_enter(&window).await.as_secs_f64();
+        let expected = 0.5 * Band::GENTLE.max_spacing * 0.011_25;
+        assert!((waited - expected).abs() < 0.001, "waited {waited} s, not {expected} s");
+        // Past the band: the maximum.
+        succeed(&window, 100, Signal::Success(Duration::from_millis(40))).await;
+        let waited = wait_to_enter(&window).await.as_secs_f64();
+        let expected = Band::GENTLE.max_spacing * 0.040;
+        assert!((waited - expected).abs() < 0.002, "waited {waited} s, not {expected} s");
+        // Back at the floor, back to back again.
+        succeed(&window, 100, FAST).await;
+        assert_eq!(wait_to_enter(&window).await, Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_fast_band_and_a_wider_window_never_space_writes() {
+        let fast = Window::new(1, Band::FAST, None);
+        let gentle = Window::new(8, Band::GENTLE, None);
+        for window in [&fast, &gentle] {
+            succeed(window, 3, FAST).await;
+            succeed(window, 100, Signal::Success(Duration::from_millis(12))).await;
+        }
+        assert_eq!(wait_to_enter(&fast).await, Duration::ZERO);
+        assert!(gentle.size() > 1, "{}", gentle.size());
+        assert_eq!(wait_to_enter(&gentle).await, Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_floor_follows_writes_made_alone_and_forgets_old_ones() {
+        let window = Window::new(1, Band::GENTLE, None);
+        succeed(&window, 1, FAST).await;
+        let slower = Signal::Success(Duration::from_millis(20));
+        succeed(&window, 50, slower).await;
+        assert!(wait_to_enter(&window).await > Duration::ZERO, "4 times the floor: spaced");
+        // Two periods of 20 ms writes, alone: 20 ms is the floor now, and at it, no spacing.
+        for _ in 0..3 {
+            tokio::time::advance(FLOOR_PERIOD).await;
+            succeed(&window, 50, slower).await;
+        }
+        assert_eq!(window.lock().floor.seconds(), Some(0.020));
+        assert_eq!(wait_to_enter(&window).await, Duration::ZERO);
+
+        // Writes made beside others only ever lower the floor.
+        let wide = Window::new(8, Band::FAST, None);
+        succeed(&wide, 7, FAST).await;
+        assert_eq!(wide.size(), 8);
+        for _ in 0..3 {
+            tokio::time::advance(FLOOR_PERIOD).await;
+            succeed(&wide, 50, Signal::Success(Duration::from_millis(60))).await;
+        }
+        assert_eq!(wide.lock().floor.seconds(), Some(0.005));
     }
 
     #[test]
