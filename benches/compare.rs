@@ -28,7 +28,7 @@
 //! foreground's p99. The table goes to `docs/bench.md`, the numbers to `docs/bench.json`
 //! (`hack/plot.py` draws `docs/bench.png` from them). `BENCH_CONTENDERS` (comma-separated names)
 //! runs a subset; `BENCH_SWEEP=0` skips the sweep, `BENCH_SWEEP=windows` or `bands` runs half of
-//! it; `BENCH_REPORT=/tmp/x` writes `/tmp/x.md` and `/tmp/x.json` instead. Throughput drifts as
+//! it, any other text the settings whose name contains it; `BENCH_REPORT=/tmp/x` writes `/tmp/x.md` and `/tmp/x.json` instead. Throughput drifts as
 //! etcd's history grows: the limit is measured at the start and again at the end, and ratios are
 //! quoted against their mean.
 
@@ -779,8 +779,8 @@ struct Setting {
     gentle_band: Band,
 }
 
-/// The settings the sweep tries (`BENCH_SWEEP`: `0` none, `windows`, `bands`, anything else
-/// both): fixed windows at the fast pace, where the window grows to its maximum, and gentle
+/// The settings the sweep tries (`BENCH_SWEEP`: `0` none, `windows`, `bands`, unset all, any
+/// other text those whose name contains it): fixed windows at the fast pace, where the window grows to its maximum, and gentle
 /// bands of several widths and spacings with the maximum of 64.
 fn sweep_settings() -> Vec<Setting> {
     let which = std::env::var("BENCH_SWEEP").unwrap_or_default();
@@ -801,6 +801,7 @@ fn sweep_settings() -> Vec<Setting> {
     if which != "windows" {
         for (grow_below, shrink_above, max_spacing) in [
             (1.5, 3.0, 0.0),
+            (1.5, 3.0, 1.0),
             (1.5, 3.0, 2.0),
             (1.5, 3.0, 4.0),
             (1.25, 2.5, 2.0),
@@ -819,6 +820,9 @@ fn sweep_settings() -> Vec<Setting> {
                 gentle_band: Band { grow_below, shrink_above, max_spacing, ..Band::GENTLE },
             });
         }
+    }
+    if !matches!(which.as_str(), "" | "windows" | "bands") {
+        settings.retain(|setting| setting.name.contains(&which));
     }
     settings
 }

@@ -38,7 +38,8 @@ pub fn window(size: u64, restraint: Option<Restraint>) -> String {
 }
 
 /// A window held back, in words: `holding back to 6 writes at once: the apiserver answers
-/// slower than the gentle pace allows`.
+/// slower than the gentle pace allows`. Held back by latency to one write, a pace that spaces
+/// its writes also pauses between them, and says so.
 pub fn holding_back(pace: Pace, size: u64, restraint: Restraint) -> String {
     let why = match restraint {
         Restraint::Latency => {
@@ -46,7 +47,12 @@ pub fn holding_back(pace: Pace, size: u64, restraint: Restraint) -> String {
         }
         Restraint::Throttling => "the apiserver throttles kube-svm (429)".to_owned(),
     };
-    format!("holding back to {size} writes at once: {why}")
+    let spaced = restraint == Restraint::Latency && pace.band().max_spacing > 0.0;
+    match size {
+        1 if spaced => format!("holding back to one write at a time, with pauses: {why}"),
+        1 => format!("holding back to one write at a time: {why}"),
+        _ => format!("holding back to {size} writes at once: {why}"),
+    }
 }
 
 /// Rounding up to whole seconds: an ETA of 0.4 s is shown as `1s`, never `0s`.
@@ -95,6 +101,18 @@ mod tests {
         assert_eq!(
             holding_back(Pace::Fast, 3, Restraint::Throttling),
             "holding back to 3 writes at once: the apiserver throttles kube-svm (429)"
+        );
+        assert_eq!(
+            holding_back(Pace::Gentle, 1, Restraint::Latency),
+            "holding back to one write at a time, with pauses: the apiserver answers slower than the gentle pace allows"
+        );
+        assert_eq!(
+            holding_back(Pace::Gentle, 1, Restraint::Throttling),
+            "holding back to one write at a time: the apiserver throttles kube-svm (429)"
+        );
+        assert_eq!(
+            holding_back(Pace::Fast, 1, Restraint::Latency),
+            "holding back to one write at a time: the apiserver answers slower than the fast pace allows"
         );
     }
 }

@@ -70,6 +70,14 @@ impl Pace {
         }
     }
 
+    /// The latency band the pace keeps its writes in.
+    pub fn band(self) -> Band {
+        match self {
+            Pace::Gentle => Band::GENTLE,
+            Pace::Fast => Band::FAST,
+        }
+    }
+
     /// The pace named `name` (`gentle` or `fast`).
     pub fn parse(name: &str) -> Option<Pace> {
         match name {
