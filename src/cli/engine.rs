@@ -35,7 +35,7 @@ pub struct EngineArgs {
     pub writes_in_flight: usize,
 
     /// How hard migrations press the apiserver: `gentle` keeps other clients' requests nearly as
-    /// fast as on an idle apiserver; `fast` takes the apiserver's whole throughput, for
+    /// fast as on an idle apiserver, down to one write at a time with pauses; `fast` takes the apiserver's whole throughput, for
     /// maintenance windows. A migration can ask for either with the annotation
     /// `kube-svm.io/pace`.
     #[arg(long, env = "KUBE_SVM_PACE", default_value = "gentle", value_parser = pace_parser())]
