@@ -13,9 +13,8 @@
 //! Below one write in flight, a band may also **space** the writes: at one write at a time, the
 //! further the smoothed latency sits into the band, the longer the window waits after each
 //! write before the next (up to [`Band::max_spacing`] times its latency), so that a slower
-//! apiserver gets idle time back. The floor is the fastest write seen at one write in flight in
-//! the last one to two [`FLOOR_PERIOD`]s, so a long run follows the apiserver as etcd grows
-//! instead of judging it against a lucky answer from its first minute.
+//! apiserver gets idle time back. The floor stays the fastest write ever seen: an apiserver that
+//! slows over a long run is given more idle time, never less.
 //!
 //! The band is the migration's [`Pace`]. A CPU-bound apiserver's latency climbs with every write
 //! added beyond a few while its throughput still grows slowly, and every other client of the
@@ -37,10 +36,6 @@ const PROBE_WINDOWS: usize = 16;
 
 /// Weight of a new sample in the smoothed latency (TCP's 1/8).
 const SMOOTHING: f64 = 0.125;
-
-/// How long a fastest write stays the floor: it is forgotten one to two periods later, unless a
-/// write at one in flight was as fast since.
-const FLOOR_PERIOD: Duration = Duration::from_secs(30);
 
 /// The longest a spaced write waits, however slow the apiserver: a run stays responsive to
 /// being stopped, and a slow apiserver still sees progress.
@@ -219,50 +214,14 @@ struct State {
     /// windows' worth of successes, so a migration held to a few seats by its priority level is
     /// rarely rejected, yet still notices when more seats free up.
     throttled_at: Option<usize>,
-    /// The fastest write lately.
-    floor: Floor,
+    /// The fastest write seen, in seconds.
+    floor: Option<f64>,
     /// The smoothed latency, in seconds.
     smoothed: Option<f64>,
     /// What the smoothed latency said last.
     load: Load,
     /// At one write in flight: no write enters before this.
     not_before: Option<Instant>,
-}
-
-/// The fastest write lately, in seconds: the fastest of the current [`FLOOR_PERIOD`] and the
-/// one before it. Only writes made alone (one in flight) set it, unless a write with others
-/// beside it was faster still, so that a window kept wide does not raise its own floor.
-#[derive(Debug, Default, PartialEq)]
-struct Floor {
-    before: Option<f64>,
-    current: Option<f64>,
-    /// When the current period started.
-    started: Option<Instant>,
-}
-
-impl Floor {
-    fn seconds(&self) -> Option<f64> {
-        match (self.before, self.current) {
-            (Some(before), Some(current)) => Some(before.min(current)),
-            (before, current) => before.or(current),
-        }
-    }
-
-    /// Takes in a write of `sample` seconds, made `alone` or not, and returns the floor.
-    fn observe(&mut self, sample: f64, alone: bool, now: Instant) -> f64 {
-        let started = *self.started.get_or_insert(now);
-        if now.duration_since(started) >= FLOOR_PERIOD {
-            // A period without a write alone keeps the floor of the one before.
-            if let Some(current) = self.current.take() {
-                self.before = Some(current);
-            }
-            self.started = Some(now);
-        }
-        if alone || self.seconds().is_none_or(|floor| sample < floor) {
-            self.current = Some(self.current.map_or(sample, |current| current.min(sample)));
-        }
-        self.seconds().unwrap_or(sample)
-    }
 }
 
 /// What the caller learnt from one request.
@@ -298,7 +257,7 @@ impl Window {
                 successes: 0,
                 threshold: max,
                 throttled_at: None,
-                floor: Floor::default(),
+                floor: None,
                 smoothed: None,
                 load: Load::Light,
                 not_before: None,
@@ -347,7 +306,7 @@ impl Window {
                 let halved = state.size.div_ceil(2);
                 self.shrink(&mut state, halved);
             }
-            Signal::Success(latency) => match state.observe(latency, &self.band, Instant::now()) {
+            Signal::Success(latency) => match state.observe(latency, &self.band) {
                 Load::Heavy if state.size < state.threshold => {
                     // Slow start ends where queueing begins.
                     state.threshold = state.size;
@@ -438,11 +397,12 @@ impl Drop for Window {
 }
 
 impl State {
-    /// Takes one write's latency, done at `now`, into the floor and the smoothed latency; says
-    /// what they show against `band`.
-    fn observe(&mut self, latency: Duration, band: &Band, now: Instant) -> Load {
+    /// Takes one write's latency into the floor and the smoothed latency; says what they show
+    /// against `band`.
+    fn observe(&mut self, latency: Duration, band: &Band) -> Load {
         let sample = latency.as_secs_f64();
-        let floor = self.floor.observe(sample, self.size == 1, now);
+        let floor = self.floor.map_or(sample, |floor| floor.min(sample));
+        self.floor = Some(floor);
         let smoothed = match self.smoothed {
             None => sample,
             Some(previous) => previous + SMOOTHING * (sample - previous),
@@ -462,7 +422,7 @@ impl State {
     /// How long to wait after a write before the next: only at one write in flight, in
     /// proportion to how far the smoothed latency sits into `band`, in multiples of it.
     fn spacing(&self, band: &Band) -> Option<Duration> {
-        let (Some(smoothed), Some(floor)) = (self.smoothed, self.floor.seconds()) else {
+        let (Some(smoothed), Some(floor)) = (self.smoothed, self.floor) else {
             return None;
         };
         if self.size > 1 || band.max_spacing <= 0.0 {
@@ -478,14 +438,13 @@ impl State {
         (wait > 0.0).then(|| Duration::from_secs_f64(wait).min(MAX_SPACING_WAIT))
     }
 
-    /// The size, and what holds it below `max`: throttling, until the window has grown past
-    /// where it was last throttled; else latency at or above the band's lower bound.
+    /// The size, and what holds it back: below `max`, throttling, until the window has grown
+    /// past where it was last throttled, else latency at or above the band's lower bound; and
+    /// latency whenever writes are spaced, even at `max`.
     fn holding(&self, max: usize) -> Holding {
-        let restraint = if self.size >= max {
-            None
-        } else if self.throttled_at.is_some() {
+        let restraint = if self.size < max && self.throttled_at.is_some() {
             Some(Restraint::Throttling)
-        } else if self.load != Load::Light {
+        } else if self.not_before.is_some() || (self.size < max && self.load != Load::Light) {
             Some(Restraint::Latency)
         } else {
             None
@@ -705,6 +664,8 @@ mod tests {
         let waited = wait_to_enter(&window).await.as_secs_f64();
         let expected = 0.5 * Band::GENTLE.max_spacing * 0.011_25;
         assert!((waited - expected).abs() < 0.001, "waited {waited} s, not {expected} s");
+        let spaced = Holding { size: 1, restraint: Some(Restraint::Latency) };
+        assert_eq!(window.holding(), spaced, "spaced, even at its maximum of one");
         // Past the band: the maximum.
         succeed(&window, 100, Signal::Success(Duration::from_millis(40))).await;
         let waited = wait_to_enter(&window).await.as_secs_f64();
@@ -713,6 +674,7 @@ mod tests {
         // Back at the floor, back to back again.
         succeed(&window, 100, FAST).await;
         assert_eq!(wait_to_enter(&window).await, Duration::ZERO);
+        assert_eq!(window.holding(), Holding { size: 1, restraint: None });
     }
 
     #[tokio::test(start_paused = true)]
@@ -726,32 +688,6 @@ mod tests {
         assert_eq!(wait_to_enter(&fast).await, Duration::ZERO);
         assert!(gentle.size() > 1, "{}", gentle.size());
         assert_eq!(wait_to_enter(&gentle).await, Duration::ZERO);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_floor_follows_writes_made_alone_and_forgets_old_ones() {
-        let window = Window::new(1, Band::GENTLE, None);
-        succeed(&window, 1, FAST).await;
-        let slower = Signal::Success(Duration::from_millis(20));
-        succeed(&window, 50, slower).await;
-        assert!(wait_to_enter(&window).await > Duration::ZERO, "4 times the floor: spaced");
-        // Two periods of 20 ms writes, alone: 20 ms is the floor now, and at it, no spacing.
-        for _ in 0..3 {
-            tokio::time::advance(FLOOR_PERIOD).await;
-            succeed(&window, 50, slower).await;
-        }
-        assert_eq!(window.lock().floor.seconds(), Some(0.020));
-        assert_eq!(wait_to_enter(&window).await, Duration::ZERO);
-
-        // Writes made beside others only ever lower the floor.
-        let wide = Window::new(8, Band::FAST, None);
-        succeed(&wide, 7, FAST).await;
-        assert_eq!(wide.size(), 8);
-        for _ in 0..3 {
-            tokio::time::advance(FLOOR_PERIOD).await;
-            succeed(&wide, 50, Signal::Success(Duration::from_millis(60))).await;
-        }
-        assert_eq!(wide.lock().floor.seconds(), Some(0.005));
     }
 
     #[test]

@@ -150,8 +150,15 @@ async fn sigterm_checkpoints_releases_the_lease_and_exits() {
         phase_is(Phase::Running),
     )
     .await;
-    // A few pages in; no progress is written before the end (the interval is a minute).
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // A few pages in, as etcd shows; no progress is written before the end (the interval is a
+    // minute).
+    let etcd = control_plane.etcd();
+    let rewritten = widgets.api_version("v2");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Census::of(&etcd, &widgets).await.count(&rewritten) < 40 {
+        assert!(Instant::now() < deadline, "40 widgets rewritten within a minute");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let leases: Api<Lease> = Api::namespaced(client.clone(), CONTROLLER_NAMESPACE);
     let holder = |lease: Lease| lease.spec.and_then(|s| s.holder_identity);
     assert_eq!(holder(leases.get("kube-svm").await.expect("lease")), Some("only".into()));
