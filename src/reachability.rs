@@ -6,6 +6,10 @@
 //! load balancer in front) is said at WARN, with its cause, once; the others are logged at DEBUG;
 //! the first success afterwards says at INFO that the apiserver is back, and after how long.
 //! Other failures are the caller's to say.
+//!
+//! A watch that expires (410 Gone: etcd compacted past the revision it watched from, as after an
+//! apiserver restart) is not a failure either: the watcher lists again on its own. It is logged at
+//! DEBUG ([`expired_watch`]).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -34,6 +38,28 @@ pub fn unreachable(error: &(dyn std::error::Error + 'static), what: &str) -> boo
         }
     }
     true
+}
+
+/// Whether `error` (or an error it wraps) is a watch that expired (410 Gone), which the watcher
+/// recovers from by listing again; when it is, it is logged at DEBUG with `what` failed, and the
+/// caller says nothing more.
+pub fn expired_watch(error: &(dyn std::error::Error + 'static), what: &str) -> bool {
+    let mut source = Some(error);
+    while let Some(current) = source {
+        let code = match current.downcast_ref::<kube::runtime::watcher::Error>() {
+            Some(kube::runtime::watcher::Error::WatchError(status)) => Some(status.code),
+            _ => match current.downcast_ref::<kube::Error>() {
+                Some(kube::Error::Api(status)) => Some(status.code),
+                _ => None,
+            },
+        };
+        if code == Some(410) {
+            debug!(what, error = %crate::error_chain(error), "a watch expired; listing again");
+            return true;
+        }
+        source = current.source();
+    }
+    false
 }
 
 /// Records that a request got an answer: the apiserver is reachable (said once after an outage).
@@ -71,6 +97,20 @@ fn round(duration: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_expired_watch_is_told_from_other_failures() {
+        let expired = kube::runtime::watcher::Error::WatchError(
+            kube::core::Status { code: 410, reason: "Expired".into(), ..Default::default() }
+                .boxed(),
+        );
+        let queue: kube::runtime::controller::Error<std::io::Error, _> =
+            kube::runtime::controller::Error::QueueError(expired);
+        assert!(expired_watch(&queue, "reconcile"));
+        let forbidden = kube::runtime::watcher::Error::WatchFailed(answer(403));
+        assert!(!expired_watch(&forbidden, "reconcile"));
+        assert!(expired_watch(&kube::runtime::watcher::Error::WatchStartFailed(answer(410)), "x"));
+    }
 
     fn answer(code: u16) -> kube::Error {
         kube::Error::Api(

@@ -214,6 +214,7 @@ pub async fn run(run: Run) -> Stopped {
             match result {
                 Ok(_) => {}
                 Err(error) if crate::reachability::unreachable(&error, "reconcile") => {}
+                Err(error) if crate::reachability::expired_watch(&error, "reconcile") => {}
                 Err(error) => warn!(error = %crate::error_chain(&error), "reconcile failed"),
             }
         });

@@ -246,6 +246,7 @@ pub async fn run(clients: Clients, settings: Settings, fence: Fence, stop: Cance
             match result {
                 Ok(_) => {}
                 Err(error) if crate::reachability::unreachable(&error, "CRD trigger") => {}
+                Err(error) if crate::reachability::expired_watch(&error, "CRD trigger") => {}
                 Err(error) => warn!(error = %crate::error_chain(&error), "CRD trigger failed"),
             }
         })
