@@ -269,6 +269,12 @@ pub struct MigrationTarget {
     /// How the encoding was confirmed, or what was seen instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encoding_evidence: Option<String>,
+    /// The kube-apiserver processes answering when the migration started (the holders of their
+    /// identity Leases; a holder changes at every restart of its apiserver). A checkpoint is
+    /// resumed only while the same ones answer: a restart can bring another encryption key or
+    /// storage version, or follow an etcd restore.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apiservers: Option<Vec<String>>,
 }
 
 impl MigrationProgress {

@@ -19,6 +19,7 @@
 //! error), and how progress is shown. [`status`] computes every status the steps record (pure);
 //! [`steps`] holds the requests around the engine.
 
+pub mod resume;
 pub mod status;
 pub mod steps;
 
@@ -238,6 +239,11 @@ impl<H: Host> Lifecycle<'_, H> {
         let hash = resource.storage_version_hash.as_deref();
         let crd_now = crd.as_ref().map(CrdNow::of);
         let mut start = status::start_point(self.host.migration(), hash, crd_now.as_ref());
+        if start.keeps_target
+            && let Some(why) = self.stale_checkpoint(&resource, &start).await
+        {
+            start = status::not_resumed(self.host.migration(), &why);
+        }
         let mut last = self.host.migration().status.clone();
         let mut retargets = 0;
         loop {
@@ -373,6 +379,23 @@ impl<H: Host> Lifecycle<'_, H> {
         Attempt::Finished(Box::new(Finished { target, done }))
     }
 
+    /// Why the checkpoint `start` would resume no longer describes the cluster
+    /// ([`resume::refusal`]); `None` when it still does.
+    async fn stale_checkpoint(&self, resource: &Resource, start: &Start) -> Option<String> {
+        let recorded = self.host.migration().status.as_ref().and_then(|s| s.target.clone());
+        let token = start.progress.continue_token.as_deref().unwrap_or_default();
+        let Cluster { client, fence, request_timeout, .. } = self.cluster;
+        let witness = resume::Witness {
+            apiservers: resume::apiserver_processes(client, fence, request_timeout).await,
+            snapshot: resume::snapshot(client, fence, request_timeout, resource, token).await,
+        };
+        let refusal = resume::refusal(&recorded.unwrap_or_default(), &witness);
+        if let Some(why) = &refusal {
+            warn!(%resource, why, "not resuming the checkpoint");
+        }
+        refusal
+    }
+
     /// The served versions whose `managedFields` entries the run keeps, when the migration asks
     /// for the others to be removed; built-in resources have no CRD, and nothing to clean.
     fn cleaning(&self, crd: Option<&CustomResourceDefinition>) -> Option<Served> {
@@ -405,7 +428,9 @@ impl<H: Host> Lifecycle<'_, H> {
         };
         self.host.tell(Notice::Confirming { resource, storage: &storage }).await;
         let vouched = self.host.migration().encoding_vouched_for();
-        let target = steps::target_of(&self.cluster, resource, crd, vouched).await;
+        let mut target = steps::target_of(&self.cluster, resource, crd, vouched).await;
+        let Cluster { client, fence, request_timeout, .. } = self.cluster;
+        target.apiservers = resume::apiserver_processes(client, fence, request_timeout).await.ok();
         let evidence = target.encoding_evidence.clone().unwrap_or_default();
         let confirmed = target.encoding_confirmed;
         self.host.tell(Notice::Encoding { vouched, confirmed, evidence: &evidence }).await;

@@ -196,6 +196,25 @@ pub fn start_point(
             (events::RESTARTED, " again: there was no checkpoint to resume from".into())
         }
     };
+    from_the_beginning(migration, event, &why)
+}
+
+/// Where `migration` starts when its checkpoint, though taken under the same target, no longer
+/// describes the cluster ([`super::resume::refusal`] says `why`): from the first object.
+pub fn not_resumed(migration: &StorageVersionMigration, why: &str) -> Start {
+    let why = format!(" again: the checkpoint no longer describes this cluster: {why}");
+    from_the_beginning(migration, events::RESTARTED, &why)
+}
+
+/// A start that does not resume a checkpoint: from upstream's `spec.continueToken` when there
+/// is one, or from the first object; `why` ends the note.
+fn from_the_beginning(
+    migration: &StorageVersionMigration,
+    event: &'static str,
+    why: &str,
+) -> Start {
+    let status = migration.status.clone().unwrap_or_default();
+    let restarts = status.restarts.unwrap_or(0);
     // A retry lists from the first object: the objects before upstream's token were never
     // written by kube-svm, and a run that lists them all can prove what a prune needs.
     let retry = status.retries.filter(|n| *n > 0);

@@ -13,8 +13,10 @@ use serde_json::{Value, json};
 
 use crate::engine::reject_updates_of_frozen;
 use crate::support::admission::lift;
-use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds};
-use crate::support::invariant::Census;
+use crate::support::fixtures::{
+    KEY1, KEY2, KEY3, WidgetCrd, encrypt_secrets, install_kube_svm_crds, secrets_under_key1,
+};
+use crate::support::invariant::{self, Census, Ending};
 use crate::support::migrations::create_migration;
 use crate::support::process::binary;
 use crate::support::{ControlPlane, Etcd};
@@ -286,6 +288,42 @@ async fn a_crd_created_again_under_its_name_is_not_the_one_a_checkpoint_was_for(
     assert_eq!(stored_versions(&client, &widgets).await, ["v2"]);
     widgets.assert_all_stored_as(&etcd, "v2", 50).await;
 }
+
+/// A checkpoint taken before the apiserver restarted with another encryption key describes a
+/// cluster that is gone: the Secrets written before it are under the key of then, and the
+/// storage version hash never changes with a key. The next run does not resume it: it says why,
+/// starts over, and every Secret in etcd, counted exactly, ends under the new key.
+#[tokio::test]
+async fn a_checkpoint_from_before_a_key_rotation_is_not_resumed() {
+    let count = 600;
+    let (control_plane, _) = secrets_under_key1(count).await;
+    let rotate = |keys: &[(&str, &str)]| encrypt_secrets(&control_plane, keys);
+    let key2 = rotate(&[KEY2, KEY1]);
+    control_plane.restart_apiserver(&[&key2]).await.expect("restarts with key2 first");
+    let (state, etcd) = (tempfile::tempdir().expect("a directory"), control_plane.etcd());
+    let slow = ["secrets", "--page-size=20", "--writes-in-flight=1", "--kube-api-qps=100"];
+    let (status, text, _) = interrupted(&control_plane, state.path(), &slow, 100);
+    assert_eq!(status.code(), Some(130), "{text}");
+    let partly = Census::under(&etcd, SECRETS).await;
+    assert!((100..count).contains(&partly.count("aescbc:key2")), "{partly:?}");
+
+    let key3 = rotate(&[KEY3, KEY2, KEY1]);
+    control_plane.restart_apiserver(&[&key3]).await.expect("restarts with key3 first");
+    let (code, out) = migrate(control_plane.kubeconfig(), state.path(), &["secrets"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("the checkpoint no longer describes this cluster: the apiservers restarted"),
+        "{out}"
+    );
+    assert!(result_line(&out, "secrets").contains(&format!("Succeeded: {count} objects")), "{out}");
+    let ending = Ending { succeeded_as: Some("aescbc:key3".into()), stored_versions_only: None };
+    if let Err(breach) = invariant::judge(&Census::under(&etcd, SECRETS).await, count, &ending) {
+        panic!("{breach}");
+    }
+}
+
+/// Where the apiserver stores Secrets in etcd.
+const SECRETS: &str = "/registry/secrets/";
 
 /// Runs `kube-svm migrate <args>` and sends it SIGINT once its checkpoint records `processed`
 /// objects; its exit status, what it printed, and the checkpoint file.

@@ -333,6 +333,8 @@ impl WidgetCrd {
 /// Two aescbc keys for encryption at rest: (name, base64 of 32 bytes).
 pub const KEY1: (&str, &str) = ("key1", "MTIzNDU2Nzg5MDEyMzQ1Njc4OTAxMjM0NTY3ODkwMTI=");
 pub const KEY2: (&str, &str) = ("key2", "YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXoxMjM0NTY=");
+/// A third aescbc key, for a second rotation.
+pub const KEY3: (&str, &str) = ("key3", "MDk4NzY1NDMyMTA5ODc2NTQzMjEwOTg3NjU0MzIxMDk=");
 
 /// Writes an EncryptionConfiguration that encrypts Secrets with `keys` (the first writes, all
 /// read) and returns the kube-apiserver flag that loads it.
