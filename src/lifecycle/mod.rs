@@ -391,7 +391,7 @@ impl<H: Host> Lifecycle<'_, H> {
         };
         let refusal = resume::refusal(&recorded.unwrap_or_default(), &witness);
         if let Some(why) = &refusal {
-            warn!(%resource, why, "not resuming the checkpoint");
+            info!(%resource, why, "not resuming the checkpoint");
         }
         refusal
     }

@@ -311,15 +311,15 @@ async fn a_checkpoint_from_before_a_key_rotation_is_not_resumed() {
     control_plane.restart_apiserver(&[&key3]).await.expect("restarts with key3 first");
     let (code, out) = migrate(control_plane.kubeconfig(), state.path(), &["secrets"]);
     assert_eq!(code, Some(0), "{out}");
+    assert!(result_line(&out, "secrets").contains(&format!("Succeeded: {count} objects")), "{out}");
+    let ending = Ending { succeeded_as: Some("aescbc:key3".into()), stored_versions_only: None };
+    if let Err(breach) = invariant::judge(&Census::under(&etcd, SECRETS).await, count, &ending) {
+        panic!("{breach}\n{out}");
+    }
     assert!(
         out.contains("the checkpoint no longer describes this cluster: the apiservers restarted"),
         "{out}"
     );
-    assert!(result_line(&out, "secrets").contains(&format!("Succeeded: {count} objects")), "{out}");
-    let ending = Ending { succeeded_as: Some("aescbc:key3".into()), stored_versions_only: None };
-    if let Err(breach) = invariant::judge(&Census::under(&etcd, SECRETS).await, count, &ending) {
-        panic!("{breach}");
-    }
 }
 
 /// Where the apiserver stores Secrets in etcd.
