@@ -55,6 +55,7 @@ pub(super) async fn run(
     context: &Context,
     migration: Arc<StorageVersionMigration>,
     discovery_failures: u32,
+    preparing: tokio::sync::OwnedSemaphorePermit,
 ) -> Requeue {
     let metrics = context.engine.metrics().clone();
     metrics.migrations_running.inc();
@@ -68,7 +69,8 @@ pub(super) async fn run(
     let api: Api<StorageVersionMigration> = Api::all(context.client.clone());
     let writer =
         StatusWriter::new(api, &migration, context.fence.clone(), context.settings.request_timeout);
-    let host = Host { context, migration: &migration, writer, discovery_failures };
+    let preparing = Mutex::new(Some(preparing));
+    let host = Host { context, migration: &migration, writer, discovery_failures, preparing };
     let mut lifecycle = Lifecycle {
         cluster: context.cluster(),
         engine: &context.engine,
@@ -132,6 +134,8 @@ struct Host<'a> {
     writer: StatusWriter,
     /// Times discovery of the resource failed before this task.
     discovery_failures: u32,
+    /// Room to gather evidence, given back once the migration's turn to write comes.
+    preparing: Mutex<Option<tokio::sync::OwnedSemaphorePermit>>,
 }
 
 impl lifecycle::Host for Host<'_> {
@@ -175,6 +179,12 @@ impl lifecycle::Host for Host<'_> {
         updates: watch::Receiver<Progress>,
     ) -> Unrecorded {
         checkpoint(self.context, &mut self.writer, current, target, updates).await
+    }
+
+    async fn turn(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let permit = super::reconcile::turn(self.context, self.migration).await;
+        self.preparing.lock().unwrap_or_else(|p| p.into_inner()).take();
+        Some(permit)
     }
 
     async fn tell(&self, notice: Notice<'_>) {

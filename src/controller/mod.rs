@@ -100,6 +100,16 @@ pub enum Stopped {
     LeadershipLost,
 }
 
+/// Migrations of the discovery trigger's sweep that write at once, in a lane of their own: a
+/// sweep after an install or an upgrade creates one per resource, most of them with nothing to
+/// rewrite, and a migration an operator or the CRD trigger creates never waits for it.
+pub const SWEEP_SLOTS: usize = 1;
+
+/// Migrations that gather evidence (resolve, the conversion preflight, the encoding check) at
+/// once, before their turn to write: enough for a whole cluster's sweep to wait out one settle
+/// period together, few enough that their fresh-connection samples stay a light load.
+pub const PREPARING: usize = 32;
+
 /// What reconciles share.
 pub(crate) struct Context {
     client: Client,
@@ -110,7 +120,12 @@ pub(crate) struct Context {
     settings: Settings,
     /// Migrations running in this process, by name.
     running: Mutex<HashMap<String, GroupResource>>,
+    /// Turns to write ([`reconcile::turn`]): `--concurrency` for every migration but the
+    /// discovery trigger's sweep, which has [`SWEEP_SLOTS`] of its own.
     slots: Arc<Semaphore>,
+    sweep_slots: Arc<Semaphore>,
+    /// Migrations that may gather evidence at once, before their turn to write.
+    preparing: Arc<Semaphore>,
     tasks: TaskTracker,
     /// Fires when the controller stops taking work; running migrations checkpoint and end.
     stopping: CancellationToken,
@@ -182,6 +197,8 @@ pub async fn run(run: Run) -> Stopped {
         recorder: Recorder::new(client.clone(), reporter),
         store: controller.store(),
         slots: Arc::new(Semaphore::new(settings.concurrency.max(1))),
+        sweep_slots: Arc::new(Semaphore::new(SWEEP_SLOTS)),
+        preparing: Arc::new(Semaphore::new(PREPARING)),
         running: Mutex::new(HashMap::new()),
         tasks: TaskTracker::new(),
         stopping: stopping.clone(),

@@ -27,7 +27,7 @@ use std::sync::Mutex;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::Timestamp;
-use tokio::sync::watch;
+use tokio::sync::{OwnedSemaphorePermit, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -40,6 +40,10 @@ use crate::engine::{self, Engine, Job, Progress, Resource};
 use crate::managed_fields::Served;
 use status::{CrdNow, Start};
 use steps::{Change, Cluster, Then};
+
+/// How long evidence gathered before waiting for a turn to write is taken as it is; after a
+/// longer wait it is looked at again (the encoding checks' own freshness, a few seconds).
+const EVIDENCE_FRESH_FOR: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// When the host is asked to record a status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,6 +174,13 @@ pub trait Host {
 
     /// Tells the operator.
     fn tell(&self, notice: Notice<'_>) -> impl Future<Output = ()>;
+
+    /// Waits for this migration's turn to write, once its evidence is in (the encoding check may
+    /// wait a settle period, and waiting for evidence holds no slot); the permit is held while
+    /// the engine writes. `None`: no other migration shares the writes (`kube-svm migrate`).
+    fn turn(&self) -> impl Future<Output = Option<OwnedSemaphorePermit>> {
+        async { None }
+    }
 
     /// The resource could not be resolved (`failures` times before): the end to give the
     /// migration, recording it when it fails.
@@ -336,6 +347,20 @@ impl<H: Host> Lifecycle<'_, H> {
             target = self.target(resource, crd, start, last) => target,
             () = self.cancel.cancelled() => return Attempt::Ended(self.stopped(start, "stopped before the first write")),
         };
+        let waiting = std::time::Instant::now();
+        let turn = tokio::select! {
+            turn = self.host.turn() => turn,
+            () = self.cancel.cancelled() => return Attempt::Ended(self.stopped(start, "stopped while waiting for its turn to write")),
+        };
+        // Evidence that aged while other migrations wrote is taken again (at once when it still
+        // holds: the encoding checks keep their verdicts).
+        let target = match waiting.elapsed() < EVIDENCE_FRESH_FOR {
+            true => target,
+            false => tokio::select! {
+                target = self.target(resource, crd, start, last) => target,
+                () = self.cancel.cancelled() => return Attempt::Ended(self.stopped(start, "stopped before the first write")),
+            },
+        };
         if let Some(change) = steps::target_changed(&self.cluster, resource, &target).await {
             return Attempt::Retarget(change);
         }
@@ -351,6 +376,8 @@ impl<H: Host> Lifecycle<'_, H> {
                 }
                 Ran::Finished { progress, done } => (progress, done),
             };
+        // The writes are over: the check at the end samples, and writes nothing.
+        drop(turn);
         let change = tokio::select! {
             change = self.check_at_end(spec, resource, &target, &done) => change,
             // Stopping: the migration is taken up again from its last checkpoint.
