@@ -45,6 +45,7 @@ BENCH_ASSETS = KUBEBUILDER_ASSETS="$$(hack/control-plane.sh bench-assets)" HELM=
 
 bench: ## Compare kube-svm with the apiserver's limit and its peers; writes docs/bench.{md,json,png}
 	$(BENCH_ASSETS) $(CARGO) bench --bench compare
+	$(ASSETS) $(CARGO) bench --bench sweep
 	hack/plot.sh docs/bench.json docs/bench.png
 
 lint: ## Check formatting, clippy lints and the Helm chart
