@@ -106,9 +106,10 @@ pub enum Stopped {
 pub const SWEEP_SLOTS: usize = 1;
 
 /// Migrations that gather evidence (resolve, the conversion preflight, the encoding check) at
-/// once, before their turn to write: enough for a whole cluster's sweep to wait out one settle
-/// period together, few enough that their fresh-connection samples stay a light load.
-pub const PREPARING: usize = 32;
+/// once, before their turn to write: enough for the sweep of a cluster's built-in resources and
+/// a hundred or so CRDs to wait out one settle period together (each samples discovery every
+/// 2 s at most, so 128 make about 64 short requests a second), and a bound on that load.
+pub const PREPARING: usize = 128;
 
 /// What reconciles share.
 pub(crate) struct Context {

@@ -123,8 +123,26 @@ pub enum Error {
 /// `<plural>.<group>-<storage version>-<generation>`, or, when that is too long for a name, its
 /// beginning, a hash of the whole, and the same ending.
 pub fn migration_name(plural: &str, group: &str, storage: &str, generation: i64) -> String {
-    let prefix = format!("{plural}.{group}");
-    let suffix = format!("-{storage}-{generation}");
+    shortened(&format!("{plural}.{group}"), &format!("-{storage}-{generation}"))
+}
+
+/// The name of the migration for a CRD created again under the name of one deleted since,
+/// whose migration of the same state exists still: [`migration_name`] and the beginning of the
+/// new CRD's uid.
+pub fn recreated_name(
+    plural: &str,
+    group: &str,
+    storage: &str,
+    generation: i64,
+    uid: &str,
+) -> String {
+    let uid: String = uid.chars().filter(char::is_ascii_alphanumeric).take(8).collect();
+    shortened(&format!("{plural}.{group}"), &format!("-{storage}-{generation}-{uid}"))
+}
+
+/// `prefix` and `suffix`, or, when that is too long for a name, the beginning of `prefix`, a
+/// hash of the whole, and `suffix`.
+fn shortened(prefix: &str, suffix: &str) -> String {
     let full = format!("{prefix}{suffix}");
     if full.len() <= MAX_NAME {
         return full;
@@ -136,6 +154,24 @@ pub fn migration_name(plural: &str, group: &str, storage: &str, generation: i64)
     // The prefix is ASCII (a CRD's name); a name may not end in '.' or '-' before the hash.
     let kept = prefix[..room.min(prefix.len())].trim_end_matches(['.', '-']);
     format!("{kept}-{hash}{suffix}")
+}
+
+/// The uid of the CRD a migration of the CRD trigger was created for: a CRD deleted and created
+/// again through the same history needs a migration of the same name, which is not its own.
+pub const CRD_UID_ANNOTATION: &str = "kube-svm.io/crd-uid";
+
+/// Whether `migration`, named after a state of `crd`, was created for this CRD and not for one
+/// of the same name deleted since: by the uid it records, or, when it records none, by being
+/// created no earlier than the CRD. Pure.
+pub fn created_for(migration: &StorageVersionMigration, crd: &CustomResourceDefinition) -> bool {
+    let recorded = migration.metadata.annotations.as_ref().and_then(|a| a.get(CRD_UID_ANNOTATION));
+    if let Some(recorded) = recorded {
+        return crd.metadata.uid.as_ref() == Some(recorded);
+    }
+    match (&migration.metadata.creation_timestamp, &crd.metadata.creation_timestamp) {
+        (Some(migration), Some(crd)) => migration.0 >= crd.0,
+        _ => true,
+    }
 }
 
 /// A migration a CRD needs.
@@ -289,16 +325,29 @@ async fn reconcile(
     if busy {
         return Ok(Action::await_change());
     }
-    if let Some(own) = existing.items.iter().find(|m| m.metadata.name.as_deref() == Some(&name)) {
+    let named =
+        |name: &str| existing.items.iter().find(|m| m.metadata.name.as_deref() == Some(name));
+    let uid = crd.metadata.uid.clone().unwrap_or_default();
+    let name = match named(&name) {
+        // A CRD deleted and created again through the same history: that one was for the other.
+        Some(other) if !created_for(other, &crd) => {
+            let generation = crd.metadata.generation.unwrap_or_default();
+            recreated_name(&target.resource, &target.group, &target.version, generation, &uid)
+        }
+        _ => name,
+    };
+    if let Some(own) = named(&name) {
         return retry(requests, &api, own, context.settings.retry_delay).await;
+    }
+    let mut annotations = BTreeMap::from([(CRD_UID_ANNOTATION.to_owned(), uid)]);
+    if clean_managed_fields {
+        annotations.insert(CLEAN_MANAGED_FIELDS_ANNOTATION.to_owned(), "true".to_owned());
     }
     let migration = StorageVersionMigration {
         metadata: ObjectMeta {
             name: Some(name.clone()),
             labels: Some(BTreeMap::from([(TRIGGER_LABEL.to_owned(), "crd".to_owned())])),
-            annotations: clean_managed_fields.then(|| {
-                BTreeMap::from([(CLEAN_MANAGED_FIELDS_ANNOTATION.to_owned(), "true".to_owned())])
-            }),
+            annotations: Some(annotations),
             ..ObjectMeta::default()
         },
         spec: StorageVersionMigrationSpec { resource: target, continue_token: None },
@@ -411,6 +460,26 @@ mod tests {
     #[test]
     fn current_stored_versions_need_nothing() {
         assert_eq!(needed_migration(&crd("v2", &["v2"], None), true), None);
+    }
+
+    #[test]
+    fn a_migration_of_a_crd_deleted_since_is_not_the_new_ones() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let at = |s: &str| Some(Time(s.parse().expect("a time")));
+        let mut crd: CustomResourceDefinition = Default::default();
+        crd.metadata.uid = Some("2f1c9a7e-0000-4000-8000-000000000001".into());
+        crd.metadata.creation_timestamp = at("2026-01-01T00:10:00Z");
+        let mut migration =
+            StorageVersionMigration::new("widgets.example.com-v2-2", Default::default());
+        migration.metadata.creation_timestamp = at("2026-01-01T00:05:00Z");
+        assert!(!created_for(&migration, &crd), "created before the CRD: another CRD's");
+        migration.metadata.creation_timestamp = at("2026-01-01T00:10:30Z");
+        assert!(created_for(&migration, &crd));
+        let other = [(CRD_UID_ANNOTATION.to_owned(), "another-uid".to_owned())].into();
+        migration.metadata.annotations = Some(other);
+        assert!(!created_for(&migration, &crd), "the uid it records decides");
+        let name = recreated_name("widgets", "example.com", "v2", 2, "2f1c9a7e-0");
+        assert_eq!(name, "widgets.example.com-v2-2-2f1c9a7e");
     }
 
     #[test]

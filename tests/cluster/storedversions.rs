@@ -336,3 +336,34 @@ async fn the_encoding_check_starts_at_the_storage_switch() {
     let created = done.metadata.creation_timestamp.clone().expect("created").0;
     assert!(began < created, "the check began at {began}, the migration was created at {created}");
 }
+
+/// A CRD deleted and created again through the same history (created at v1, switched to v2)
+/// needs a migration of the same state as the one the CRD trigger made for the CRD deleted,
+/// which still exists, Succeeded. That one was for the other CRD: the trigger creates another
+/// for this one, and its objects end in v2, in etcd, with `storedVersions` pruned.
+#[tokio::test]
+async fn a_crd_created_again_through_the_same_history_is_migrated_again() {
+    let (control_plane, client, widgets, controller) = setup(&[], 20, &[]).await;
+    widgets.set_storage_version(&client, "v2").await;
+    let first = wait_for_triggered(&client, &widgets, 1, &controller).await;
+    let done = wait_terminal(&client, &first.name_any(), &controller).await;
+    assert_eq!(Phase::of(&done), Phase::Succeeded, "{:?}", done.status);
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.delete(&widgets.name(), &Default::default()).await.expect("the CRD is deleted");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while crds.get_opt(&widgets.name()).await.expect("read").is_some() {
+        assert!(Instant::now() < deadline, "the CRD was never deleted");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    widgets.create(&client, "v1").await;
+    widgets.seed(&client, "v1", &[None], 30).await;
+    widgets.set_storage_version(&client, "v2").await;
+
+    let second = wait_for_triggered(&client, &widgets, 2, &controller).await;
+    assert_ne!(second.name_any(), first.name_any());
+    let done = wait_terminal(&client, &second.name_any(), &controller).await;
+    assert_eq!(Phase::of(&done), Phase::Succeeded, "{:?}", done.status);
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 30).await;
+    assert_eq!(stored_versions(&client, &widgets).await, ["v2"]);
+}
