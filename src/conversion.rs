@@ -32,9 +32,11 @@ use crate::answers;
 /// failed: <error>`.
 const WEBHOOK_FAILED: &str = "conversion webhook for ";
 
-/// Reads of one version before the webhook counts as unavailable: one failure may be a webhook
-/// restarting; three in a row, a second apart, are not (and stay "within seconds").
-const READS: u32 = 3;
+/// How long every read of one version must fail before the webhook counts as unavailable: a
+/// single-replica webhook restarting, or its pod rescheduled, fails reads for a few seconds;
+/// one failing for this long is not restarting (and the migration still ends within seconds,
+/// not after the engine's attempts at every object).
+const FAILING_FOR: Duration = Duration::from_secs(10);
 
 /// Between two reads of one version.
 const READ_INTERVAL: Duration = Duration::from_secs(1);
@@ -112,7 +114,7 @@ pub fn versions_to_read(
 /// The CRD's conversion webhook failed every read through a version that needs it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "the conversion webhook of {crd} ({webhook}) failed {reads} reads of {plural} through {version}, the last: {error}; every write of an object stored in another version would fail the same way: make the webhook answer, then migrate again"
+    "the conversion webhook of {crd} ({webhook}) failed every read of {plural} through {version} for {seconds} s ({reads} reads), the last: {error}; every write of an object stored in another version would fail the same way: make the webhook answer, then migrate again"
 )]
 pub struct Unavailable {
     /// The CRD's name.
@@ -125,6 +127,8 @@ pub struct Unavailable {
     pub version: String,
     /// Reads that failed.
     pub reads: u32,
+    /// For how long every read failed, in seconds.
+    pub seconds: u64,
     /// The webhook's error, as the apiserver reported it.
     pub error: String,
 }
@@ -149,6 +153,7 @@ pub async fn preflight(
             Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, plural));
         let (started, one) = (Instant::now(), ListParams::default().limit(1));
         let mut reads = 0;
+        let mut failing_since: Option<Instant> = None;
         let error = loop {
             reads += 1;
             let read = tokio::time::timeout(timeout, api.list(&one));
@@ -161,9 +166,10 @@ pub async fn preflight(
                 }
                 Err(_) => None,
             };
+            let since = *failing_since.get_or_insert_with(Instant::now);
             match failed {
                 None => break None,
-                Some(error) if reads >= READS => break Some(error),
+                Some(error) if since.elapsed() >= FAILING_FOR => break Some(error),
                 Some(error) => {
                     debug!(%crd_name, %version, %error, "the conversion webhook failed a read; reading again");
                     tokio::time::sleep(READ_INTERVAL).await;
@@ -178,6 +184,7 @@ pub async fn preflight(
                 plural: plural.clone(),
                 version,
                 reads,
+                seconds: failing_since.map_or(0, |since| since.elapsed().as_secs()),
                 error,
             });
         }

@@ -15,10 +15,17 @@ use tokio::time::Instant;
 
 use crate::api::FailedObject;
 
-/// Objects with a failed attempt, none succeeding since, that end a run at once. No resource
-/// with a few bad objects has fifty of them in a row: objects are written as they are listed,
-/// in key order, with many writes in flight.
+/// Objects with a failed attempt, none succeeding since, that end a run once no write has
+/// succeeded for [`FAST_NO_SUCCESS_FOR`]. No resource with a few bad objects has fifty of them
+/// in a row: objects are written as they are listed, in key order, with many writes in flight.
 const FAILED_OBJECTS: u64 = 50;
+
+/// How long without a single successful write makes [`FAILED_OBJECTS`] enough. Writes that fail
+/// at once (a webhook refusing, or restarting and answered 500 by the apiserver) reach fifty
+/// objects in well under a second: a single-replica webhook's rolling update, a rescheduled pod
+/// or an etcd leader change is a blip of a few seconds to be waited out, object by object, not
+/// a run to end. Writes that keep failing for this long are not a blip.
+const FAST_NO_SUCCESS_FOR: Duration = Duration::from_secs(30);
 
 /// Objects with a failed attempt that end a run once no write has succeeded for
 /// [`NO_SUCCESS_FOR`] (and [`SLOW_FAILED_ATTEMPTS`] attempts failed): a webhook that never
@@ -76,7 +83,7 @@ impl FailingWrites {
         self.attempts += 1;
         self.objects += u64::from(first);
         let quiet = now.saturating_duration_since(self.last_success);
-        let failing = self.objects >= FAILED_OBJECTS
+        let failing = (self.objects >= FAILED_OBJECTS && quiet >= FAST_NO_SUCCESS_FOR)
             || (self.objects >= SLOW_FAILED_OBJECTS
                 && self.attempts >= SLOW_FAILED_ATTEMPTS
                 && quiet >= NO_SUCCESS_FOR);
@@ -106,26 +113,42 @@ mod tests {
     #[test]
     fn fifty_failing_objects_end_the_run_with_the_last_failure_as_cause() {
         let start = Instant::now();
+        let late = start + FAST_NO_SUCCESS_FOR;
         let mut writes = FailingWrites::new(start);
         for i in 0..FAILED_OBJECTS - 1 {
-            assert_eq!(writes.failed(true, &failure(&format!("o-{i}")), start), None);
+            assert_eq!(writes.failed(true, &failure(&format!("o-{i}")), late), None);
             // Further attempts at an object do not make it count twice.
-            assert_eq!(writes.failed(false, &failure(&format!("o-{i}")), start), None);
+            assert_eq!(writes.failed(false, &failure(&format!("o-{i}")), late), None);
         }
-        let ended = writes.failed(true, &failure("last"), start).expect("fifty objects end it");
+        let ended = writes.failed(true, &failure("last"), late).expect("fifty objects end it");
         assert_eq!((ended.objects, ended.last.name.as_str()), (FAILED_OBJECTS, "last"));
         assert_eq!(ended.attempts, 2 * FAILED_OBJECTS - 1);
+    }
+
+    #[test]
+    fn a_blip_of_failures_at_once_is_waited_out() {
+        let start = Instant::now();
+        let mut writes = FailingWrites::new(start);
+        // A webhook restarting: hundreds of objects refused within a second.
+        let blip = start + Duration::from_millis(800);
+        for i in 0..10 * FAILED_OBJECTS {
+            assert_eq!(writes.failed(true, &failure(&format!("o-{i}")), blip), None);
+        }
+        // Still refusing after the quiet period: not a blip.
+        let later = start + FAST_NO_SUCCESS_FOR;
+        assert!(writes.failed(false, &failure("o-1"), later).is_some());
     }
 
     #[test]
     fn any_success_starts_the_count_again() {
         let start = Instant::now();
         let mut writes = FailingWrites::new(start);
+        let late = start + FAST_NO_SUCCESS_FOR;
         for round in 0..5 {
             for i in 0..FAILED_OBJECTS - 1 {
-                assert_eq!(writes.failed(true, &failure(&format!("{round}-{i}")), start), None);
+                assert_eq!(writes.failed(true, &failure(&format!("{round}-{i}")), late), None);
             }
-            writes.succeeded(start);
+            writes.succeeded(late);
         }
     }
 

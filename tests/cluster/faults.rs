@@ -571,6 +571,41 @@ async fn a_webhook_that_never_answers_ends_the_migration_early() {
     webhook.remove().await;
 }
 
+/// A webhook restarting for a few seconds (every write refused at once with 500, as the
+/// apiserver answers when it cannot call a webhook whose failure policy is Fail) is a blip, not
+/// writes that keep failing: fifty objects refused within a second do not end the run; it waits
+/// the blip out, each object retried, and succeeds, every widget in v2 in etcd.
+#[tokio::test]
+async fn a_webhook_restarting_for_a_few_seconds_is_waited_out() {
+    let plane = plane().await;
+    let client = plane.control_plane.client().await;
+    let count = scale(600);
+    let widgets = stale_widgets(&client, "blip", count, &[]).await;
+    let webhook = Webhook::on_widgets(&client, &widgets, 5).await;
+    let name = switch_and_wait_for_migration(&client, &widgets, &plane.controller).await;
+    let controllers = [&plane.controller];
+    wait_for(&client, &name, FINISH, &controllers, processed_at_least(50)).await;
+    let (reason, message) = ("InternalError".into(), "failed calling webhook: restarting".into());
+    let before = webhook.reviews();
+    webhook.answer_all(Answer::Deny { code: 500, reason, message });
+    // Refused until a hundred writes were (what ended a run at once), or the run ended.
+    let migrations: Api<StorageVersionMigration> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while webhook.reviews() < before + 100 {
+        let now = migrations.get(&name).await.expect("the migration");
+        if is_terminal(&now) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{} writes refused", webhook.reviews() - before);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    webhook.allow_all();
+    let (done, outcome) =
+        finish(&plane.control_plane, &client, &widgets, &name, count, &controllers).await;
+    webhook.remove().await;
+    assert_migrated_and_pruned(&widgets, &done, &outcome, count);
+}
+
 /// Webhook answers can be kilobytes: refusals with 100 KB messages for 25 objects must not make
 /// the migration's status outgrow what the apiserver stores (it would stay Running forever).
 /// Every message kept is cut, the migration ends Failed, and the status stays small.

@@ -148,6 +148,11 @@ impl Webhook {
         self.rules.lock().expect("rules").everyone = Some(answer);
     }
 
+    /// From now on, allows every update (what [`Webhook::answer_all`] said is forgotten).
+    pub fn allow_all(&self) {
+        self.rules.lock().expect("rules").everyone = None;
+    }
+
     /// Reviews received so far.
     pub fn reviews(&self) -> u64 {
         self.reviews.load(Ordering::Relaxed)
