@@ -31,6 +31,20 @@ pub struct Facts {
     pub stored: Option<Count>,
     /// The resource's migration, the pending or running one, else the newest.
     pub migration: Option<ExistingMigration>,
+    /// Objects of any resource whose `ownerReferences` name the CRD's kind in the version.
+    pub dependents: Dependents,
+}
+
+/// Objects of the cluster whose `ownerReferences` name the version: the garbage collector cannot
+/// map such a reference once the version is gone, and never deletes them (it retries forever).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Dependents {
+    /// Objects found naming it, of the objects looked at.
+    pub count: Count,
+    /// A few of them, as `resource namespace/name`.
+    pub examples: Vec<String>,
+    /// Resources that could not be listed, and why: their objects were not looked at.
+    pub unread: Vec<String>,
 }
 
 /// How many objects, of how many looked at.
@@ -69,6 +83,13 @@ pub enum Blocker {
     ManagedFields,
     /// etcd still holds objects in it.
     StoredObjects,
+    /// Objects name it in their `ownerReferences`: the garbage collector never deletes them once
+    /// it is gone.
+    OwnerReferences,
+    /// What could show a blocker could not be looked at: objects whose stored version the census
+    /// could not read (encrypted, unrecognized), resources whose owner references could not be
+    /// listed. Not known to be removable is not removable.
+    Unverified,
 }
 
 /// One blocker, in numbers and words.
@@ -188,15 +209,52 @@ pub fn judge(facts: &Facts) -> Verdict {
                 );
             }
             if *of > 0 {
-                notes.push(format!(
-                    "{of} objects in etcd are encrypted or unrecognized: the census could not tell their version (storedVersions vouches for them)"
-                ));
+                found(
+                    Blocker::Unverified,
+                    format!(
+                        "{of} objects in etcd are encrypted or unrecognized: the census could not tell their version, so whether some are still stored in {version} is unknown"
+                    ),
+                    Some(*of),
+                    format!(
+                        "kube-svm migrate {name} rewrites them all in {storage_version} (it reads through the apiserver, which decrypts): then only a write since could have stored {version}, and {version} is no longer the storage version"
+                    ),
+                );
             }
         }
         None => notes.push(
             "etcd was not read (--etcd-endpoints): objects stored in each version were not counted"
                 .to_owned(),
         ),
+    }
+    let Dependents { count, examples, unread } = &facts.dependents;
+    if count.objects > 0 {
+        let kind = format!("{group}/{version}");
+        found(
+            Blocker::OwnerReferences,
+            format!(
+                "{} of {} objects name an owner in {kind} in their ownerReferences (for example {}): once {version} is gone the garbage collector cannot resolve them, and never deletes them",
+                count.objects,
+                count.of,
+                examples.join(", ")
+            ),
+            Some(count.objects),
+            format!(
+                "change their ownerReferences[].apiVersion to {group}/{storage_version} (the owner's uid stays the same)"
+            ),
+        );
+    }
+    if !unread.is_empty() {
+        found(
+            Blocker::Unverified,
+            format!(
+                "the ownerReferences of {} resources could not be read: {}",
+                unread.len(),
+                unread.join("; ")
+            ),
+            Some(unread.len() as u64),
+            "let kube-svm list them (metadata only), or check their ownerReferences yourself"
+                .to_owned(),
+        );
     }
     match &facts.requests {
         Ok(r) if !facts.served && r.not_found > 0 => notes.push(format!(
@@ -296,6 +354,7 @@ mod tests {
             requests: Ok(Requests::default()),
             stored: Some(Count::default()),
             migration: None,
+            dependents: Dependents { count: Count { objects: 0, of: 40 }, ..Default::default() },
         }
     }
 
@@ -327,6 +386,35 @@ mod tests {
         let managed = &verdict.blockers[3];
         assert_eq!(managed.count, Some(3));
         assert!(managed.clear.starts_with("once v1 is no longer served, kube-svm migrate --clean-managed-fields widgets.example.com"), "{}", managed.clear);
+    }
+
+    #[test]
+    fn owner_references_to_the_version_block_it() {
+        let owned = Facts {
+            dependents: Dependents {
+                count: Count { objects: 2, of: 40 },
+                examples: vec!["configmaps default/a".into(), "configmaps default/b".into()],
+                unread: Vec::new(),
+            },
+            ..facts()
+        };
+        let verdict = judge(&owned);
+        assert!(!verdict.removable);
+        assert_eq!(blockers(&owned), [Blocker::OwnerReferences]);
+        let found = &verdict.blockers[0];
+        assert!(found.message.contains("for example configmaps default/a"), "{}", found.message);
+        assert!(found.clear.contains("example.com/v2"), "{}", found.clear);
+    }
+
+    #[test]
+    fn what_the_census_or_the_owner_scan_could_not_read_is_no_silent_yes() {
+        let blind = Facts { stored: Some(Count { objects: 0, of: 12 }), ..facts() };
+        assert_eq!(blockers(&blind), [Blocker::Unverified]);
+        assert!(!judge(&blind).removable);
+        let unread =
+            Dependents { unread: vec!["leases.example.io: 403".into()], ..Default::default() };
+        let unlisted = Facts { dependents: unread, ..facts() };
+        assert_eq!(blockers(&unlisted), [Blocker::Unverified]);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `kube-svm plan --drop VERSION RESOURCE`: can this version be removed from the CRD now? The
 //! decisions are in [`crate::removal`]; this file gathers the facts (the CRD, every object's
-//! `managedFields` page by page, the apiserver's `/metrics`, the etcd census) and prints them.
+//! `managedFields` page by page, the objects whose `ownerReferences` name the version, the
+//! apiserver's `/metrics`, the etcd census) and prints them.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -16,7 +17,7 @@ use super::table::Output;
 use crate::api::{GroupResource, StorageVersionMigration};
 use crate::census::{self, EtcdReader, Scope};
 use crate::plan::EXIT_NEEDS_MIGRATION;
-use crate::removal::{self, Count, Facts, Requests, Verdict};
+use crate::removal::{self, Count, Dependents, Facts, Requests, Verdict};
 
 /// Objects per list request while counting `managedFields`.
 const PAGE_SIZE: u32 = 500;
@@ -80,6 +81,7 @@ pub async fn run(client: Client, question: Question) -> anyhow::Result<ExitCode>
         requests: requests(&client, &group, &version, &resource).await,
         stored: stored(etcd, &name, &api_version).await?,
         migration: super::plan::existing(&migrations, &group, &resource),
+        dependents: dependents(&client, &api_version, kind).await?,
     };
     let verdict = removal::judge(&facts);
     let text = output.format(&verdict, render)?;
@@ -106,6 +108,67 @@ async fn naming(objects: &Api<DynamicObject>, api_version: &str) -> kube::Result
             None => return Ok(count),
         }
     }
+}
+
+/// Examples of dependents named in the answer.
+const DEPENDENT_EXAMPLES: usize = 3;
+
+/// Objects of every resource that can be listed whose `ownerReferences` name `kind` in
+/// `api_version`, listed page by page (metadata only); resources that cannot be listed are said.
+async fn dependents(client: &Client, api_version: &str, kind: &str) -> anyhow::Result<Dependents> {
+    use kube::discovery::{Discovery, verbs};
+    let discovery = Discovery::new(client.clone())
+        .run()
+        .await
+        .context("failed to read discovery, to look for ownerReferences")?;
+    let mut found = Dependents::default();
+    for group in discovery.groups() {
+        for (resource, capabilities) in group.recommended_resources() {
+            if !capabilities.supports_operation(verbs::LIST) {
+                continue;
+            }
+            let objects: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+            let named =
+                |reference: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference| {
+                    reference.api_version == api_version && reference.kind == kind
+                };
+            let mut params = ListParams::default().limit(PAGE_SIZE);
+            loop {
+                let page = match objects.list_metadata(&params).await {
+                    Ok(page) => page,
+                    Err(error) => {
+                        let name = GroupResource::name_of(&resource.group, &resource.plural);
+                        found.unread.push(format!("{name}: {}", crate::error_chain(&error)));
+                        break;
+                    }
+                };
+                for object in &page.items {
+                    found.count.of += 1;
+                    let references =
+                        object.metadata.owner_references.as_deref().unwrap_or_default();
+                    if references.iter().any(named) {
+                        found.count.objects += 1;
+                        if found.examples.len() < DEPENDENT_EXAMPLES {
+                            let namespace =
+                                object.metadata.namespace.as_deref().unwrap_or_default();
+                            let name = object.metadata.name.as_deref().unwrap_or_default();
+                            let at = if namespace.is_empty() {
+                                name.to_owned()
+                            } else {
+                                format!("{namespace}/{name}")
+                            };
+                            found.examples.push(format!("{} {at}", resource.plural));
+                        }
+                    }
+                }
+                match page.metadata.continue_.filter(|token| !token.is_empty()) {
+                    Some(token) => params = params.continue_token(&token),
+                    None => break,
+                }
+            }
+        }
+    }
+    Ok(found)
 }
 
 /// Requests for the version, from the answering apiserver's `/metrics`.

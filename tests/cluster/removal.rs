@@ -298,3 +298,56 @@ async fn the_road_on_this_page_works_as_written() {
     assert_eq!(versions, ["v2", "v3"]);
     assert_eq!(spec(&client, &widgets, "w-1").await["size"], 7);
 }
+
+/// A ConfigMap whose `ownerReferences` name a widget at v1 keeps v1 in the CRD: once v1 is gone
+/// the garbage collector cannot resolve that owner and never deletes the ConfigMap. `plan --drop
+/// v1` says so, with the object, and exits non-zero, though every widget is migrated and
+/// `storedVersions` pruned; once the reference names v2, nothing blocks the removal.
+#[tokio::test]
+async fn owner_references_naming_the_version_block_its_removal() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
+    let widgets = WidgetCrd::new("owned", false);
+    widgets.create(&client, "v1").await;
+    widgets.seed(&client, "v1", &[None], 3).await;
+    widgets.set_storage_version(&client, "v2").await;
+    let (code, out) =
+        kube_svm(&control_plane, &["migrate", &widgets.name(), "--storage-version-settle=0"]);
+    assert_eq!(code, Some(0), "{out}");
+    widgets.set_served(&client, "v1", false).await;
+    let clean =
+        ["migrate", &widgets.name(), "--clean-managed-fields", "--storage-version-settle=0"];
+    let (code, out) = kube_svm(&control_plane, &clean);
+    assert_eq!(code, Some(0), "{out}");
+    let owner = widgets.api(&client, "v2", None).get("w-0").await.expect("the owner");
+    let reference = |version: &str| {
+        json!([{
+            "apiVersion": widgets.api_version(version), "kind": WidgetCrd::KIND,
+            "name": "w-0", "uid": owner.metadata.uid.clone().unwrap_or_default(),
+        }])
+    };
+    let config_maps: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), "default");
+    let dependent: ConfigMap = serde_json::from_value(json!({
+        "metadata": { "name": "owned-by-w-0", "ownerReferences": reference("v1") },
+    }))
+    .expect("a ConfigMap");
+    config_maps.create(&Default::default(), &dependent).await.expect("created");
+
+    let (code, verdict) = drop_plan(&control_plane, &widgets, &[]);
+    assert_eq!(code, Some(3), "{verdict:#}");
+    assert_eq!(verdict["removable"], json!(false), "{verdict:#}");
+    let blockers = verdict["blockers"].as_array().expect("blockers");
+    assert_eq!(blockers.len(), 1, "{verdict:#}");
+    let owned = &blockers[0];
+    assert_eq!(owned["blocker"], "OwnerReferences", "{verdict:#}");
+    assert_eq!(owned["count"], json!(1), "{verdict:#}");
+    assert!(
+        owned["message"].as_str().is_some_and(|m| m.contains("configmaps default/owned-by-w-0"))
+    );
+
+    let patch = json!({ "metadata": { "ownerReferences": reference("v2") } });
+    let merge = kube::api::Patch::Merge(&patch);
+    config_maps.patch("owned-by-w-0", &Default::default(), &merge).await.expect("patched");
+    let (code, verdict) = drop_plan(&control_plane, &widgets, &[]);
+    assert_eq!((code, verdict["removable"].clone()), (Some(0), json!(true)), "{verdict:#}");
+}
