@@ -393,3 +393,109 @@ fn the_dashboard_is_delivered_for_grafanas_sidecar() {
     assert!(dashboard_metrics().len() >= 9, "{:?}", dashboard_metrics());
     assert!(!render("kube-svm", "kube-svm", &[]).contains("-dashboard"), "off by default");
 }
+
+/// With the chart's admission policy, each power a migration's annotations ask for is a verb of
+/// its own. Someone allowed only to create migrations may create a plain one, and is refused the
+/// vouch, the fast pace and the cleaning, each with a message naming its verb; bound to the
+/// chart's `migration-powers` ClusterRole they may ask for all three. The controller's
+/// ServiceAccount may ask for the cleaning, as its CRD trigger does.
+#[tokio::test]
+async fn each_power_a_migration_asks_for_takes_a_verb_of_its_own() {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use kube::Api;
+    use kube_svm::api::{StorageVersionMigration, StorageVersionMigrationSpec};
+    use serde_json::json;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
+    control_plane.controller_kubeconfig().await;
+    let namespace = crate::support::CONTROLLER_NAMESPACE;
+    let policy = render("kube-svm", namespace, &["--show-only", "templates/admission-policy.yaml"]);
+    apply(&client, &objects(&policy), false).await.expect("the policy applies");
+    let creator: ClusterRole = serde_json::from_value(json!({
+        "metadata": { "name": "svm-creator" },
+        "rules": [{ "apiGroups": ["migration.k8s.io"], "resources": ["storageversionmigrations"],
+                    "verbs": ["create", "get"] }],
+    }))
+    .expect("a ClusterRole");
+    Api::<ClusterRole>::all(client.clone())
+        .create(&Default::default(), &creator)
+        .await
+        .expect("created");
+    let bind = |name: &str, role: &str, user: &str| -> ClusterRoleBinding {
+        serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role },
+            "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }],
+        }))
+        .expect("a ClusterRoleBinding")
+    };
+    let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+    bindings
+        .create(&Default::default(), &bind("alice-creates", "svm-creator", "alice"))
+        .await
+        .expect("bound");
+    let admin = control_plane.config().await;
+    let as_user = |user: &str| {
+        let mut config = admin.clone();
+        config.auth_info.impersonate = Some(user.to_owned());
+        kube::Client::try_from(config).expect("a client")
+    };
+    let migration = |name: &str, annotations: serde_json::Value| -> StorageVersionMigration {
+        let mut migration =
+            StorageVersionMigration::new(name, StorageVersionMigrationSpec::default());
+        migration.metadata.annotations = serde_json::from_value(annotations).expect("annotations");
+        migration.spec.resource.resource = "secrets".into();
+        migration
+    };
+    let alice: Api<StorageVersionMigration> = Api::all(as_user("alice"));
+    let powers = [
+        ("kube-svm.io/encoding-confirmed", "true", "vouch-encoding"),
+        ("kube-svm.io/pace", "fast", "pace-fast"),
+        ("kube-svm.io/clean-managed-fields", "true", "clean-managed-fields"),
+    ];
+    // The policy takes effect once the apiserver has loaded it: wait for the first refusal.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    for (i, (annotation, value, verb)) in powers.iter().enumerate() {
+        let asked = migration(&format!("alice-{i}"), json!({ *annotation: *value }));
+        let refusal = loop {
+            match alice.create(&Default::default(), &asked).await {
+                Err(kube::Error::Api(status)) if status.code == 403 => break status.message,
+                answer => {
+                    let created = answer.is_ok();
+                    let _ = alice.delete(&format!("alice-{i}"), &Default::default()).await;
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "{annotation}: {value} was let through (created: {created})"
+                    );
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        assert!(refusal.contains(&format!("the verb {verb}")), "{refusal}");
+    }
+    alice
+        .create(&Default::default(), &migration("alice-plain", json!({})))
+        .await
+        .expect("a plain migration");
+
+    let powers_role = "kube-svm-migration-powers";
+    bindings
+        .create(&Default::default(), &bind("alice-powers", powers_role, "alice"))
+        .await
+        .expect("bound");
+    let all = json!({ "kube-svm.io/encoding-confirmed": "true", "kube-svm.io/pace": "fast",
+                      "kube-svm.io/clean-managed-fields": "true" });
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while alice.create(&Default::default(), &migration("alice-trusted", all.clone())).await.is_err()
+    {
+        assert!(std::time::Instant::now() < deadline, "the powers granted were never honoured");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let account = format!("system:serviceaccount:{namespace}:kube-svm");
+    let controller: Api<StorageVersionMigration> = Api::all(as_user(&account));
+    let cleaning =
+        migration("crd-trigger-cleans", json!({ "kube-svm.io/clean-managed-fields": "true" }));
+    controller
+        .create(&Default::default(), &cleaning)
+        .await
+        .expect("the CRD trigger may ask for the cleaning");
+}
