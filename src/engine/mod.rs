@@ -51,7 +51,7 @@ pub use resource::{ResolveError, Resource, migratable};
 pub use retry::{Backoff, Retry};
 use window::Window;
 pub use window::{Band, Holding, Pace, Pacing, Restraint};
-pub use writer::{NAMESPACE_GONE, Outcome};
+pub use writer::Outcome;
 
 /// How the engine pages and writes.
 #[derive(Clone, Debug)]

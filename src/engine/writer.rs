@@ -1,7 +1,5 @@
 //! Writing one object back unchanged, so the apiserver re-encodes it.
 
-use k8s_openapi::api::core::v1::Namespace;
-use kube::Api;
 use kube::api::ListParams;
 use serde::Deserialize;
 use tokio::time::Instant;
@@ -31,12 +29,6 @@ pub enum Outcome {
     /// Could not be migrated.
     Failed(FailedObject),
 }
-
-/// Reason recorded for objects listed in a namespace that no longer exists.
-pub const NAMESPACE_GONE: &str = "NamespaceGone";
-
-/// Reason recorded when a write found no object and its namespace could not be read.
-pub const NAMESPACE_UNKNOWN: &str = "NamespaceUnknown";
 
 /// Reason recorded when no attempt got an HTTP response.
 pub const TRANSPORT_ERROR: &str = "TransportError";
@@ -308,10 +300,11 @@ impl Engine {
                         }
                     }
                     (Recheck::Written, _) => Outcome::Conflict,
-                    (Recheck::Gone, true) => {
-                        not_found(object, self.namespace_exists(&object.namespace).await)
-                    }
-                    (Recheck::Gone, false) => Outcome::Deleted,
+                    // The read again is consistent and lists by name in the object's namespace,
+                    // which holds stranded objects of a namespace that is gone (they are listed,
+                    // and written like any other): nothing found is an object deleted, whether
+                    // or not its namespace still exists.
+                    (Recheck::Gone, _) => Outcome::Deleted,
                     // Unchanged since listed: the answer was a refusal, not a conflict or a
                     // deletion. The object failed, with the refusal's own words.
                     (Recheck::Unchanged, _) => Outcome::Failed(refused(object, reply)),
@@ -497,54 +490,6 @@ fn names_the_object(status: &ApiStatus, resource: &Resource, object: &Listed) ->
     details.name == object.name && details.group == resource.group && kind_matches
 }
 
-impl Engine {
-    /// Whether `namespace` exists. Objects a list returns but a write cannot find are either
-    /// deleted or stranded in a namespace that is gone; only the first are done.
-    async fn namespace_exists(&self, namespace: &str) -> Result<bool, NamespaceUnread> {
-        let namespaces: Api<Namespace> = Api::all(self.client.clone());
-        self.limiter.acquire().await;
-        let read = namespaces.get_metadata_opt(namespace);
-        match tokio::time::timeout(self.settings.request_timeout, read).await {
-            Ok(found) => Ok(found?.is_some()),
-            Err(_) => Err(NamespaceUnread::TimedOut(self.settings.request_timeout)),
-        }
-    }
-}
-
-/// Why a namespace could not be read.
-#[derive(Debug, thiserror::Error)]
-enum NamespaceUnread {
-    #[error("no answer within {0:?}")]
-    TimedOut(std::time::Duration),
-    #[error(transparent)]
-    Api(#[from] kube::Error),
-}
-
-/// The outcome of a 404 for a namespaced object, given whether its namespace still exists.
-fn not_found(object: &Listed, namespace_exists: Result<bool, NamespaceUnread>) -> Outcome {
-    match namespace_exists {
-        Ok(true) => Outcome::Deleted,
-        Ok(false) => Outcome::Failed(failure(
-            object,
-            404,
-            NAMESPACE_GONE,
-            format!(
-                "namespace {} no longer exists but the object is still listed; it was not rewritten",
-                object.namespace
-            ),
-        )),
-        Err(error) => Outcome::Failed(failure(
-            object,
-            404,
-            NAMESPACE_UNKNOWN,
-            format!(
-                "the object was not found and namespace {} could not be read: {error}",
-                object.namespace
-            ),
-        )),
-    }
-}
-
 /// A failure of `object`, its reason and message cut to a bounded size: they may come from an
 /// admission webhook, and a migration's status must stay small whatever the input.
 fn failure(object: &Listed, code: u16, reason: &str, message: String) -> FailedObject {
@@ -554,42 +499,6 @@ fn failure(object: &Listed, code: u16, reason: &str, message: String) -> FailedO
         code,
         reason: crate::api::cut(reason, crate::api::REASON_LIMIT),
         message: crate::api::cut(&message, crate::api::MESSAGE_LIMIT),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn listed() -> Listed {
-        Listed {
-            namespace: "gone".into(),
-            name: "w".into(),
-            uid: "u".into(),
-            resource_version: "7".into(),
-            managed_fields: None,
-        }
-    }
-
-    #[test]
-    fn not_found_in_an_existing_namespace_means_deleted() {
-        assert_eq!(not_found(&listed(), Ok(true)), Outcome::Deleted);
-    }
-
-    #[test]
-    fn not_found_in_a_vanished_namespace_is_a_failure_not_a_success() {
-        let Outcome::Failed(failure) = not_found(&listed(), Ok(false)) else { panic!("must fail") };
-        assert_eq!((failure.code, failure.reason.as_str()), (404, NAMESPACE_GONE));
-        assert_eq!((failure.namespace.as_str(), failure.name.as_str()), ("gone", "w"));
-    }
-
-    #[test]
-    fn an_unreadable_namespace_is_never_assumed_to_exist() {
-        let error = NamespaceUnread::TimedOut(std::time::Duration::from_secs(30));
-        let Outcome::Failed(failure) = not_found(&listed(), Err(error)) else {
-            panic!("must fail")
-        };
-        assert_eq!(failure.reason, NAMESPACE_UNKNOWN);
     }
 }
 

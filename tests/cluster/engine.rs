@@ -658,3 +658,67 @@ async fn four_seats_of_priority_and_fairness_are_enough() {
     );
     widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 1000).await;
 }
+
+/// Objects listed, then deleted with their namespace before their turn to be written (as the
+/// namespace controller does: the objects first, then the namespace) are gone: the write's 404
+/// is checked by reading them again, which finds nothing, so they count as deleted, not failed,
+/// whether or not their namespace still exists. The rest are rewritten; etcd holds exactly
+/// them, all in v2.
+#[tokio::test]
+async fn objects_deleted_with_their_namespace_mid_run_are_deleted_not_failed() {
+    use crate::support::webhook::{Answer, Webhook};
+    let control_plane = shared().await;
+    let client = control_plane.client().await;
+    let widgets = WidgetCrd::new("namespace-gone", true);
+    widgets.create(&client, "v1").await;
+    // Listed in key order: the kept namespace first, the one deleted last.
+    let (kept, gone) = (unique("a-kept"), unique("z-gone"));
+    create_namespace(&client, &kept).await;
+    create_namespace(&client, &gone).await;
+    widgets.seed(&client, "v1", &[Some(&kept), Some(&gone)], 100).await;
+    // The first write (of the kept namespace's w-0) waits until the other namespace is gone:
+    // by then the one page of 200 was listed, and one write at a time keeps the rest behind it.
+    let name = format!("hook-{}", widgets.group);
+    let webhook = Webhook::install(&client, &name, &widgets.group, &["widgets"], 30).await;
+    let probed = widgets.api(&client, "v1", Some(&kept));
+    let touch =
+        kube::api::Patch::Merge(json!({ "metadata": { "annotations": { "probe": "yes" } } }));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while webhook.reviews() == 0 {
+        assert!(Instant::now() < deadline, "the apiserver never called the webhook");
+        let _ = probed.patch("w-1", &Default::default(), &touch).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    webhook.answer(["w-0".to_owned()], Answer::Hold);
+    widgets.set_storage_version(&client, "v2").await;
+    let settings = Settings { page_size: 500, writes_in_flight: 1, ..Settings::default() };
+    let engine = engine(control_plane.config().await, settings);
+    let target = target(&widgets.group, WidgetCrd::PLURAL);
+    let progress = migrate_during(&engine, &client, &target, |_| {
+        let (client, widgets, gone, webhook) = (client.clone(), &widgets, gone.clone(), &webhook);
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while webhook.held() == 0 {
+                assert!(Instant::now() < deadline, "the first write never came");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let api = widgets.api(&client, "v2", Some(&gone));
+            api.delete_collection(&Default::default(), &Default::default()).await.expect("deleted");
+            vanish_namespace(&client, &gone).await;
+            webhook.release();
+        }
+    })
+    .await;
+    webhook.remove().await;
+    assert_eq!(
+        (progress.listed, progress.rewritten, progress.failed),
+        (200, 100, 0),
+        "{progress:?}"
+    );
+    let ending =
+        Ending { succeeded_as: Some(widgets.api_version("v2")), stored_versions_only: None };
+    let census = Census::of(&control_plane.etcd(), &widgets).await;
+    if let Err(breach) = invariant::judge(&census, 100, &ending) {
+        panic!("{breach}");
+    }
+}

@@ -380,7 +380,11 @@ async fn apiservers_and_the_controller_killed_again_and_again_lose_nothing() {
         .as_ref()
         .and_then(|s| s.target.as_ref()?.encoding_evidence.clone())
         .unwrap_or_default();
-    assert!(evidence.contains("12 samples") && evidence.contains("3 apiservers"), "{evidence}");
+    // At least the 12 agreeing samples three apiservers need (the shared rounds may give a check
+    // one more within its settle period).
+    let samples = evidence.split(" samples through").next().and_then(|s| s.rsplit(' ').next());
+    let samples: u32 = samples.and_then(|n| n.parse().ok()).unwrap_or_default();
+    assert!(samples >= 12 && evidence.contains("3 apiservers"), "{evidence}");
     let outcome =
         invariant::check(&client, &control_plane.etcd(), &widgets, &crd_migration.name_any(), 300)
             .await;
