@@ -12,7 +12,9 @@
 //!   converged): the time from its switch to its prune;
 //! - the same with `BENCH_SWEEP_BASELINE`, another kube-svm binary (an older build), if given.
 //!
-//! The table goes to `docs/bench-sweep.md` (`BENCH_REPORT=/tmp/x` writes `/tmp/x.md` instead).
+//! `BENCH_SWEEP_APISERVERS=3` runs it on three apiservers behind a round-robin balancer, as the HA
+//! tests do. The table goes to `docs/bench-sweep.md` (`BENCH_REPORT=/tmp/x` writes `/tmp/x.md`
+//! instead).
 
 // The integration tests' harness; the bench needs only part of it.
 #[allow(dead_code, unused_imports)]
@@ -71,7 +73,16 @@ struct Row {
 async fn main() {
     let crds = env_number("BENCH_SWEEP_CRDS", 200);
     let objects = env_number("BENCH_SWEEP_OBJECTS", 20);
-    let control_plane = ControlPlane::start(&[]).await.expect("a control plane starts");
+    let apiservers = env_number("BENCH_SWEEP_APISERVERS", 1);
+    let control_plane = match apiservers {
+        1 => ControlPlane::start(&[]).await,
+        n => {
+            let topology =
+                support::Topology { apiservers: vec![Vec::new(); n], common: Vec::new() };
+            ControlPlane::start_ha(&topology).await
+        }
+    };
+    let control_plane = control_plane.expect("a control plane starts");
     let client = control_plane.client().await;
     let etcd = control_plane.etcd();
     install_kube_svm_crds(&client).await;
@@ -137,7 +148,7 @@ async fn main() {
             ),
         });
     }
-    write_report(&rows, widgets.len(), objects);
+    write_report(&rows, widgets.len(), objects, apiservers);
 }
 
 /// The kube-svm binary Cargo built.
@@ -363,11 +374,11 @@ impl Drop for Controller {
     }
 }
 
-fn write_report(rows: &[Row], crds: usize, objects: usize) {
+fn write_report(rows: &[Row], crds: usize, objects: usize, apiservers: usize) {
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "# The whole-cluster sweep\n\nThe built-in resources plus {crds} CRDs of {objects} objects each, every CRD switched to a new storage version; one more switched in the middle of the sweep. `make bench` (`cargo bench --bench sweep`), one run on one kube-apiserver.\n"
+        "# The whole-cluster sweep\n\nThe built-in resources plus {crds} CRDs of {objects} objects each, every CRD switched to a new storage version; one more switched in the middle of the sweep. `make bench` (`cargo bench --bench sweep`), one run on {apiservers} kube-apiserver(s) (one etcd, behind a round-robin balancer when more than one).\n"
     );
     let _ = writeln!(md, "| contender | seconds | |\n| --- | --- | --- |");
     let limit = rows.first().map_or(1.0, |r| r.seconds);
