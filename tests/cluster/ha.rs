@@ -11,8 +11,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::MutatingAdmissionPolicy;
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ListParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use kube_svm::api::{Phase, StorageState, StorageVersionMigration};
 use kube_svm::storage_hash::storage_version_hash;
@@ -20,6 +21,7 @@ use serde_json::json;
 
 use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds};
 use crate::support::invariant;
+use crate::support::migrations::{has_event_saying, wait_for_triggered};
 use crate::support::process::KubeSvm;
 use crate::support::{ControlPlane, Topology};
 
@@ -386,4 +388,70 @@ async fn apiservers_and_the_controller_killed_again_and_again_lose_nothing() {
             .await;
     assert_eq!(outcome.stored_versions, ["v3"]);
     assert_eq!(outcome.census.count(&widgets.api_version("v3")), 300);
+}
+
+/// Client-IP affinity on the `kubernetes` Service sends every new connection of a client in the
+/// cluster to one apiserver: fresh-connection samples of discovery are then one apiserver's
+/// answer asked again, whatever their number. Without the StorageVersion API nothing else shows
+/// how the others encode, so the migration runs but its encoding stays unconfirmed, and the
+/// CRD's storedVersions are kept, with the affinity named in the condition and the Event.
+#[tokio::test]
+async fn client_ip_affinity_on_the_kubernetes_service_proves_nothing_by_sampling() {
+    let topology = Topology { apiservers: vec![Vec::new(); 3], common: Vec::new() };
+    let control_plane = ControlPlane::start_ha(&topology).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let sticky = json!({ "spec": { "sessionAffinity": "ClientIP" } });
+    services
+        .patch("kubernetes", &PatchParams::default(), &Patch::Merge(&sticky))
+        .await
+        .expect("the kubernetes Service takes client-IP affinity");
+    let widgets = WidgetCrd::stale(&client, "ha-sticky", 50).await;
+
+    let kubeconfig = control_plane.controller_kubeconfig().await.to_owned();
+    let args = [
+        "controller",
+        "--leader-elect=false",
+        "--crd-trigger=true",
+        "--storage-version-settle=1",
+        "--storage-version-wait=15",
+    ];
+    let controller = KubeSvm::start_as(&control_plane, "controller", &args, &kubeconfig);
+    let migration = wait_for_triggered(&client, &widgets, 1, &controller).await;
+    let name = migration.name_any();
+    let migrations: Api<StorageVersionMigration> = Api::all(client.clone());
+    let deadline = Instant::now() + PHASE;
+    let done = loop {
+        let migration = migrations.get(&name).await.expect("the migration");
+        if Phase::of(&migration).is_terminal() {
+            break migration;
+        }
+        assert!(Instant::now() < deadline, "{name} never ended\n{}", controller.logs());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+
+    assert_eq!(Phase::of(&done), Phase::Succeeded, "every widget is written: {:?}", done.status);
+    let target = done.status.as_ref().and_then(|s| s.target.clone()).expect("target recorded");
+    assert_eq!(
+        target.encoding_confirmed,
+        Some(false),
+        "samples pinned to one apiserver confirmed nothing: {:?}",
+        target.encoding_evidence
+    );
+    let evidence = target.encoding_evidence.unwrap_or_default();
+    assert!(evidence.contains("sessionAffinity: ClientIP"), "{evidence}");
+    let outcome = invariant::check(&client, &control_plane.etcd(), &widgets, &name, 50).await;
+    assert_eq!(outcome.stored_versions, ["v1", "v2"], "storedVersions are kept");
+    assert!(!outcome.pruned);
+    assert_eq!(outcome.pruned_reason.as_deref(), Some("EncodingUnconfirmed"));
+    assert_eq!(outcome.census.count(&widgets.api_version("v2")), 50);
+    assert!(
+        has_event_saying(&client, &name, "StoredVersionsKept", "sessionAffinity: ClientIP").await,
+        "an Event says why storedVersions were kept"
+    );
+    // The apiservers left the affinity in place all along: the test showed what it meant to.
+    let service = services.get("kubernetes").await.expect("the kubernetes Service");
+    let affinity = service.spec.and_then(|s| s.session_affinity);
+    assert_eq!(affinity.as_deref(), Some("ClientIP"));
 }
