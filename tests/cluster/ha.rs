@@ -441,6 +441,7 @@ async fn client_ip_affinity_on_the_kubernetes_service_proves_nothing_by_sampling
     );
     let evidence = target.encoding_evidence.unwrap_or_default();
     assert!(evidence.contains("sessionAffinity: ClientIP"), "{evidence}");
+    eprintln!("evidence: {evidence}");
     let outcome = invariant::check(&client, &control_plane.etcd(), &widgets, &name, 50).await;
     assert_eq!(outcome.stored_versions, ["v1", "v2"], "storedVersions are kept");
     assert!(!outcome.pruned);
