@@ -99,6 +99,14 @@ pub enum Unsampleable {
     },
 }
 
+impl Unsampleable {
+    /// Whether the refusal rests on what was read (an aggregated API, client-IP affinity), not
+    /// on a read that failed and may succeed when asked again.
+    pub fn is_definite(&self) -> bool {
+        matches!(self, Unsampleable::Aggregated { .. } | Unsampleable::ClientIpAffinity(_))
+    }
+}
+
 impl fmt::Display for Unsampleable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (namespace, name) = KUBERNETES_SERVICE;
@@ -313,7 +321,9 @@ mod tests {
         assert!(refusal.to_string().contains("sessionAffinity: ClientIP"), "{refusal}");
         // Affinity that cannot be ruled out is no better.
         let unread = Survey { affinity: Err("forbidden".into()), ..survey(3, None) };
-        assert!(matches!(sampling(&unread), Err(Unsampleable::AffinityUnknown { .. })));
+        let unknown = sampling(&unread).expect_err("affinity not ruled out");
+        assert!(matches!(unknown, Unsampleable::AffinityUnknown { .. }));
+        assert!(refusal.is_definite() && !unknown.is_definite());
         // One apiserver is asked whatever the affinity.
         assert_eq!(sampling(&survey(1, Some("ClientIP"))).map(|c| c.apiservers), Ok(1));
         // An affinity counts whatever says there is more than one apiserver: here the endpoints.

@@ -281,8 +281,12 @@ impl Check {
 pub async fn confirm(client: &Client, config: &kube::Config, check: &Check) -> Encoding {
     let survey = apiservers::survey(client, &check.group, check.version()).await;
     let mut settle = Settle::new(check, apiservers::sampling(&survey), Instant::now());
-    let samples = settle.samples;
     loop {
+        if settle.needs_survey() {
+            let survey = apiservers::survey(client, &check.group, check.version()).await;
+            settle.resurvey(apiservers::sampling(&survey));
+        }
+        let samples = settle.samples;
         let sample = match from_storage_version_api(client, check).await {
             StorageVersionApi::Answered(sample) => sample,
             StorageVersionApi::NotServed => Sample::Discovery(published_hash(config, check).await),
@@ -355,6 +359,18 @@ impl Settle {
         }
     }
 
+    /// Whether what decides on sampling should be read again: a read of it failed.
+    pub fn needs_survey(&self) -> bool {
+        self.sampling.as_ref().is_err_and(|unsampleable| !unsampleable.is_definite())
+    }
+
+    /// Takes what was read again about sampling (after [`Settle::needs_survey`]).
+    pub fn resurvey(&mut self, sampling: Result<Count, Unsampleable>) {
+        let apiservers = sampling.as_ref().map_or(1, |count| count.apiservers);
+        self.samples = samples_needed(apiservers);
+        self.sampling = sampling;
+    }
+
     /// Takes one sample taken at `now`; returns the verdict once there is one.
     pub fn observe(&mut self, sample: Sample, now: Instant) -> Option<Encoding> {
         let (published, by) = match sample {
@@ -381,7 +397,15 @@ impl Settle {
         };
         let count = match &self.sampling {
             Ok(count) => count.clone(),
-            Err(unsampleable) => return Some(self.unsampleable(unsampleable, &published)),
+            Err(unsampleable) if unsampleable.is_definite() => {
+                return Some(self.unsampleable(unsampleable, &published));
+            }
+            // A read that failed (an apiserver restarting): no sample counts until it succeeds.
+            Err(unsampleable) => {
+                self.agreeing = None;
+                self.last_seen = unsampleable.to_string();
+                return self.unless_too_late(now);
+            }
         };
         if let Ok(hash) = &published {
             *self.seen.entry(hash.clone().unwrap_or_else(|| "none".to_owned())).or_default() += 1;
@@ -764,6 +788,27 @@ mod tests {
         let verdict = settle.observe(Sample::DiscoveryNoEntry(hash("v2")), start);
         assert!(
             matches!(&verdict, Some(Encoding::Unconfirmed(why)) if why.contains("aggregated API")),
+            "{verdict:?}"
+        );
+        // A read that failed is asked again, not taken for a refusal, until the wait is over.
+        let unread = Err(Unsampleable::AffinityUnknown {
+            count: counted(3),
+            why: "connection refused".into(),
+        });
+        let patient =
+            Check { wait: Duration::from_secs(10), ..check("example.com", Duration::ZERO) };
+        let mut settle = Settle::new(&patient, unread.clone(), start);
+        assert!(settle.needs_survey());
+        assert_eq!(settle.observe(Sample::Discovery(hash("v2")), start), None);
+        settle.resurvey(Ok(counted(1)));
+        assert!(!settle.needs_survey());
+        assert_eq!(settle.observe(Sample::Discovery(hash("v2")), at(start, 1)), None);
+        let verdict = settle.observe(Sample::Discovery(hash("v2")), at(start, 2));
+        assert!(matches!(verdict, Some(Encoding::Confirmed { .. })), "{verdict:?}");
+        let mut settle = Settle::new(&patient, unread, start);
+        let verdict = settle.observe(Sample::Discovery(hash("v2")), at(start, 10));
+        assert!(
+            matches!(&verdict, Some(Encoding::Unconfirmed(why)) if why.contains("connection refused")),
             "{verdict:?}"
         );
         // The StorageVersion API asks no connection to reach anything: it still confirms.
