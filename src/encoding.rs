@@ -458,7 +458,7 @@ impl Settle {
         };
         Encoding::Unconfirmed(format!(
             "discovery samples cannot confirm the encoding of {}: {unsampleable}. Discovery {seen} (expected {}, {}). \
-             Where the StorageVersion API is served and lists the resource it is used instead; otherwise check etcd and vouch for the encoding with the annotation {}: \"true\" on a new migration",
+             The StorageVersion API, where it is served and lists the resource, is used instead; without it, check etcd and vouch for the encoding with the annotation {}: \"true\" on a new migration",
             GroupResource::name_of(&self.check.group, &self.check.plural),
             self.check.expected_words(),
             self.expected_hash,
