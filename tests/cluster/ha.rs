@@ -17,13 +17,14 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use kube_svm::api::{Phase, StorageState, StorageVersionMigration};
 use kube_svm::storage_hash::storage_version_hash;
+use kube_svm::{apiservers, encoding};
 use serde_json::json;
 
-use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds};
+use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds, missing_aggregated_api, unique};
 use crate::support::invariant;
 use crate::support::migrations::{has_event_saying, wait_for_triggered};
 use crate::support::process::KubeSvm;
-use crate::support::{ControlPlane, Topology};
+use crate::support::{ControlPlane, Scenario, Topology};
 
 /// The flag that makes a 1.37 kube-apiserver behave as the release before it.
 const OLD_RELEASE: &str = "--emulated-version=1.36";
@@ -455,4 +456,45 @@ async fn client_ip_affinity_on_the_kubernetes_service_proves_nothing_by_sampling
     let service = services.get("kubernetes").await.expect("the kubernetes Service");
     let affinity = service.spec.and_then(|s| s.session_affinity);
     assert_eq!(affinity.as_deref(), Some("ClientIP"));
+}
+
+/// An aggregated API's discovery is proxied by kube-apiserver to the replicas of its own server,
+/// over connections kube-apiserver keeps: fresh connections to kube-apiserver do not reach
+/// those replicas one by one. Its encoding is never confirmed by sampling, and at once, not
+/// after the wait; a CRD's group, served by kube-apiserver itself, is sampled as before.
+#[tokio::test]
+async fn an_aggregated_api_is_never_confirmed_by_sampling() {
+    // A control plane of its own: an aggregated API that is down fails discovery of every group.
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
+    let group = format!("{}.svm.example.com", unique("aggregated"));
+    missing_aggregated_api(&client, &group).await;
+    let survey = apiservers::survey(&client, &group, "v1").await;
+    let refusal = apiservers::sampling(&survey).expect_err("proxied discovery is not sampled");
+    assert!(
+        matches!(&refusal, apiservers::Unsampleable::Aggregated { service, .. } if service == "default/nothing-here"),
+        "{refusal:?}"
+    );
+    let check = encoding::Check {
+        group: group.clone(),
+        plural: "things".into(),
+        kind: "Thing".into(),
+        expected: encoding::Expected::Hash { hash: "AAAAAAAAAAA=".into(), served: "v1".into() },
+        generation: 0,
+        settle: Duration::from_secs(1),
+        wait: PHASE,
+    };
+    let started = Instant::now();
+    let verdict = encoding::confirm(&client, &control_plane.config().await, &check).await;
+    let encoding::Encoding::Unconfirmed(why) = verdict else { panic!("confirmed: {verdict:?}") };
+    assert!(
+        why.contains("aggregated API served through the Service default/nothing-here"),
+        "{why}"
+    );
+    assert!(started.elapsed() < PHASE, "refused at once, not after the wait");
+
+    let widgets = WidgetCrd::new("sampled", false);
+    widgets.create(&client, "v1").await;
+    let survey = apiservers::survey(&client, &widgets.group, "v1").await;
+    assert_eq!(survey.aggregated, Ok(None), "a CRD is served by kube-apiserver itself");
+    assert!(apiservers::sampling(&survey).is_ok(), "{survey:?}");
 }
