@@ -6,8 +6,9 @@
 //! Where the StorageVersion API is served and has the resource, it says so directly. Otherwise
 //! discovery's `storageVersionHash` must equal the hash of the version, sampled through fresh
 //! connections (each may reach another apiserver) for a settle period without a single
-//! disagreement. A hash that has not appeared yet is waited for, up to a limit; kube-svm never
-//! confirms on a guess.
+//! disagreement, unless [`apiservers::sampling`] shows the samples cannot reach every apiserver
+//! (an aggregated API, client-IP affinity): then discovery confirms nothing. A hash that has not
+//! appeared yet is waited for, up to a limit; kube-svm never confirms on a guess.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,6 +20,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::api::GroupResource;
+use crate::apiservers::{self, Count, Unsampleable};
 use crate::storage_hash::storage_version_hash;
 
 /// What was established about the apiservers' encoding.
@@ -197,10 +199,6 @@ pub const MIN_AGREEING_SAMPLES: u32 = 2;
 /// goes through a fresh connection, which a load balancer hands to any apiserver.
 const MISS_AT_MOST: f64 = 0.01;
 
-/// How many apiservers to sample for when their identity leases cannot be read: more than most
-/// control planes run, so the samples err on the safe side.
-const ASSUMED_APISERVERS: usize = 5;
-
 /// The agreeing samples that make it unlikely (at most [`MISS_AT_MOST`]) that one of
 /// `apiservers` was never asked: `(1 - 1/n)^k <= MISS_AT_MOST`. Three apiservers need 12.
 pub fn samples_needed(apiservers: usize) -> u32 {
@@ -213,53 +211,39 @@ pub fn samples_needed(apiservers: usize) -> u32 {
     (needed as u32).max(MIN_AGREEING_SAMPLES)
 }
 
-/// The label kube-apiserver puts on its identity Lease in `kube-system` (APIServerIdentity, on
-/// by default since Kubernetes 1.26).
-const IDENTITY_LABEL: &str = "apiserver.kubernetes.io/identity=kube-apiserver";
-
-/// How many kube-apiservers serve the cluster: their identity Leases in `kube-system` that were
-/// renewed within their duration. Says why when they cannot be counted.
-pub async fn apiservers(client: &Client) -> Result<usize, String> {
-    use k8s_openapi::api::coordination::v1::Lease;
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
-    let params = kube::api::ListParams::default().labels(IDENTITY_LABEL);
-    let list = leases.list(&params).await.map_err(|e| crate::error_chain(&e))?;
-    let now = k8s_openapi::jiff::Timestamp::now();
-    let live = list
-        .items
-        .iter()
-        .filter(|lease| {
-            let Some(spec) = &lease.spec else { return false };
-            let (Some(renewed), Some(seconds)) = (&spec.renew_time, spec.lease_duration_seconds)
-            else {
-                return false;
-            };
-            let age = now.duration_since(renewed.0).as_secs_f64();
-            age <= f64::from(seconds)
-        })
-        .count();
-    match live {
-        0 => Err("no kube-apiserver identity Lease in kube-system is current".to_owned()),
-        n => Ok(n),
+/// What agreeing samples through fresh connections rest on, in words: how the apiservers were
+/// counted, the chance that each was asked ([`apiservers::asked_every_apiserver`]), and that
+/// this holds only if new connections are spread over them. Never "every apiserver" flatly.
+fn reach_words(count: &Count, samples: u32) -> String {
+    if count.apiservers <= 1 {
+        return format!(
+            "with {}, each sample asked it, unless an apiserver went uncounted",
+            count.counted
+        );
     }
-}
-
-/// How many kube-apiservers serve the cluster ([`apiservers`]), or as many as are assumed when
-/// they cannot be counted.
-pub async fn apiservers_or_assumed(client: &Client) -> usize {
-    apiservers(client).await.unwrap_or(ASSUMED_APISERVERS)
+    // Rounded down, so that the words never claim more than the number.
+    let asked = (apiservers::asked_every_apiserver(count.apiservers, samples) * 1000.0).floor();
+    format!(
+        "with {}, every apiserver was asked with probability {:.3} or more, if the load balancer spreads new connections over them (the kubernetes Service has no client-IP affinity)",
+        count.counted,
+        asked / 1000.0
+    )
 }
 
 impl Check {
-    /// The `group/version` discovery is read at.
-    fn discovery_version(&self) -> String {
-        let version = match &self.expected {
+    /// The version of the group discovery is read at.
+    fn version(&self) -> &str {
+        match &self.expected {
             Expected::StorageVersion(version) => version,
             Expected::Hash { served, .. } => served,
-        };
+        }
+    }
+
+    /// The `group/version` discovery is read at.
+    fn discovery_version(&self) -> String {
         match self.group.as_str() {
-            "" => version.clone(),
-            group => format!("{group}/{version}"),
+            "" => self.version().to_owned(),
+            group => format!("{group}/{}", self.version()),
         }
     }
 
@@ -295,7 +279,8 @@ impl Check {
 
 /// Confirms that the apiservers encode `check.storage_version`, asking until they do or
 /// `check.wait` has passed. `config` makes a fresh client (and so a fresh connection) for every
-/// discovery sample.
+/// discovery sample; what [`apiservers::survey`] reads first says whether such samples can
+/// reach every apiserver, and how many are needed.
 pub async fn confirm(client: &Client, config: &kube::Config, check: &Check) -> Encoding {
     confirm_with(client, config, check, &Rounds::default()).await
 }
@@ -307,21 +292,15 @@ async fn confirm_with(
     check: &Check,
     rounds: &Rounds,
 ) -> Encoding {
-    let (apiservers, counted) = match apiservers(client).await {
-        Ok(1) => (1, "1 apiserver, counted by its identity Lease".to_owned()),
-        Ok(n) => (n, format!("{n} apiservers, counted by their identity Leases")),
-        Err(why) => (
-            ASSUMED_APISERVERS,
-            format!(
-                "apiservers not counted ({why}), so sampled as if there were {ASSUMED_APISERVERS}"
-            ),
-        ),
-    };
-    let samples = samples_needed(apiservers);
-    let mut settle = Settle::new(check, samples, counted, Instant::now());
-    let mut sampling =
-        rounds.join(config, &check.discovery_version(), check.sample_interval(samples));
+    let survey = apiservers::survey(client, &check.group, check.version()).await;
+    let mut settle = Settle::new(check, apiservers::sampling(&survey), Instant::now());
+    let interval = check.sample_interval(settle.samples);
+    let mut sampling = rounds.join(config, &check.discovery_version(), interval);
     loop {
+        if settle.needs_survey() {
+            let survey = apiservers::survey(client, &check.group, check.version()).await;
+            settle.resurvey(apiservers::sampling(&survey));
+        }
         let round = sampling.next().await;
         let published = round.hash_of(&check.discovery_version(), &check.plural);
         let sample = match round.storage_version_api {
@@ -531,7 +510,8 @@ pub enum Sample {
 
 /// Samples in, a verdict out once there is one: the StorageVersion API is trusted at its
 /// word; discovery must publish the expected hash for the settle period, with at least
-/// [`MIN_AGREEING_SAMPLES`] samples and no disagreement in between (one resets the period).
+/// [`MIN_AGREEING_SAMPLES`] samples and no disagreement in between (one resets the period),
+/// and confirms nothing at all when its samples cannot reach every apiserver ([`Unsampleable`]).
 /// Gives up once `wait` has passed since the first sample. Pure: the caller samples and sleeps.
 #[derive(Debug)]
 pub struct Settle {
@@ -540,8 +520,9 @@ pub struct Settle {
     deadline: Instant,
     /// Agreeing discovery samples needed, for the number of apiservers.
     samples: u32,
-    /// How the apiservers were counted, for the evidence.
-    counted: String,
+    /// How many apiservers there are, as counted, or why discovery samples cannot stand for
+    /// all of them.
+    sampling: Result<Count, Unsampleable>,
     /// Since when, and in how many samples, discovery has agreed.
     agreeing: Option<(Instant, u32)>,
     /// Hashes seen since the agreement last broke, and how often, for the message when giving
@@ -553,20 +534,34 @@ pub struct Settle {
 }
 
 impl Settle {
-    /// A settle of `check` needing `samples` agreeing discovery samples (`counted` says how
-    /// the apiservers were counted).
-    pub fn new(check: &Check, samples: u32, counted: String, now: Instant) -> Settle {
+    /// A settle of `check`, needing as many agreeing discovery samples as the apiservers
+    /// counted ask for ([`samples_needed`]), or none taken as evidence when `sampling` says they
+    /// cannot reach every apiserver.
+    pub fn new(check: &Check, sampling: Result<Count, Unsampleable>, now: Instant) -> Settle {
+        let apiservers = sampling.as_ref().map_or(1, |count| count.apiservers);
         Settle {
             expected_hash: check.expected_hash(),
             settle: check.settle,
             deadline: now + check.wait,
-            samples: samples.max(MIN_AGREEING_SAMPLES),
-            counted,
+            samples: samples_needed(apiservers),
+            sampling,
             agreeing: None,
             seen: std::collections::BTreeMap::new(),
             last_seen: "nothing yet".to_owned(),
             check: check.clone(),
         }
+    }
+
+    /// Whether what decides on sampling should be read again: a read of it failed.
+    pub fn needs_survey(&self) -> bool {
+        self.sampling.as_ref().is_err_and(|unsampleable| !unsampleable.is_definite())
+    }
+
+    /// Takes what was read again about sampling (after [`Settle::needs_survey`]).
+    pub fn resurvey(&mut self, sampling: Result<Count, Unsampleable>) {
+        let apiservers = sampling.as_ref().map_or(1, |count| count.apiservers);
+        self.samples = samples_needed(apiservers);
+        self.sampling = sampling;
     }
 
     /// Takes one sample taken at `now`; returns the verdict once there is one.
@@ -593,6 +588,18 @@ impl Settle {
                 (published, "discovery (the StorageVersion API has no entry for this resource)")
             }
         };
+        let count = match &self.sampling {
+            Ok(count) => count.clone(),
+            Err(unsampleable) if unsampleable.is_definite() => {
+                return Some(self.unsampleable(unsampleable, &published));
+            }
+            // A read that failed (an apiserver restarting): no sample counts until it succeeds.
+            Err(unsampleable) => {
+                self.agreeing = None;
+                self.last_seen = unsampleable.to_string();
+                return self.unless_too_late(now);
+            }
+        };
         if let Ok(hash) = &published {
             *self.seen.entry(hash.clone().unwrap_or_else(|| "none".to_owned())).or_default() += 1;
         }
@@ -603,10 +610,10 @@ impl Settle {
                 let held = now.saturating_duration_since(*since);
                 if held >= self.settle && *samples >= self.samples {
                     let by = format!(
-                        "{by}: {samples} samples through fresh connections over {:.1} s published {}, none other ({})",
+                        "{by}: {samples} samples through fresh connections over {:.1} s published {}, none other; {}",
                         held.as_secs_f64(),
                         self.expected_hash,
-                        self.counted
+                        reach_words(&count, *samples),
                     );
                     return Some(Encoding::Confirmed { by });
                 }
@@ -631,6 +638,27 @@ impl Settle {
         }
     }
 
+    /// The verdict when discovery answered but its samples cannot stand for every apiserver:
+    /// unconfirmed, saying why first (a condition's message may be cut), then what was seen.
+    fn unsampleable(
+        &self,
+        unsampleable: &Unsampleable,
+        published: &Result<Option<String>, String>,
+    ) -> Encoding {
+        let seen = match published {
+            Ok(hash) => format!("published {}", hash.as_deref().unwrap_or("no hash")),
+            Err(error) => format!("could not be read: {error}"),
+        };
+        Encoding::Unconfirmed(format!(
+            "discovery samples cannot confirm the encoding of {}: {unsampleable}. Discovery {seen} (expected {}, {}). \
+             The StorageVersion API, where it is served and lists the resource, is used instead; without it, check etcd and vouch for the encoding with the annotation {}: \"true\" on a new migration",
+            GroupResource::name_of(&self.check.group, &self.check.plural),
+            self.check.expected_words(),
+            self.expected_hash,
+            crate::api::ENCODING_CONFIRMED_ANNOTATION,
+        ))
+    }
+
     fn unless_too_late(&self, now: Instant) -> Option<Encoding> {
         (now >= self.deadline).then(|| {
             let seen: Vec<String> =
@@ -644,7 +672,10 @@ impl Settle {
                 self.samples,
                 self.settle.as_secs_f64(),
                 self.check.wait.as_secs_f64(),
-                self.counted,
+                match &self.sampling {
+                    Ok(count) => count.counted.clone(),
+                    Err(unsampleable) => unsampleable.to_string(),
+                },
                 self.last_seen,
                 if seen.is_empty() { "nothing".to_owned() } else { seen.join(", ") },
                 crate::api::ENCODING_CONFIRMED_ANNOTATION,
@@ -667,7 +698,7 @@ pub enum AtEnd {
 /// Samples discovery through fresh connections as often as the apiservers' number asks, and
 /// says whether they all still publish `check`'s expected hash.
 pub async fn at_end(client: &Client, config: &kube::Config, check: &Check) -> AtEnd {
-    let apiservers = apiservers_or_assumed(client).await;
+    let apiservers = apiservers::apiservers_or_assumed(client).await;
     let mut seen = std::collections::BTreeMap::new();
     for _ in 0..samples_needed(apiservers) {
         let sample = match published_hash(config, check).await {
@@ -775,9 +806,14 @@ mod tests {
         }
     }
 
+    /// `n` apiservers, counted.
+    fn counted(n: usize) -> Count {
+        Count { apiservers: n, counted: format!("{n} apiservers counted") }
+    }
+
     /// A settle needing two agreeing samples, as with one apiserver.
     fn settle_of(check: &Check, now: Instant) -> Settle {
-        Settle::new(check, MIN_AGREEING_SAMPLES, "1 apiserver".into(), now)
+        Settle::new(check, Ok(counted(1)), now)
     }
 
     #[test]
@@ -923,7 +959,7 @@ mod tests {
     fn three_apiservers_need_twelve_agreeing_samples_and_one_disagreement_resets_them() {
         let start = Instant::now();
         let quick = check("example.com", Duration::ZERO);
-        let mut settle = Settle::new(&quick, samples_needed(3), "3 apiservers".into(), start);
+        let mut settle = Settle::new(&quick, Ok(counted(3)), start);
         for i in 0..11 {
             assert_eq!(settle.observe(Sample::Discovery(hash("v2")), at(start, i)), None);
         }
@@ -935,6 +971,61 @@ mod tests {
         let verdict = settle.observe(Sample::Discovery(hash("v2")), at(start, 23));
         let Some(Encoding::Confirmed { by }) = verdict else { panic!("twelve in a row") };
         assert!(by.contains("12 samples") && by.contains("3 apiservers"), "{by}");
+        // What the confirmation rests on: a chance, and connections being spread.
+        assert!(by.contains("with probability 0.976 or more"), "{by}");
+        assert!(by.contains("if the load balancer spreads new connections"), "{by}");
+        assert!(!by.contains("every apiserver encodes"), "{by}");
+    }
+
+    #[test]
+    fn samples_that_cannot_reach_every_apiserver_confirm_nothing_at_once() {
+        let start = Instant::now();
+        let pinned = Err(Unsampleable::ClientIpAffinity(counted(3)));
+        let mut settle = Settle::new(&check("example.com", Duration::ZERO), pinned, start);
+        // However many agree, and before the wait is over: no sample stands for the others.
+        let Some(Encoding::Unconfirmed(why)) = settle.observe(Sample::Discovery(hash("v2")), start)
+        else {
+            panic!("pinned samples confirm nothing")
+        };
+        assert!(why.contains("sessionAffinity: ClientIP"), "{why}");
+        assert!(why.contains("kube-svm.io/encoding-confirmed"), "{why}");
+        assert!(why.starts_with("discovery samples cannot confirm"), "{why}");
+        let aggregated = Err(Unsampleable::Aggregated {
+            group_version: "example.com/v2".into(),
+            service: "storage/api".into(),
+        });
+        let mut settle = Settle::new(&check("example.com", Duration::ZERO), aggregated, start);
+        let verdict = settle.observe(Sample::DiscoveryNoEntry(hash("v2")), start);
+        assert!(
+            matches!(&verdict, Some(Encoding::Unconfirmed(why)) if why.contains("aggregated API")),
+            "{verdict:?}"
+        );
+        // A read that failed is asked again, not taken for a refusal, until the wait is over.
+        let unread = Err(Unsampleable::AffinityUnknown {
+            count: counted(3),
+            why: "connection refused".into(),
+        });
+        let patient =
+            Check { wait: Duration::from_secs(10), ..check("example.com", Duration::ZERO) };
+        let mut settle = Settle::new(&patient, unread.clone(), start);
+        assert!(settle.needs_survey());
+        assert_eq!(settle.observe(Sample::Discovery(hash("v2")), start), None);
+        settle.resurvey(Ok(counted(1)));
+        assert!(!settle.needs_survey());
+        assert_eq!(settle.observe(Sample::Discovery(hash("v2")), at(start, 1)), None);
+        let verdict = settle.observe(Sample::Discovery(hash("v2")), at(start, 2));
+        assert!(matches!(verdict, Some(Encoding::Confirmed { .. })), "{verdict:?}");
+        let mut settle = Settle::new(&patient, unread, start);
+        let verdict = settle.observe(Sample::Discovery(hash("v2")), at(start, 10));
+        assert!(
+            matches!(&verdict, Some(Encoding::Unconfirmed(why)) if why.contains("connection refused")),
+            "{verdict:?}"
+        );
+        // The StorageVersion API asks no connection to reach anything: it still confirms.
+        let pinned = Err(Unsampleable::ClientIpAffinity(counted(3)));
+        let mut settle = Settle::new(&check("example.com", Duration::ZERO), pinned, start);
+        let common = Sample::StorageVersionApi(Some("example.com/v2".into()));
+        assert!(matches!(settle.observe(common, start), Some(Encoding::Confirmed { .. })));
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //! - [`managed_fields`]: which `managedFields` entries name a version no longer served, and what
 //!   to keep of them.
 //! - [`encoding`]: evidence that the apiservers encode a resource in the expected version.
+//! - [`apiservers`]: how many apiservers there are, and whether discovery samples can reach each.
 //! - [`conversion`]: whether a CRD's conversion webhook answers, before the first write.
 //! - [`storedversions`]: the proof-checked pruning of a CRD's `status.storedVersions`.
 //! - [`census`]: how objects are really stored in etcd, read key by key.
@@ -33,6 +34,7 @@
 
 pub mod answers;
 pub mod api;
+pub mod apiservers;
 pub mod census;
 pub mod cli;
 pub mod controller;

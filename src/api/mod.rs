@@ -53,7 +53,9 @@ pub const CLEAN_MANAGED_FIELDS_ANNOTATION: &str = "kube-svm.io/clean-managed-fie
 
 /// Annotation on a StorageVersionMigration by which an operator vouches that every apiserver
 /// already encodes the CRD's storage version (value `"true"`), for clusters where kube-svm cannot
-/// confirm it (a changed hash formula, discovery that never settles). kube-svm then skips its
+/// confirm it (a changed hash formula, discovery that never settles, an aggregated API, client-IP
+/// affinity on the `kubernetes` Service that pins discovery samples to one apiserver). kube-svm
+/// then skips its
 /// encoding check, says so in an Event and in `status.target.encodingEvidence`, and may prune
 /// `storedVersions` after the migration succeeds.
 pub const ENCODING_CONFIRMED_ANNOTATION: &str = "kube-svm.io/encoding-confirmed";

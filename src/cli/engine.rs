@@ -45,9 +45,9 @@ pub struct EngineArgs {
     #[arg(long, env = "KUBE_SVM_PAGE_SIZE", default_value_t = 500, value_parser = values::count(1, u32::MAX))]
     pub page_size: u32,
 
-    /// Seconds the discovery storage version hash of a CRD must be seen unchanged before
-    /// kube-svm trusts that every apiserver encodes in the new version (where the StorageVersion
-    /// API is not served).
+    /// Seconds the discovery storage version hash of a CRD must be seen unchanged, through
+    /// enough new connections that every apiserver was likely asked, before kube-svm trusts that
+    /// the apiservers encode in the new version (where the StorageVersion API is not served).
     #[arg(long, env = "KUBE_SVM_STORAGE_VERSION_SETTLE", default_value_t = 10.0, value_parser = values::seconds(0.0))]
     pub storage_version_settle: f64,
 

@@ -164,7 +164,7 @@ async fn poll(
     // in a row as make it unlikely that one apiserver was never asked.
     let trust = Trust {
         window: settings.encoding.settle,
-        polls: encoding::samples_needed(encoding::apiservers_or_assumed(client).await),
+        polls: encoding::samples_needed(crate::apiservers::apiservers_or_assumed(client).await),
     };
     let now = Instant::now();
     let mut due: Option<Duration> = None;

@@ -11,17 +11,20 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::MutatingAdmissionPolicy;
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ListParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use kube_svm::api::{Phase, StorageState, StorageVersionMigration};
 use kube_svm::storage_hash::storage_version_hash;
+use kube_svm::{apiservers, encoding};
 use serde_json::json;
 
-use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds};
+use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds, missing_aggregated_api, unique};
 use crate::support::invariant;
+use crate::support::migrations::{has_event_saying, wait_for_triggered};
 use crate::support::process::KubeSvm;
-use crate::support::{ControlPlane, Topology};
+use crate::support::{ControlPlane, Scenario, Topology};
 
 /// The flag that makes a 1.37 kube-apiserver behave as the release before it.
 const OLD_RELEASE: &str = "--emulated-version=1.36";
@@ -46,6 +49,14 @@ fn old_release(storage_version_api: bool) -> Topology {
         false => Vec::new(),
     };
     Topology { apiservers: vec![vec![OLD_RELEASE.to_owned()]; 3], common }
+}
+
+/// The agreeing samples a sampled confirmation rests on (`... N samples through fresh
+/// connections ...`): at least the 12 three apiservers need; the rounds the checks share may
+/// give a check one more within its settle period. 0 when the evidence names none.
+fn agreeing_samples(evidence: &str) -> u32 {
+    let count = evidence.split(" samples through").next().and_then(|s| s.rsplit(' ').next());
+    count.and_then(|n| n.parse().ok()).unwrap_or_default()
 }
 
 /// The storage version hash a release publishes for mutating admission policies.
@@ -240,7 +251,7 @@ async fn rolling_upgrade(storage_version_api: bool) {
     match storage_version_api {
         true => assert!(evidence.contains("the StorageVersion API"), "{evidence}"),
         false => assert!(
-            evidence.contains("12 samples") && evidence.contains("3 apiservers"),
+            agreeing_samples(&evidence) >= 12 && evidence.contains("3 apiservers"),
             "{evidence}"
         ),
     }
@@ -380,14 +391,118 @@ async fn apiservers_and_the_controller_killed_again_and_again_lose_nothing() {
         .as_ref()
         .and_then(|s| s.target.as_ref()?.encoding_evidence.clone())
         .unwrap_or_default();
-    // At least the 12 agreeing samples three apiservers need (the shared rounds may give a check
-    // one more within its settle period).
-    let samples = evidence.split(" samples through").next().and_then(|s| s.rsplit(' ').next());
-    let samples: u32 = samples.and_then(|n| n.parse().ok()).unwrap_or_default();
-    assert!(samples >= 12 && evidence.contains("3 apiservers"), "{evidence}");
+    assert!(agreeing_samples(&evidence) >= 12 && evidence.contains("3 apiservers"), "{evidence}");
     let outcome =
         invariant::check(&client, &control_plane.etcd(), &widgets, &crd_migration.name_any(), 300)
             .await;
     assert_eq!(outcome.stored_versions, ["v3"]);
     assert_eq!(outcome.census.count(&widgets.api_version("v3")), 300);
+}
+
+/// Client-IP affinity on the `kubernetes` Service sends every new connection of a client in the
+/// cluster to one apiserver: fresh-connection samples of discovery are then one apiserver's
+/// answer asked again, whatever their number. Without the StorageVersion API nothing else shows
+/// how the others encode, so the migration runs but its encoding stays unconfirmed, and the
+/// CRD's storedVersions are kept, with the affinity named in the condition and the Event.
+#[tokio::test]
+async fn client_ip_affinity_on_the_kubernetes_service_proves_nothing_by_sampling() {
+    let topology = Topology { apiservers: vec![Vec::new(); 3], common: Vec::new() };
+    let control_plane = ControlPlane::start_ha(&topology).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let sticky = json!({ "spec": { "sessionAffinity": "ClientIP" } });
+    services
+        .patch("kubernetes", &PatchParams::default(), &Patch::Merge(&sticky))
+        .await
+        .expect("the kubernetes Service takes client-IP affinity");
+    let widgets = WidgetCrd::stale(&client, "ha-sticky", 50).await;
+
+    let kubeconfig = control_plane.controller_kubeconfig().await.to_owned();
+    let args = [
+        "controller",
+        "--leader-elect=false",
+        "--crd-trigger=true",
+        "--storage-version-settle=1",
+        "--storage-version-wait=15",
+    ];
+    let controller = KubeSvm::start_as(&control_plane, "controller", &args, &kubeconfig);
+    let migration = wait_for_triggered(&client, &widgets, 1, &controller).await;
+    let name = migration.name_any();
+    let migrations: Api<StorageVersionMigration> = Api::all(client.clone());
+    let deadline = Instant::now() + PHASE;
+    let done = loop {
+        let migration = migrations.get(&name).await.expect("the migration");
+        if Phase::of(&migration).is_terminal() {
+            break migration;
+        }
+        assert!(Instant::now() < deadline, "{name} never ended\n{}", controller.logs());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+
+    assert_eq!(Phase::of(&done), Phase::Succeeded, "every widget is written: {:?}", done.status);
+    let target = done.status.as_ref().and_then(|s| s.target.clone()).expect("target recorded");
+    assert_eq!(
+        target.encoding_confirmed,
+        Some(false),
+        "samples pinned to one apiserver confirmed nothing: {:?}",
+        target.encoding_evidence
+    );
+    let evidence = target.encoding_evidence.unwrap_or_default();
+    assert!(evidence.contains("sessionAffinity: ClientIP"), "{evidence}");
+    eprintln!("evidence: {evidence}");
+    let outcome = invariant::check(&client, &control_plane.etcd(), &widgets, &name, 50).await;
+    assert_eq!(outcome.stored_versions, ["v1", "v2"], "storedVersions are kept");
+    assert!(!outcome.pruned);
+    assert_eq!(outcome.pruned_reason.as_deref(), Some("EncodingUnconfirmed"));
+    assert_eq!(outcome.census.count(&widgets.api_version("v2")), 50);
+    assert!(
+        has_event_saying(&client, &name, "StoredVersionsKept", "sessionAffinity: ClientIP").await,
+        "an Event says why storedVersions were kept"
+    );
+    // The apiservers left the affinity in place all along: the test showed what it meant to.
+    let service = services.get("kubernetes").await.expect("the kubernetes Service");
+    let affinity = service.spec.and_then(|s| s.session_affinity);
+    assert_eq!(affinity.as_deref(), Some("ClientIP"));
+}
+
+/// An aggregated API's discovery is proxied by kube-apiserver to the replicas of its own server,
+/// over connections kube-apiserver keeps: fresh connections to kube-apiserver do not reach
+/// those replicas one by one. Its encoding is never confirmed by sampling, and at once, not
+/// after the wait; a CRD's group, served by kube-apiserver itself, is sampled as before.
+#[tokio::test]
+async fn an_aggregated_api_is_never_confirmed_by_sampling() {
+    // A control plane of its own: an aggregated API that is down fails discovery of every group.
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
+    let group = format!("{}.svm.example.com", unique("aggregated"));
+    missing_aggregated_api(&client, &group).await;
+    let survey = apiservers::survey(&client, &group, "v1").await;
+    let refusal = apiservers::sampling(&survey).expect_err("proxied discovery is not sampled");
+    assert!(
+        matches!(&refusal, apiservers::Unsampleable::Aggregated { service, .. } if service == "default/nothing-here"),
+        "{refusal:?}"
+    );
+    let check = encoding::Check {
+        group: group.clone(),
+        plural: "things".into(),
+        kind: "Thing".into(),
+        expected: encoding::Expected::Hash { hash: "AAAAAAAAAAA=".into(), served: "v1".into() },
+        generation: 0,
+        settle: Duration::from_secs(1),
+        wait: PHASE,
+    };
+    let started = Instant::now();
+    let verdict = encoding::confirm(&client, &control_plane.config().await, &check).await;
+    let encoding::Encoding::Unconfirmed(why) = verdict else { panic!("confirmed: {verdict:?}") };
+    assert!(
+        why.contains("aggregated API served through the Service default/nothing-here"),
+        "{why}"
+    );
+    assert!(started.elapsed() < PHASE, "refused at once, not after the wait");
+
+    let widgets = WidgetCrd::new("sampled", false);
+    widgets.create(&client, "v1").await;
+    let survey = apiservers::survey(&client, &widgets.group, "v1").await;
+    assert_eq!(survey.aggregated, Ok(None), "a CRD is served by kube-apiserver itself");
+    assert!(apiservers::sampling(&survey).is_ok(), "{survey:?}");
 }
