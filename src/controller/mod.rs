@@ -106,9 +106,9 @@ pub enum Stopped {
 pub const SWEEP_SLOTS: usize = 1;
 
 /// Migrations that gather evidence (resolve, the conversion preflight, the encoding check) at
-/// once, before their turn to write: enough for the sweep of a cluster's built-in resources and
-/// a hundred or so CRDs to wait out one settle period together (each samples discovery every
-/// 2 s at most, so 128 make about 64 short requests a second), and a bound on that load.
+/// once, before their turn to write, in each lane: enough for the sweep of a cluster's built-in
+/// resources and a hundred or so CRDs to wait out one settle period together (their encoding
+/// checks share one round of discovery samples), and a bound on what they ask of the apiserver.
 pub const PREPARING: usize = 128;
 
 /// What reconciles share.
@@ -125,8 +125,11 @@ pub(crate) struct Context {
     /// discovery trigger's sweep, which has [`SWEEP_SLOTS`] of its own.
     slots: Arc<Semaphore>,
     sweep_slots: Arc<Semaphore>,
-    /// Migrations that may gather evidence at once, before their turn to write.
+    /// Migrations that may gather evidence at once, before their turn to write: the sweep's
+    /// and everyone else's apart, so that a sweep waiting for its lane never keeps another
+    /// migration from starting.
     preparing: Arc<Semaphore>,
+    preparing_sweep: Arc<Semaphore>,
     tasks: TaskTracker,
     /// Fires when the controller stops taking work; running migrations checkpoint and end.
     stopping: CancellationToken,
@@ -200,6 +203,7 @@ pub async fn run(run: Run) -> Stopped {
         slots: Arc::new(Semaphore::new(settings.concurrency.max(1))),
         sweep_slots: Arc::new(Semaphore::new(SWEEP_SLOTS)),
         preparing: Arc::new(Semaphore::new(PREPARING)),
+        preparing_sweep: Arc::new(Semaphore::new(PREPARING)),
         running: Mutex::new(HashMap::new()),
         tasks: TaskTracker::new(),
         stopping: stopping.clone(),
@@ -236,15 +240,23 @@ pub async fn run(run: Run) -> Stopped {
                 Err(error) => warn!(error = %crate::error_chain(&error), "reconcile failed"),
             }
         });
-    // The heartbeat lives as long as the reconcile loop does.
+    // The heartbeat lives as long as the reconcile loop does, and beats from the start: listing
+    // every migration for the cache can take long where there are many, and that is readiness
+    // (caches synced), not liveness.
     let heartbeat = async {
-        if store.wait_until_ready().await.is_ok() {
-            health.caches_synced.store(true, Ordering::Relaxed);
-        }
-        loop {
-            health.beat();
-            tokio::time::sleep(HEARTBEAT).await;
-        }
+        let synced = async {
+            if store.wait_until_ready().await.is_ok() {
+                health.caches_synced.store(true, Ordering::Relaxed);
+            }
+            std::future::pending::<()>().await
+        };
+        let beating = async {
+            loop {
+                health.beat();
+                tokio::time::sleep(HEARTBEAT).await;
+            }
+        };
+        tokio::join!(synced, beating);
     };
     let trigger = triggers(&context, watches, stopping.clone());
     let controlling = async {

@@ -111,7 +111,11 @@ pub(super) async fn reconcile(
             debug!("waiting for an earlier migration of the same resource");
             return Ok(Action::requeue(WAIT_FOR_TURN));
         }
-        let Ok(preparing) = context.preparing.clone().try_acquire_owned() else {
+        let preparing = match lane(&migration, context.store.state().iter().map(|m| m.as_ref())) {
+            Lane::Main => &context.preparing,
+            Lane::Sweep => &context.preparing_sweep,
+        };
+        let Ok(preparing) = preparing.clone().try_acquire_owned() else {
             debug!("waiting for room to prepare");
             return Ok(Action::requeue(WAIT_FOR_TURN));
         };

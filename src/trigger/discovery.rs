@@ -241,6 +241,7 @@ async fn poll(
     }
     let seen: Vec<GroupResource> = discovered.into_iter().map(|d| d.resource).collect();
     guard.retain(&seen);
+    super::history::forget(requests, &migrations, &existing_migrations).await;
     Ok(due)
 }
 

@@ -3,10 +3,12 @@
 //!
 //! - [`crd`]: when a CRD's `storedVersions` lists more than its storage version.
 //! - [`discovery`]: when a resource's storage version hash in discovery is not the only one
-//!   its StorageState says objects may be stored under ([`storage_state`] decides).
+//!   its StorageState says objects may be stored under ([`storage_state`] decides); it keeps
+//!   only its newest finished migrations of each resource ([`history`]).
 
 pub mod crd;
 pub mod discovery;
+pub mod history;
 pub mod storage_state;
 
 use std::time::Duration;

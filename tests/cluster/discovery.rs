@@ -439,3 +439,47 @@ async fn upstream_crds_never_make_the_trigger_loop() {
     assert!(twice.is_empty(), "migrated again: {twice:?}\n{}", controller.logs());
     assert_eq!(succeeded.get(&format!("widgets.{}", widgets.group)), Some(&1));
 }
+
+/// A resource whose migrations cannot succeed (an admission policy refuses one of its objects)
+/// gets a new one from the discovery trigger after each failure, at most every
+/// `--discovery-interval`, for as long as it fails: the trigger keeps only its newest finished
+/// ones of each resource and deletes the older, so their number stays bounded while the
+/// failures go on.
+#[tokio::test]
+async fn a_resource_that_keeps_failing_leaves_a_bounded_number_of_migrations() {
+    use kube_svm::trigger::history::KEPT_PER_RESOURCE;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
+    let widgets = WidgetCrd::new("keeps-failing", false);
+    widgets.create(&client, "v1").await;
+    widgets.seed(&client, "v1", &[None], 5).await;
+    let frozen = json!({ "metadata": { "labels": { "frozen": "true" } } });
+    let api = widgets.api(&client, "v1", None);
+    api.patch("w-3", &PatchParams::default(), &Patch::Merge(&frozen)).await.expect("labelled");
+    crate::engine::reject_updates_of_frozen(&client, &widgets.group).await;
+    widgets.set_storage_version(&client, "v2").await;
+    let args = [
+        "controller",
+        "--leader-elect=false",
+        "--crd-trigger=false",
+        "--discovery-trigger",
+        "--discovery-interval=1",
+        "--storage-version-settle=0",
+    ];
+    let controller = KubeSvm::start(&control_plane, "keeps-failing", &args).await;
+
+    // Failures go on past what is kept; the number kept stays bounded all along.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut most = 0;
+    loop {
+        let found = triggered(&client, &widgets).await;
+        let failed = found.iter().filter(|(_, phase)| *phase == Phase::Failed).count();
+        most = most.max(found.len());
+        assert!(found.len() <= KEPT_PER_RESOURCE + 1, "{} migrations kept: {found:?}", found.len());
+        if failed >= KEPT_PER_RESOURCE && controller.logs().contains("oldest finished migrations") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{failed} failed so far\n{}", controller.logs());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(most >= KEPT_PER_RESOURCE, "{most}");
+}
