@@ -35,6 +35,45 @@ pub struct Cleaned {
     pub removed: usize,
 }
 
+/// Why the `managedFields` a cleaning write was answered with are not clean.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotClean {
+    /// Entries still name these versions (`group/version`), not served: the apiserver kept
+    /// entries the write removed.
+    StillNamed(Vec<String>),
+    /// No entry is left, although the write kept some: the apiserver dropped the ownership
+    /// the write kept along with the entries it removed.
+    Dropped {
+        /// The entries the write kept.
+        written: usize,
+    },
+}
+
+impl NotClean {
+    /// The reason recorded for the object.
+    pub fn reason(&self) -> &'static str {
+        MANAGED_FIELDS_NOT_CLEANED
+    }
+
+    /// What happened, for the object's failure message.
+    pub fn message(&self) -> String {
+        match self {
+            NotClean::StillNamed(named) => format!(
+                "the apiserver wrote the object but its managedFields still name {}, not served",
+                named.join(", ")
+            ),
+            NotClean::Dropped { written } => format!(
+                "the apiserver wrote the object but dropped every managedFields entry, the {written} kept by the cleaning included"
+            ),
+        }
+    }
+}
+
+/// Reason recorded when an object's `managedFields` were not cleaned: a write meant to clean
+/// them changed nothing, they did not read back clean, or others wrote the object again and
+/// again before it could be cleaned.
+pub const MANAGED_FIELDS_NOT_CLEANED: &str = "ManagedFieldsNotCleaned";
+
 impl Served {
     /// The served versions of `crd`.
     pub fn of(crd: &CustomResourceDefinition) -> Served {
@@ -72,6 +111,28 @@ impl Served {
             true => vec![seed(&removed, self.storage.as_deref().unwrap_or(written))],
         };
         Some(Cleaned { entries, removed: removed.len() })
+    }
+
+    /// Whether `answer`, the `managedFields` a cleaning write was answered with, reads back
+    /// clean: no entry names a version not served, and some entry is left of the `written`
+    /// ones. The apiserver answers with what it stored, not with what it was sent: it keeps the
+    /// live entries for any write to a subresource, and its field manager, when it cannot
+    /// convert an entry, falls back to the live entries or drops them all, writing the object
+    /// all the same.
+    pub fn reads_back(&self, written: &[Value], answer: &[Value]) -> Result<(), NotClean> {
+        let unserved: BTreeSet<&str> = answer
+            .iter()
+            .map(api_version)
+            .filter(|api_version| !self.serves(api_version))
+            .collect();
+        if !unserved.is_empty() {
+            let named = unserved.into_iter().map(str::to_owned).collect();
+            return Err(NotClean::StillNamed(named));
+        }
+        if answer.is_empty() && !written.is_empty() {
+            return Err(NotClean::Dropped { written: written.len() });
+        }
+        Ok(())
     }
 
     /// The versions served, for messages: `v2, v3`.
@@ -162,6 +223,41 @@ mod tests {
         let old = entry("controller", "example.com/v1", "2026-01-01T00:00:00Z");
         let cleaned = served.clean(&[old, current.clone()], "example.com/v2").expect("cleaned");
         assert_eq!(cleaned, Cleaned { entries: vec![current], removed: 1 });
+    }
+
+    #[test]
+    fn an_answer_naming_only_served_versions_reads_back_clean() {
+        let served = served(&[("v1", false), ("v2", true), ("v3", true)]);
+        let written = [entry("tuner", "example.com/v2", "t"), entry("ops", "example.com/v3", "t")];
+        assert_eq!(served.reads_back(&written, &written), Ok(()));
+        // The apiserver may keep fewer, or other, entries of served versions.
+        assert_eq!(served.reads_back(&written, &written[1..]), Ok(()));
+    }
+
+    #[test]
+    fn an_answer_still_naming_an_unserved_version_is_not_clean() {
+        let served = served(&[("v0", false), ("v1", false), ("v2", true)]);
+        let kept = entry("tuner", "example.com/v2", "t");
+        // What a write to `/status` gets: the live entries, as they were.
+        let live = [
+            entry("deployer", "example.com/v1", "t"),
+            kept.clone(),
+            entry("old", "example.com/v0", "t"),
+            entry("other", "example.com/v1", "t"),
+        ];
+        let not_clean = served.reads_back(std::slice::from_ref(&kept), &live);
+        let named = vec!["example.com/v0".to_owned(), "example.com/v1".to_owned()];
+        assert_eq!(not_clean, Err(NotClean::StillNamed(named)));
+        let message = not_clean.err().map(|not_clean| not_clean.message()).unwrap_or_default();
+        assert!(message.contains("still name example.com/v0, example.com/v1"), "{message}");
+    }
+
+    #[test]
+    fn an_answer_with_every_entry_dropped_is_not_clean() {
+        let served = served(&[("v1", false), ("v2", true)]);
+        let written = [entry("tuner", "example.com/v2", "t")];
+        assert_eq!(served.reads_back(&written, &[]), Err(NotClean::Dropped { written: 1 }));
+        assert_eq!(NotClean::Dropped { written: 1 }.reason(), "ManagedFieldsNotCleaned");
     }
 
     #[test]

@@ -11,6 +11,7 @@ use super::request::{ApiStatus, NoReply, Reply};
 use super::window::Signal;
 use super::{Attempts, Engine, Failure, KeepFailing, Next, Resource, RunState};
 use crate::api::FailedObject;
+use crate::managed_fields::Served;
 
 /// What became of one object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,7 +19,7 @@ pub enum Outcome {
     /// The apiserver wrote it back to etcd, re-encoded.
     Rewritten,
     /// Written back, re-encoded, with its `managedFields` entries naming versions no longer
-    /// served removed.
+    /// served removed: the write's answer read back with none of them left.
     Cleaned,
     /// The apiserver skipped the write: the object was already stored in the current encoding.
     AlreadyCurrent,
@@ -76,9 +77,7 @@ const INVALID_REQUEST: &str = "InvalidRequest";
 /// Reason recorded when a successful write's answer could not be read.
 const INVALID_RESPONSE: &str = "InvalidResponse";
 
-/// Reason recorded when a write meant to clean `managedFields` changed nothing, or when
-/// others wrote the object again and again before it could be cleaned.
-pub const MANAGED_FIELDS_NOT_CLEANED: &str = "ManagedFieldsNotCleaned";
+pub use crate::managed_fields::MANAGED_FIELDS_NOT_CLEANED;
 
 /// How a reply settled one write.
 enum Settled {
@@ -99,6 +98,49 @@ struct WrittenMeta {
 #[serde(rename_all = "camelCase")]
 struct WrittenObjectMeta {
     resource_version: String,
+    /// Read only when the write cleaned them.
+    #[serde(default)]
+    managed_fields: Option<Box<serde_json::value::RawValue>>,
+}
+
+/// Whether a write of `object` goes to the `/status` subresource, when the run writes there
+/// (`to_status`). A write that cleans `managedFields` never does: for any subresource the
+/// apiserver keeps the live `managedFields`, whatever the write sends, so the cleaning would
+/// change nothing of them while the object is re-encoded all the same.
+fn through_status(to_status: bool, object: &Listed) -> bool {
+    to_status && object.managed_fields.is_none()
+}
+
+/// What a write of `object` that moved its resourceVersion comes to, given the `managedFields`
+/// of its answer: a plain write is rewritten; a cleaning write (one that sent `managedFields`)
+/// counts as cleaned only once the answer reads back clean by `cleaning`, the served versions.
+fn rewritten(
+    object: &Listed,
+    code: u16,
+    cleaning: Option<&Served>,
+    answer: Option<&serde_json::value::RawValue>,
+) -> Outcome {
+    let Some(written) = object.managed_fields.as_deref() else { return Outcome::Rewritten };
+    let not_cleaned = |message: String| {
+        Outcome::Failed(failure(object, code, MANAGED_FIELDS_NOT_CLEANED, message))
+    };
+    let Some(served) = cleaning else {
+        return not_cleaned("the run knows no served versions to check the answer against".into());
+    };
+    let answer: Vec<serde_json::Value> = match answer.map(|raw| serde_json::from_str(raw.get())) {
+        None => Vec::new(),
+        Some(Ok(entries)) => entries,
+        Some(Err(error)) => {
+            let message = format!("the answer's managedFields could not be read: {error}");
+            return Outcome::Failed(failure(object, code, INVALID_RESPONSE, message));
+        }
+    };
+    match served.reads_back(written, &answer) {
+        Ok(()) => Outcome::Cleaned,
+        Err(not_clean) => {
+            Outcome::Failed(failure(object, code, not_clean.reason(), not_clean.message()))
+        }
+    }
 }
 
 /// Why a run must stop, found while writing one object.
@@ -147,6 +189,7 @@ impl Engine {
         to_status: bool,
         run: &RunState,
     ) -> Result<Settled, Halt> {
+        let to_status = through_status(to_status, object);
         let failed_at_once = |reason, message: String| {
             Ok(Settled::Done(Outcome::Failed(failure(object, 0, reason, message))))
         };
@@ -260,8 +303,12 @@ impl Engine {
                             )),
                         }
                     }
-                    Ok(_) if cleaning => Outcome::Cleaned,
-                    Ok(_) => Outcome::Rewritten,
+                    Ok(written) => rewritten(
+                        object,
+                        reply.code,
+                        run.cleaning.as_ref(),
+                        written.metadata.managed_fields.as_deref(),
+                    ),
                     Err(error) => Outcome::Failed(failure(
                         object,
                         reply.code,
@@ -599,5 +646,101 @@ mod body_tests {
             body["metadata"],
             serde_json::json!({ "name": "w-1", "resourceVersion": "42", "managedFields": [kept] })
         );
+    }
+}
+
+#[cfg(test)]
+mod cleaning_tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    fn served() -> Served {
+        let crd = json!({
+            "metadata": { "name": "widgets.example.com" },
+            "spec": {
+                "group": "example.com",
+                "names": { "plural": "widgets", "kind": "Widget" },
+                "scope": "Cluster",
+                "versions": [
+                    { "name": "v1", "served": false, "storage": false },
+                    { "name": "v2", "served": true, "storage": true },
+                ],
+            }
+        });
+        Served::of(&serde_json::from_value(crd).expect("a CRD"))
+    }
+
+    fn entry(manager: &str, version: &str) -> Value {
+        json!({ "manager": manager, "apiVersion": format!("example.com/{version}") })
+    }
+
+    fn cleaning(written: Vec<Value>) -> Listed {
+        Listed {
+            namespace: String::new(),
+            name: "w-1".into(),
+            uid: "u".into(),
+            resource_version: "5".into(),
+            managed_fields: Some(written),
+        }
+    }
+
+    fn raw(entries: &[Value]) -> Box<serde_json::value::RawValue> {
+        serde_json::value::to_raw_value(entries).expect("JSON")
+    }
+
+    #[test]
+    fn a_cleaning_write_never_goes_to_status() {
+        let plain = Listed { managed_fields: None, ..cleaning(vec![]) };
+        assert!(through_status(true, &plain));
+        assert!(!through_status(false, &plain));
+        assert!(!through_status(true, &cleaning(vec![entry("tuner", "v2")])));
+    }
+
+    #[test]
+    fn a_plain_write_that_moved_the_resource_version_is_rewritten() {
+        let plain = Listed { managed_fields: None, ..cleaning(vec![]) };
+        let live = raw(&[entry("deployer", "v1")]);
+        assert_eq!(rewritten(&plain, 200, None, Some(&live)), Outcome::Rewritten);
+    }
+
+    #[test]
+    fn a_cleaning_write_counts_as_cleaned_only_once_its_answer_reads_back_clean() {
+        let object = cleaning(vec![entry("tuner", "v2")]);
+        let clean = raw(&[entry("tuner", "v2")]);
+        assert_eq!(rewritten(&object, 200, Some(&served()), Some(&clean)), Outcome::Cleaned);
+
+        // The live entries kept, as `/status` or the field manager's fallback does.
+        let live = raw(&[entry("deployer", "v1"), entry("tuner", "v2")]);
+        let Outcome::Failed(failed) = rewritten(&object, 200, Some(&served()), Some(&live)) else {
+            panic!("still naming v1")
+        };
+        assert_eq!((failed.code, failed.reason.as_str()), (200, MANAGED_FIELDS_NOT_CLEANED));
+        assert!(failed.message.contains("example.com/v1"), "{}", failed.message);
+
+        // Every entry dropped, or none in the answer.
+        for answer in [Some(raw(&[])), None] {
+            let Outcome::Failed(failed) =
+                rewritten(&object, 200, Some(&served()), answer.as_deref())
+            else {
+                panic!("dropped")
+            };
+            assert_eq!(failed.reason, MANAGED_FIELDS_NOT_CLEANED);
+        }
+
+        // Nothing to check against: never counted as cleaned.
+        let unchecked = rewritten(&object, 200, None, Some(&clean));
+        assert!(matches!(unchecked, Outcome::Failed(_)), "{unchecked:?}");
+    }
+
+    #[test]
+    fn an_unreadable_answer_is_not_cleaned() {
+        let object = cleaning(vec![entry("tuner", "v2")]);
+        let garbled = serde_json::value::RawValue::from_string("{}".into()).expect("JSON");
+        let Outcome::Failed(failed) = rewritten(&object, 200, Some(&served()), Some(&garbled))
+        else {
+            panic!("unreadable")
+        };
+        assert_eq!(failed.reason, INVALID_RESPONSE);
     }
 }

@@ -493,8 +493,13 @@ impl<H: Host> Lifecycle<'_, H> {
         if self.host.cleans_managed_fields() {
             note.push_str(&match self.cleaning(crd) {
                 Some(served) => format!(
-                    "; managedFields entries naming a version not served (served: {}) are removed",
-                    served.names()
+                    "; managedFields entries naming a version not served (served: {}) are removed{}",
+                    served.names(),
+                    match self.host.write_to_status(resource) {
+                        // The apiserver keeps the live managedFields for a subresource.
+                        true => ", through the resource itself for the objects that have any, as /status keeps managedFields as they are",
+                        false => "",
+                    }
                 ),
                 None => format!(
                     "; {resource} has no CRD, so its managedFields are left as they are (only a CRD's versions stop being served)"

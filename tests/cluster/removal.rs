@@ -98,6 +98,21 @@ async fn migrated_with_v1_unserved(
     client: &Client,
     test: &str,
 ) -> WidgetCrd {
+    let widgets = stale_with_v1_unserved(control_plane, client, test).await;
+    let (code, out) =
+        kube_svm(control_plane, &["migrate", &widgets.name(), "--storage-version-settle=0"]);
+    assert_eq!(code, Some(0), "{out}");
+    widgets
+}
+
+/// A CRD whose widgets were applied server-side at v1 (half of them applied again at v2 by a
+/// second manager), with its storage switched to v2 and v1 no longer served, not migrated:
+/// etcd still holds the widgets as v1.
+async fn stale_with_v1_unserved(
+    control_plane: &ControlPlane,
+    client: &Client,
+    test: &str,
+) -> WidgetCrd {
     let widgets = WidgetCrd::new(test, false);
     widgets.create(client, "v1").await;
     let (applied, out) = apply(control_plane, &widgets, "v1", APPLIED, "deployer", "red");
@@ -105,11 +120,25 @@ async fn migrated_with_v1_unserved(
     let (applied, out) = apply(control_plane, &widgets, "v2", APPLIED / 2, "tuner", "red");
     assert!(applied, "{out}");
     widgets.set_storage_version(client, "v2").await;
-    let (code, out) =
-        kube_svm(control_plane, &["migrate", &widgets.name(), "--storage-version-settle=0"]);
-    assert_eq!(code, Some(0), "{out}");
     widgets.set_served(client, "v1", false).await;
     widgets
+}
+
+/// Asserts that the `managedFields` of every widget, read back through the API, name v2 only:
+/// the second manager's v2 entry where it applied, a seed for the first manager elsewhere.
+async fn assert_cleaned(client: &Client, widgets: &WidgetCrd) {
+    let v2 = widgets.api_version("v2");
+    for i in 0..APPLIED {
+        let named = managers(client, widgets, &format!("w-{i}")).await;
+        assert!(named.iter().all(|(_, version)| *version == v2), "w-{i} not clean: {named:?}");
+        let expected = match i < APPLIED / 2 {
+            // The second manager's v2 entry is kept as it was.
+            true => vec![("tuner".to_owned(), v2.clone())],
+            // A seed for the latest manager, so the next apply invents no co-owner.
+            false => vec![("deployer".to_owned(), v2.clone())],
+        };
+        assert_eq!(named, expected, "w-{i}");
+    }
 }
 
 /// The apiVersions the `managedFields` of widget `name` name, by manager.
@@ -186,17 +215,7 @@ async fn a_version_is_removed_without_breaking_server_side_apply_once_managed_fi
     assert_eq!(code, Some(0), "{out}");
     let cleaned = format!("{APPLIED} with managedFields cleaned");
     assert!(out.contains(&cleaned), "{out}");
-    for i in 0..APPLIED {
-        let named = managers(&client, &widgets, &format!("w-{i}")).await;
-        assert!(named.iter().all(|(_, version)| *version == v2), "w-{i}: {named:?}");
-        let expected = match i < APPLIED / 2 {
-            // The second manager's v2 entry is kept as it was.
-            true => vec![("tuner".to_owned(), v2.clone())],
-            // A seed for the latest manager, so the next apply invents no co-owner.
-            false => vec![("deployer".to_owned(), v2.clone())],
-        };
-        assert_eq!(named, expected, "w-{i}");
-    }
+    assert_cleaned(&client, &widgets).await;
     assert_eq!(spec(&client, &widgets, "w-0").await, before, "the cleaning changes no field");
     let census = Census::of(&etcd, &widgets).await;
     assert_eq!(census.count(&v2), APPLIED, "all stored in v2: {census:?}");
@@ -350,4 +369,42 @@ async fn owner_references_naming_the_version_block_its_removal() {
     config_maps.patch("owned-by-w-0", &Default::default(), &merge).await.expect("patched");
     let (code, verdict) = drop_plan(&control_plane, &widgets, &[]);
     assert_eq!((code, verdict["removable"].clone()), (Some(0), json!(true)), "{verdict:#}");
+}
+
+/// `/status` keeps the live `managedFields` whatever a write sends, so a cleaning written there
+/// would change nothing of them while re-encoding the object. With `--write-to-status`, the
+/// objects to clean are written through the resource itself, and each one counts as cleaned
+/// only once its `managedFields` read back clean: whether etcd still held it in v1, or it was
+/// already current.
+#[tokio::test]
+async fn cleaning_with_write_to_status_cleans_for_real() {
+    let control_plane = ControlPlane::start(&[]).await.expect("a private control plane starts");
+    let (client, etcd) = (control_plane.client().await, control_plane.etcd());
+    let clean = ["--clean-managed-fields", "--write-to-status", "--storage-version-settle=0"];
+
+    // Stored in v1 still: every write re-encodes, and moves the resourceVersion.
+    let stale = stale_with_v1_unserved(&control_plane, &client, "removal-status-stale").await;
+    let before = spec(&client, &stale, "w-0").await;
+    let name = stale.name();
+    let args: Vec<&str> = ["migrate", name.as_str()].iter().chain(&clean).copied().collect();
+    let (code, out) = kube_svm(&control_plane, &args);
+    assert_eq!(code, Some(0), "{out}");
+    assert_cleaned(&client, &stale).await;
+    assert!(out.contains(&format!("{APPLIED} with managedFields cleaned")), "{out}");
+    assert_eq!(spec(&client, &stale, "w-0").await, before, "the cleaning changes no field");
+    let census = Census::of(&etcd, &stale).await;
+    assert_eq!(census.count(&stale.api_version("v2")), APPLIED, "all stored in v2: {census:?}");
+    assert_eq!(census.total(), APPLIED, "{census:?}");
+
+    // Already current: only the cleaning makes a write.
+    let current =
+        migrated_with_v1_unserved(&control_plane, &client, "removal-status-current").await;
+    let name = current.name();
+    let args: Vec<&str> = ["migrate", name.as_str()].iter().chain(&clean).copied().collect();
+    let (code, out) = kube_svm(&control_plane, &args);
+    assert_eq!(code, Some(0), "{out}");
+    assert_cleaned(&client, &current).await;
+    assert!(out.contains(&format!("{APPLIED} with managedFields cleaned")), "{out}");
+    let census = Census::of(&etcd, &current).await;
+    assert_eq!(census.count(&current.api_version("v2")), APPLIED, "all stored in v2: {census:?}");
 }
