@@ -90,6 +90,11 @@ pub struct ControllerArgs {
     #[arg(long, env = "KUBE_SVM_DISCOVERY_INTERVAL", default_value_t = 600.0, value_parser = values::seconds(1.0))]
     pub discovery_interval: f64,
 
+    /// Finished migrations the discovery trigger keeps of each resource, newest first; it
+    /// deletes older ones (its back-off counts the failures in a row among those kept).
+    #[arg(long, env = "KUBE_SVM_DISCOVERY_KEEP_FINISHED", default_value_t = crate::trigger::history::KEPT_PER_RESOURCE, value_parser = values::count(1, 1000))]
+    pub discovery_keep_finished: usize,
+
     /// Address of the admin server: /metrics, /healthz, /readyz (upstream's port).
     #[arg(long, env = "KUBE_SVM_METRICS_BIND_ADDRESS", default_value = "0.0.0.0:2112")]
     pub metrics_bind_address: SocketAddr,
@@ -113,6 +118,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         crd_trigger_retry_delay,
         discovery_trigger,
         discovery_interval,
+        discovery_keep_finished,
     } = args;
     let metrics = Arc::new(Metrics::new().context("failed to register the metrics")?);
     let health = Arc::new(Health::default());
@@ -138,6 +144,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         discovery_attempts: discovery_attempts.max(1),
         discovery_trigger: discovery_trigger
             .then(|| seconds(discovery_interval).max(Duration::from_secs(1))),
+        discovery_keep_finished,
         crd_trigger_retry_delay: seconds(crd_trigger_retry_delay),
     };
 

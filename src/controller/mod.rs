@@ -74,6 +74,8 @@ pub struct Settings {
     pub discovery_attempts: u32,
     /// Run the discovery trigger (on the leader only), polling this often.
     pub discovery_trigger: Option<Duration>,
+    /// Finished migrations of the discovery trigger kept per resource.
+    pub discovery_keep_finished: usize,
     /// Wait after a migration of the CRD trigger failed before it is retried; doubles with
     /// each retry.
     pub crd_trigger_retry_delay: Duration,
@@ -300,6 +302,7 @@ async fn triggers(context: &Context, watches: Client, stop: CancellationToken) {
             encoding: settings.encoding,
             poke: Arc::new(tokio::sync::Notify::new()),
             request_timeout: settings.request_timeout,
+            keep_finished: settings.discovery_keep_finished,
         });
     let crd_settings = crate::trigger::crd::Settings {
         create: settings.crd_trigger,

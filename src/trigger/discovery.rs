@@ -76,6 +76,8 @@ pub struct Settings {
     pub poke: Arc<Notify>,
     /// Longest time one request may go unanswered.
     pub request_timeout: Duration,
+    /// Finished migrations of its own kept per resource; older ones are deleted.
+    pub keep_finished: usize,
 }
 
 /// A resource discovery says can be migrated.
@@ -241,7 +243,8 @@ async fn poll(
     }
     let seen: Vec<GroupResource> = discovered.into_iter().map(|d| d.resource).collect();
     guard.retain(&seen);
-    super::history::forget(requests, &migrations, &existing_migrations).await;
+    super::history::forget(requests, &migrations, &existing_migrations, settings.keep_finished)
+        .await;
     Ok(due)
 }
 

@@ -4,7 +4,8 @@
 //! thousands of objects the controller lists and watches. Only the newest few finished ones of
 //! each resource are kept: enough for the back-off to reach its longest wait (it counts the
 //! failures in a row among them) and for an operator to see what happened; older ones are
-//! deleted. Migrations of other creators, and any not finished, are never touched.
+//! deleted (`--discovery-keep-finished`). Migrations of other creators, and any not finished,
+//! are never touched.
 
 use std::collections::BTreeMap;
 
@@ -15,14 +16,14 @@ use tracing::{debug, info};
 use super::{Requests, TRIGGER_LABEL};
 use crate::api::{Phase, StorageVersionMigration};
 
-/// Finished migrations of the discovery trigger kept per resource, newest first: ten failures
-/// in a row double the first wait (a settle period) past any `--discovery-interval` a cluster
-/// uses, so the back-off is the same as with every one kept.
+/// Finished migrations of the discovery trigger kept per resource by default, newest first: ten
+/// failures in a row double the first wait (a settle period) past any `--discovery-interval` a
+/// cluster uses, so the back-off is the same as with every one kept.
 pub const KEPT_PER_RESOURCE: usize = 10;
 
-/// The discovery trigger's finished migrations beyond the newest [`KEPT_PER_RESOURCE`] of their
-/// resource: (name, uid), oldest first. Pure.
-pub fn forgotten(migrations: &[StorageVersionMigration]) -> Vec<(String, String)> {
+/// The discovery trigger's finished migrations beyond the newest `kept` of their resource:
+/// (name, uid), oldest first. Pure.
+pub fn forgotten(migrations: &[StorageVersionMigration], kept: usize) -> Vec<(String, String)> {
     let mut by_resource: BTreeMap<(String, String), Vec<&StorageVersionMigration>> =
         BTreeMap::new();
     for migration in migrations {
@@ -44,7 +45,7 @@ pub fn forgotten(migrations: &[StorageVersionMigration]) -> Vec<(String, String)
             };
             at(b).cmp(&at(a))
         });
-        for old in finished.iter().skip(KEPT_PER_RESOURCE).rev() {
+        for old in finished.iter().skip(kept).rev() {
             let name = old.metadata.name.clone().unwrap_or_default();
             forgotten.push((name, old.metadata.uid.clone().unwrap_or_default()));
         }
@@ -58,8 +59,9 @@ pub async fn forget(
     requests: Requests<'_>,
     api: &Api<StorageVersionMigration>,
     migrations: &[StorageVersionMigration],
+    kept: usize,
 ) {
-    let old = forgotten(migrations);
+    let old = forgotten(migrations, kept);
     if old.is_empty() {
         return;
     }
@@ -78,7 +80,7 @@ pub async fn forget(
     }
     info!(
         deleted,
-        kept_per_resource = KEPT_PER_RESOURCE,
+        kept_per_resource = kept,
         "deleted the discovery trigger's oldest finished migrations"
     );
 }
@@ -129,7 +131,8 @@ mod tests {
         all.push(migration("deployments-running", "deployments", "discovery", RUNNING, 99));
         all.push(migration("deployments-crd", "deployments", "crd", FAILED, 0));
         all.push(migration("statefulsets-0", "statefulsets", "discovery", FAILED, 0));
-        let names: Vec<String> = forgotten(&all).into_iter().map(|(name, _)| name).collect();
+        let names: Vec<String> =
+            forgotten(&all, KEPT_PER_RESOURCE).into_iter().map(|(name, _)| name).collect();
         assert_eq!(names, ["deployments-0", "deployments-1", "deployments-2", "deployments-3"]);
     }
 }

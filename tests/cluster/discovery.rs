@@ -447,7 +447,7 @@ async fn upstream_crds_never_make_the_trigger_loop() {
 /// failures go on.
 #[tokio::test]
 async fn a_resource_that_keeps_failing_leaves_a_bounded_number_of_migrations() {
-    use kube_svm::trigger::history::KEPT_PER_RESOURCE;
+    const KEPT: usize = 3;
     let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let widgets = WidgetCrd::new("keeps-failing", false);
     widgets.create(&client, "v1").await;
@@ -464,22 +464,33 @@ async fn a_resource_that_keeps_failing_leaves_a_bounded_number_of_migrations() {
         "--discovery-trigger",
         "--discovery-interval=1",
         "--storage-version-settle=0",
+        "--discovery-keep-finished=3",
     ];
     let controller = KubeSvm::start(&control_plane, "keeps-failing", &args).await;
 
-    // Failures go on past what is kept; the number kept stays bounded all along.
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let mut most = 0;
+    // Failures go on past what is kept (every name ever seen is remembered); the number kept
+    // stays bounded all along.
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut ever = std::collections::BTreeSet::new();
     loop {
-        let found = triggered(&client, &widgets).await;
+        let found: Vec<(String, Phase)> = migrations::triggered(&client, &widgets, "discovery")
+            .await
+            .iter()
+            .map(|m| (m.metadata.name.clone().unwrap_or_default(), Phase::of(m)))
+            .collect();
         let failed = found.iter().filter(|(_, phase)| *phase == Phase::Failed).count();
-        most = most.max(found.len());
-        assert!(found.len() <= KEPT_PER_RESOURCE + 1, "{} migrations kept: {found:?}", found.len());
-        if failed >= KEPT_PER_RESOURCE && controller.logs().contains("oldest finished migrations") {
+        ever.extend(found.iter().map(|(name, _)| name.clone()));
+        assert!(found.len() <= KEPT + 1, "{} migrations kept: {found:?}", found.len());
+        if failed >= KEPT && ever.len() > found.len() {
             break;
         }
-        assert!(Instant::now() < deadline, "{failed} failed so far\n{}", controller.logs());
+        assert!(
+            Instant::now() < deadline,
+            "{failed} failed of {} so far\n{}",
+            ever.len(),
+            controller.logs()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(most >= KEPT_PER_RESOURCE, "{most}");
+    assert!(controller.logs().contains("oldest finished migrations"), "{}", controller.logs());
 }
