@@ -53,30 +53,35 @@ fn hash(version: &str) -> String {
     storage_version_hash(GROUP, version, KIND)
 }
 
+/// A MutatingAdmissionPolicy named `name`.
+fn policy(name: &str) -> MutatingAdmissionPolicy {
+    serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": {
+            "matchConstraints": { "resourceRules": [{
+                "apiGroups": ["example.com"], "apiVersions": ["v1"],
+                "operations": ["CREATE"], "resources": ["gadgets"],
+            }]},
+            "mutations": [{
+                "patchType": "ApplyConfiguration",
+                "applyConfiguration": {
+                    "expression": "Object{metadata: Object.metadata{labels: {\"seen\": \"yes\"}}}",
+                },
+            }],
+            "reinvocationPolicy": "Never",
+            "failurePolicy": "Ignore",
+        },
+    }))
+    .expect("a valid policy")
+}
+
 /// Creates `count` MutatingAdmissionPolicies named `<prefix>-<i>` through the balancer, each
 /// through a connection of its own, so that they spread over the apiservers as many clients'
 /// writes would.
 async fn create_policies(control_plane: &ControlPlane, prefix: &str, count: usize) {
     for i in 0..count {
         let api: Api<MutatingAdmissionPolicy> = Api::all(control_plane.client().await);
-        let policy: MutatingAdmissionPolicy = serde_json::from_value(json!({
-            "metadata": { "name": format!("{prefix}-{i}") },
-            "spec": {
-                "matchConstraints": { "resourceRules": [{
-                    "apiGroups": ["example.com"], "apiVersions": ["v1"],
-                    "operations": ["CREATE"], "resources": ["gadgets"],
-                }]},
-                "mutations": [{
-                    "patchType": "ApplyConfiguration",
-                    "applyConfiguration": {
-                        "expression": "Object{metadata: Object.metadata{labels: {\"seen\": \"yes\"}}}",
-                    },
-                }],
-                "reinvocationPolicy": "Never",
-                "failurePolicy": "Ignore",
-            },
-        }))
-        .expect("a valid policy");
+        let policy = policy(&format!("{prefix}-{i}"));
         // A connection may land on an apiserver that was just killed: ask again.
         let deadline = Instant::now() + PHASE;
         while let Err(error) = api.create(&PostParams::default(), &policy).await {
@@ -195,10 +200,14 @@ async fn rolling_upgrade(storage_version_api: bool) {
     let mut last = first;
     while beats < 2 {
         let state = storage_state(&client).await.expect("the StorageState stays");
-        assert_eq!(
-            persisted(&state),
-            std::slice::from_ref(&old),
-            "the trigger flapped mid-upgrade"
+        // The new release's hash is listed once a poll reaches the upgraded apiserver (objects
+        // are written in it there), but not trusted: the old one stays current.
+        let current = state.status.as_ref().and_then(|s| s.current_storage_version_hash.clone());
+        assert_eq!(current.as_ref(), Some(&old), "the trigger flapped mid-upgrade");
+        let listed = persisted(&state);
+        assert!(
+            listed.first() == Some(&old) && listed.iter().all(|h| *h == old || *h == new),
+            "mid-upgrade the StorageState lists {listed:?}"
         );
         for migration in policy_migrations(&client).await {
             if !before.contains(&migration.name_any()) {
@@ -254,6 +263,80 @@ async fn a_rolling_upgrade_is_migrated_once_the_last_apiserver_is_upgraded() {
 #[tokio::test]
 async fn a_rolling_upgrade_with_the_storage_version_api() {
     rolling_upgrade(true).await;
+}
+
+/// Creates `count` MutatingAdmissionPolicies named `<prefix>-<i>` through `client` alone.
+async fn create_policies_through(client: &Client, prefix: &str, count: usize) {
+    let api: Api<MutatingAdmissionPolicy> = Api::all(client.clone());
+    for i in 0..count {
+        let policy = policy(&format!("{prefix}-{i}"));
+        api.create(&PostParams::default(), &policy).await.expect("the policy is created");
+    }
+}
+
+/// One apiserver of three rolled back to the old release after the discovery trigger converged
+/// on the new hash: polls that reach it see the old hash, never on enough polls in a row to be
+/// trusted, while the objects written through it are stored in the old version, as etcd shows.
+/// The StorageState lists the old hash too, and keeps it while that apiserver runs: no
+/// migration proves the new hash alone meanwhile.
+#[tokio::test]
+async fn a_hash_published_by_one_rolled_back_apiserver_is_persisted() {
+    let topology = Topology { apiservers: vec![Vec::new(); 3], common: Vec::new() };
+    let control_plane = ControlPlane::start_ha(&topology).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    create_policies(&control_plane, "before", 5).await;
+    let (old, new) = (hash("v1beta1"), hash("v1"));
+    let controller = controller(&control_plane, "controller").await;
+    wait_persisted(&client, std::slice::from_ref(&new), &controller).await;
+
+    let before: Vec<String> =
+        policy_migrations(&client).await.iter().map(|m| m.name_any()).collect();
+    control_plane.restart_apiserver_at(2, &[OLD_RELEASE]).await.expect("apiserver 2 rolls back");
+    create_policies_through(&control_plane.direct_client(2).await, "rolled-back", 3).await;
+    let in_etcd = stored(&control_plane).await;
+    assert_eq!(in_etcd.get(&format!("{GROUP}/v1beta1")), Some(&3), "{in_etcd:?}");
+
+    // One poll in three reaches apiserver 2: the old hash is listed within a few polls.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let state = storage_state(&client).await.expect("the StorageState stays");
+        if persisted(&state).contains(&old) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the StorageState lists only {:?} while etcd holds {in_etcd:?}\n{}",
+            persisted(&state),
+            controller.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Kept over the next polls (each moves the heartbeat), and no migration proves meanwhile.
+    let beat =
+        |state: &StorageState| state.status.as_ref().and_then(|s| s.last_heartbeat_time.clone());
+    let mut last = storage_state(&client).await.and_then(|s| beat(&s));
+    let mut beats = 0;
+    let deadline = Instant::now() + PHASE;
+    while beats < 3 {
+        let state = storage_state(&client).await.expect("the StorageState stays");
+        let listed = persisted(&state);
+        assert!(listed.contains(&old) && listed.contains(&new), "collapsed to {listed:?}");
+        let current = state.status.as_ref().and_then(|s| s.current_storage_version_hash.clone());
+        assert_eq!(current.as_ref(), Some(&new), "the trigger flapped");
+        for migration in policy_migrations(&client).await {
+            if !before.contains(&migration.name_any()) {
+                let status = &migration.status;
+                assert_eq!(proved(&migration), None, "proved while rolled back: {status:?}");
+            }
+        }
+        if beat(&state) != last {
+            beats += 1;
+            last = beat(&state);
+        }
+        assert!(Instant::now() < deadline, "the trigger never polled\n{}", controller.logs());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// How long apiservers are killed and revived in the fault scenario (`KUBE_SVM_HA_SECONDS`).
