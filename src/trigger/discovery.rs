@@ -209,7 +209,7 @@ async fn poll(
             }
         }
 
-        if !storage_state::needs_migration(&next.status, &current) {
+        if !storage_state::migration_due(&next, &current) {
             continue;
         }
         let of_resource: Vec<&StorageVersionMigration> = existing_migrations

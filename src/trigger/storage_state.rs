@@ -163,6 +163,15 @@ pub fn needs_migration(status: &StorageStateStatus, current: &str) -> bool {
     status.persisted_storage_version_hashes != [current]
 }
 
+/// Whether a poll calls for a migration of the resource: objects may be stored under a hash
+/// other than `current`, and the poll saw `current` itself. A poll that saw another hash waits:
+/// that hash may be about to become the current one (a storage switch the guard has not
+/// trusted yet), and a migration created now would be for the hash before it; the next poll
+/// comes soon, as the guard has a hash pending.
+pub fn migration_due(next: &Next, current: &str) -> bool {
+    needs_migration(&next.status, current) && !next.other_seen
+}
+
 /// Why a migration proves nothing about how a resource's objects are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unproven {
@@ -424,6 +433,11 @@ mod tests {
         let settled = next_status(Some(&again.status), "B", "B", true, ts(40), STALE);
         assert_eq!(settled.status.persisted_storage_version_hashes, ["B"]);
         assert!(!settled.other_seen);
+
+        // Migrations are created on the polls that see the current hash, for it.
+        assert!(!migration_due(&rolled_back, "B") && !migration_due(&again, "B"));
+        let between = next_status(Some(&again.status), "B", "B", false, ts(35), STALE);
+        assert!(migration_due(&between, "B"));
 
         // A resource new to the trigger, first seen through the apiserver of the other release.
         let new = next_status(None, "B", "A", false, ts(0), STALE);
