@@ -727,6 +727,37 @@ fn judge_end(expected: &str, seen: &std::collections::BTreeMap<String, u32>) -> 
     }
 }
 
+/// What one discovery sample, taken while a run of a built-in resource writes, says about the
+/// hash the run targets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DuringRun {
+    /// The apiserver asked publishes the target.
+    Target,
+    /// The apiserver asked publishes another hash (`none` when it publishes none for the
+    /// resource): it encodes in another version, so objects the run writes through it may be
+    /// stored there.
+    Other(String),
+    /// No answer (an apiserver restarting, a connection refused): nothing about the encoding.
+    /// The next sample, and the samples at the end of the run, decide.
+    Unread(String),
+}
+
+/// The verdict on one discovery sample taken during a run that targets `expected`. Pure.
+pub fn judge_during_run(expected: &str, sample: Result<Option<String>, String>) -> DuringRun {
+    match sample {
+        Ok(Some(hash)) if hash == expected => DuringRun::Target,
+        Ok(Some(other)) => DuringRun::Other(other),
+        Ok(None) => DuringRun::Other("none".to_owned()),
+        Err(error) => DuringRun::Unread(error),
+    }
+}
+
+/// One discovery sample through a new connection (behind a load balancer, consecutive samples
+/// may reach different apiservers), judged against `check`'s expected hash.
+pub async fn sample_during_run(config: &kube::Config, check: &Check) -> DuringRun {
+    judge_during_run(&check.expected_hash(), published_hash(config, check).await)
+}
+
 /// How long one discovery sample may take: an apiserver that does not answer (frozen, or its
 /// connection hung) counts as one that does not agree, not as a wait without end.
 const SAMPLE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -940,6 +971,19 @@ mod tests {
         assert!(words.contains("A (8 samples)") && words.contains("B (4 samples)"), "{words}");
         assert!(matches!(judge_end("A", &seen(&[("none", 12)])), AtEnd::Mixed(_)));
         assert!(matches!(judge_end("A", &seen(&[("an error (refused)", 12)])), AtEnd::Mixed(_)));
+    }
+
+    #[test]
+    fn a_sample_during_a_run_tells_another_hash_from_no_answer() {
+        assert_eq!(judge_during_run("A", Ok(Some("A".into()))), DuringRun::Target);
+        assert_eq!(judge_during_run("A", Ok(Some("B".into()))), DuringRun::Other("B".into()));
+        // An apiserver that publishes no hash for the resource is of another release too.
+        assert_eq!(judge_during_run("A", Ok(None)), DuringRun::Other("none".into()));
+        // A refused connection says nothing about how anything is encoded.
+        assert_eq!(
+            judge_during_run("A", Err("connection refused".into())),
+            DuringRun::Unread("connection refused".into())
+        );
     }
 
     #[test]

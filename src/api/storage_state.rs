@@ -7,8 +7,9 @@ use serde::{Deserialize, Serialize};
 /// kube-storage-version-migrator writes it): nothing is known of how the objects are stored.
 pub const UNKNOWN_HASH: &str = "Unknown";
 
-/// Annotation on a StorageState: when its `persistedStorageVersionHashes` last changed (RFC 3339).
-/// Only a migration started after it can prove the objects are stored in the current hash alone.
+/// Annotation on a StorageState: when its `persistedStorageVersionHashes` last changed, or
+/// discovery last showed a hash other than the current one (RFC 3339). Only a migration started
+/// after it can prove the objects are stored in the current hash alone.
 pub const PERSISTED_SINCE_ANNOTATION: &str = "kube-svm.io/persisted-since";
 
 // Several printcolumn(...) share a `type_`, which clippy mistakes for a repeated attribute.

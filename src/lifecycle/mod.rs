@@ -227,7 +227,8 @@ struct Finished {
 /// How the engine's part of a run ended.
 enum Ran {
     Ended(End),
-    /// The resource's CRD changed under the run; `current` is the status with its progress.
+    /// The target changed under the run (the resource's CRD, or for a built-in resource the
+    /// hash discovery publishes); `current` is the status with its progress.
     Changed {
         change: Change,
         current: StorageVersionMigrationStatus,
@@ -510,8 +511,8 @@ impl<H: Host> Lifecycle<'_, H> {
         Ok(current)
     }
 
-    /// The engine, with progress recorded beside it (never pausing it) and the resource's CRD
-    /// watched for a change of the target.
+    /// The engine, with progress recorded beside it (never pausing it) and the target watched
+    /// ([`steps::guard`]).
     async fn run_engine(
         &mut self,
         resource: &Resource,

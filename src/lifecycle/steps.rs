@@ -269,18 +269,67 @@ pub async fn target_changed(
     crd_change(resource, target, crd.as_ref())
 }
 
-/// Resolves once the CRD behind `resource` no longer is what `target` recorded, reading it every
-/// [`GUARD_INTERVAL`]; never for a resource no CRD serves (the end of the run checks those).
+/// Resolves once the target of the run no longer holds: for a CRD-backed `resource`, once its
+/// CRD no longer is what `target` recorded, reading it every [`GUARD_INTERVAL`]; for a built-in
+/// resource whose encoding was confirmed, once a discovery sample through a new connection,
+/// taken every [`GUARD_INTERVAL`], shows another hash than the target (an apiserver of another
+/// release, or one rolled back, stores what the run writes through it in another version).
+/// Never for a run that proves nothing anyway (its encoding not confirmed, or no hash to
+/// compare): the end of the run checks those.
 pub async fn guard(cluster: &Cluster<'_>, resource: &Resource, target: &MigrationTarget) -> Change {
-    if target.crd_generation.is_none() {
-        return std::future::pending().await;
+    if target.crd_generation.is_some() {
+        loop {
+            tokio::time::sleep(GUARD_INTERVAL).await;
+            if let Some(change) = target_changed(cluster, resource, target).await {
+                return change;
+            }
+        }
     }
+    let Some(check) = built_in_check(resource, target) else {
+        return std::future::pending().await;
+    };
     loop {
         tokio::time::sleep(GUARD_INTERVAL).await;
-        if let Some(change) = target_changed(cluster, resource, target).await {
+        let seen = encoding::sample_during_run(cluster.config, &check).await;
+        if let Some(change) = hash_change(resource, &check, seen) {
             return change;
         }
     }
+}
+
+/// What a built-in resource's run samples discovery for while it writes: the hash it targets,
+/// read at the version it writes through. `None` when the run is not sampled: a CRD-backed
+/// resource (its CRD says), no hash recorded, or the encoding not confirmed at the start.
+fn built_in_check(resource: &Resource, target: &MigrationTarget) -> Option<encoding::Check> {
+    if target.crd_generation.is_some() || target.encoding_confirmed != Some(true) {
+        return None;
+    }
+    let hash = target.storage_version_hash.clone()?;
+    Some(encoding::Check {
+        group: resource.group.clone(),
+        plural: resource.plural.clone(),
+        kind: resource.kind.clone(),
+        expected: encoding::Expected::Hash { hash, served: resource.version.clone() },
+        generation: 0,
+        settle: Duration::ZERO,
+        wait: Duration::ZERO,
+    })
+}
+
+/// The change one discovery sample taken during a built-in resource's run shows, if any: a hash
+/// other than the target starts the run over, as a CRD's storage switch does (a flip there and
+/// back before the end is a mixed run all the same). Pure.
+fn hash_change(
+    resource: &Resource,
+    check: &encoding::Check,
+    seen: encoding::DuringRun,
+) -> Option<Change> {
+    let encoding::DuringRun::Other(other) = seen else { return None };
+    let encoding::Expected::Hash { hash, .. } = &check.expected else { return None };
+    let why = format!(
+        "discovery published storage version hash {other} for {resource} while the run wrote in {hash}: an apiserver encodes it in another version, so objects written through it may be stored there"
+    );
+    Some(Change::new(reasons::STORAGE_VERSION_CHANGED, why))
 }
 
 /// What changed about the resource since the migration started, if anything.
@@ -559,6 +608,46 @@ mod tests {
             .expect("a change");
         assert!(back.starts_over());
         assert!(back.message.contains("generation 4 then 6"), "{}", back.message);
+    }
+
+    fn built_in_target(confirmed: Option<bool>) -> MigrationTarget {
+        MigrationTarget {
+            storage_version_hash: Some("A".into()),
+            encoding_confirmed: confirmed,
+            ..MigrationTarget::default()
+        }
+    }
+
+    #[test]
+    fn only_a_confirmed_built_in_run_samples_discovery_while_it_writes() {
+        let resource = Resource::widgets();
+        assert!(built_in_check(&resource, &built_in_target(Some(true))).is_some());
+        // It proves nothing anyway; the end of the run checks it.
+        assert!(built_in_check(&resource, &built_in_target(Some(false))).is_none());
+        assert!(built_in_check(&resource, &built_in_target(None)).is_none());
+        let no_hash = MigrationTarget { storage_version_hash: None, ..built_in_target(Some(true)) };
+        assert!(built_in_check(&resource, &no_hash).is_none());
+        // A CRD's run is guarded by its CRD.
+        let crd = MigrationTarget { encoding_confirmed: Some(true), ..target() };
+        assert!(built_in_check(&resource, &crd).is_none());
+    }
+
+    #[test]
+    fn another_hash_mid_run_starts_a_built_in_run_over() {
+        let resource = Resource::widgets();
+        let check = built_in_check(&resource, &built_in_target(Some(true))).expect("sampled");
+        assert_eq!(hash_change(&resource, &check, encoding::DuringRun::Target), None);
+        let unread = encoding::DuringRun::Unread("connection refused".into());
+        assert_eq!(hash_change(&resource, &check, unread), None, "a restart is no flip");
+        let other = hash_change(&resource, &check, encoding::DuringRun::Other("B".into()))
+            .expect("a change");
+        assert!(other.starts_over());
+        assert_eq!(other.reason, reasons::STORAGE_VERSION_CHANGED);
+        assert!(
+            other.message.contains("hash B") && other.message.contains("in A"),
+            "{}",
+            other.message
+        );
     }
 
     #[test]

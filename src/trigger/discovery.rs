@@ -190,9 +190,19 @@ async fn poll(
         let proven = existing_migrations
             .iter()
             .any(|m| storage_state::proves(m, resource, &current, Some(since)));
-        let next =
-            storage_state::next_status(status, &current, proven, Timestamp::now(), stale_after);
-        let stamp = next.persisted_changed || recorded_since.is_none();
+        // `hash` is what one apiserver publishes, trusted or not: persisted at once.
+        let next = storage_state::next_status(
+            status,
+            &current,
+            hash,
+            proven,
+            Timestamp::now(),
+            stale_after,
+        );
+        if next.other_seen {
+            debug!(resource = %name, %current, seen = %hash, "discovery shows another hash");
+        }
+        let stamp = next.stamps() || recorded_since.is_none();
         if stamp || storage_state::worth_writing(status, &next, settings.interval / 2) {
             let written = write_state(requests, &states, resource, state, &next, stamp);
             if let Err(error) = written.await {
@@ -201,7 +211,7 @@ async fn poll(
             }
         }
 
-        if !storage_state::needs_migration(&next.status, &current) {
+        if !storage_state::migration_due(&next, &current) {
             continue;
         }
         let of_resource: Vec<&StorageVersionMigration> = existing_migrations

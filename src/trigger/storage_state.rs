@@ -74,25 +74,43 @@ impl Guard {
     }
 }
 
-/// A StorageState's status after a poll that trusts `current`.
+/// A StorageState's status after a poll that trusts `current` and saw `seen`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Next {
     /// The status to write: persisted hashes, `current` as the current hash, and the heartbeat
     /// set to the poll's time.
     pub status: StorageStateStatus,
-    /// Whether `persistedStorageVersionHashes` changed (the persisted-since time moves to now).
+    /// Whether `persistedStorageVersionHashes` changed.
     pub persisted_changed: bool,
+    /// Whether the poll saw a hash other than `current`: some apiserver may be writing objects
+    /// in it now, so no migration that began before this poll proves anything.
+    pub other_seen: bool,
 }
 
-/// How a StorageState changes when a poll trusts `current` at `now`:
+impl Next {
+    /// Whether the persisted-since time moves to now: the persisted hashes changed, or a hash
+    /// other than the current one was seen. A migration proves its objects are stored in the
+    /// current hash only if it began after that time.
+    pub fn stamps(&self) -> bool {
+        self.persisted_changed || self.other_seen
+    }
+}
+
+/// How a StorageState changes when a poll trusts `current` and discovery showed `seen` (the
+/// hash one apiserver publishes; during a rolling upgrade or a rollback it may differ from
+/// `current`) at `now`:
 /// - new, empty, or its heartbeat older than `stale_after` (the trigger was down and anything
 ///   may have been written meanwhile): `["Unknown"]`;
-/// - a hash not yet persisted is appended;
-/// - `proven` (a migration proved every object is stored in `current`): `[current]`, unless the
-///   state was stale: what was written while nobody watched is not covered by that proof.
+/// - `current` and `seen`, when not yet persisted, are appended: `seen` at once, however rarely
+///   it shows (an apiserver publishing it writes objects in it; appending costs at most one
+///   more migration), while only a trusted hash becomes `current`;
+/// - `proven` (a migration proved every object is stored in `current`): `[current]`, unless
+///   the state was stale (what was written while nobody watched is not covered by that proof)
+///   or this poll saw another hash (an apiserver may be writing in it right now).
 pub fn next_status(
     status: Option<&StorageStateStatus>,
     current: &str,
+    seen: &str,
     proven: bool,
     now: Timestamp,
     stale_after: Duration,
@@ -106,14 +124,18 @@ pub fn next_status(
         true => vec![UNKNOWN_HASH.to_owned()],
         false => before.clone(),
     };
-    if !persisted.iter().any(|h| h == current) {
-        persisted.push(current.to_owned());
+    for hash in [current, seen] {
+        if !persisted.iter().any(|h| h == hash) {
+            persisted.push(hash.to_owned());
+        }
     }
-    if proven && !stale {
+    let other_seen = seen != current;
+    if proven && !stale && !other_seen {
         persisted = vec![current.to_owned()];
     }
     Next {
         persisted_changed: persisted != before,
+        other_seen,
         status: StorageStateStatus {
             persisted_storage_version_hashes: persisted,
             current_storage_version_hash: Some(current.to_owned()),
@@ -141,6 +163,15 @@ pub fn needs_migration(status: &StorageStateStatus, current: &str) -> bool {
     status.persisted_storage_version_hashes != [current]
 }
 
+/// Whether a poll calls for a migration of the resource: objects may be stored under a hash
+/// other than `current`, and the poll saw `current` itself. A poll that saw another hash waits:
+/// that hash may be about to become the current one (a storage switch the guard has not
+/// trusted yet), and a migration created now would be for the hash before it; the next poll
+/// comes soon, as the guard has a hash pending.
+pub fn migration_due(next: &Next, current: &str) -> bool {
+    needs_migration(&next.status, current) && !next.other_seen
+}
+
 /// Why a migration proves nothing about how a resource's objects are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unproven {
@@ -157,7 +188,8 @@ pub enum Unproven {
     OtherTarget,
     /// It began before the apiservers were shown to encode in its target.
     EncodingUnconfirmed,
-    /// It began before the persisted hashes last changed, or its start time is not recorded.
+    /// It began before the persisted hashes last changed or discovery last showed another hash
+    /// (the persisted-since time), or its start time is not recorded.
     StartedBefore,
 }
 
@@ -178,7 +210,8 @@ impl Unproven {
                 "it began before the apiservers were shown to encode in its target"
             }
             Unproven::StartedBefore => {
-                "it began before the StorageState's persisted hashes last changed"
+                "it began before the StorageState's persisted hashes last changed, or before \
+                 discovery last showed another hash"
             }
         }
     }
@@ -188,7 +221,8 @@ impl Unproven {
 /// succeeded, listed the resource from its first object, targeted `current` (what it recorded
 /// at its start, not what the hash is now: a late success of an older target proves nothing
 /// about the current one), was not found to start before the apiservers encoded in it, and
-/// started after the persisted hashes last changed.
+/// started after `persisted_since`: when the persisted hashes last changed or discovery last
+/// showed a hash other than the current one.
 pub fn proves(
     migration: &StorageVersionMigration,
     resource: &GroupResource,
@@ -353,27 +387,81 @@ mod tests {
 
     #[test]
     fn storage_states_follow_upstream_semantics() {
-        let new = next_status(None, "A", false, ts(0), STALE);
+        let new = next_status(None, "A", "A", false, ts(0), STALE);
         assert_eq!(new.status.persisted_storage_version_hashes, ["Unknown", "A"]);
         assert!(new.persisted_changed && needs_migration(&new.status, "A"));
 
-        let proven = next_status(Some(&new.status), "A", true, ts(60), STALE);
+        let proven = next_status(Some(&new.status), "A", "A", true, ts(60), STALE);
         assert_eq!(proven.status.persisted_storage_version_hashes, ["A"]);
         assert!(!needs_migration(&proven.status, "A"));
 
-        let beat = next_status(Some(&proven.status), "A", false, ts(600), STALE);
+        let beat = next_status(Some(&proven.status), "A", "A", false, ts(600), STALE);
         assert!(!beat.persisted_changed);
         assert_eq!(beat.status.last_heartbeat_time, Some(Time(ts(600))));
 
-        let changed = next_status(Some(&status(&["A"], 600)), "B", false, ts(1200), STALE);
+        let changed = next_status(Some(&status(&["A"], 600)), "B", "B", false, ts(1200), STALE);
         assert_eq!(changed.status.persisted_storage_version_hashes, ["A", "B"]);
         assert_eq!(changed.status.current_storage_version_hash.as_deref(), Some("B"));
 
-        let stale = next_status(Some(&status(&["A"], 0)), "A", false, ts(1201), STALE);
+        let stale = next_status(Some(&status(&["A"], 0)), "A", "A", false, ts(1201), STALE);
         assert_eq!(stale.status.persisted_storage_version_hashes, ["Unknown", "A"]);
         // A proof does not cover what was written while the trigger was away.
-        let stale = next_status(Some(&status(&["A"], 0)), "A", true, ts(1201), STALE);
+        let stale = next_status(Some(&status(&["A"], 0)), "A", "A", true, ts(1201), STALE);
         assert_eq!(stale.status.persisted_storage_version_hashes, ["Unknown", "A"]);
+    }
+
+    /// One apiserver of three rolled back after the state converged: discovery shows its
+    /// hash now and then, never on enough polls in a row to be trusted, but the objects it
+    /// writes are stored in it. The state lists it from the first poll that shows it, and keeps
+    /// it while it shows: a proof of the current hash does not collapse the list then.
+    #[test]
+    fn every_hash_seen_is_persisted_though_only_a_trusted_one_is_current() {
+        let converged = status(&["B"], 0);
+        let rolled_back = next_status(Some(&converged), "B", "A", false, ts(10), STALE);
+        assert_eq!(rolled_back.status.persisted_storage_version_hashes, ["B", "A"]);
+        assert_eq!(rolled_back.status.current_storage_version_hash.as_deref(), Some("B"));
+        assert!(rolled_back.persisted_changed && rolled_back.other_seen && rolled_back.stamps());
+        assert!(needs_migration(&rolled_back.status, "B"));
+
+        // Seen again: nothing more to append, but the persisted-since time moves all the same.
+        let again = next_status(Some(&rolled_back.status), "B", "A", false, ts(20), STALE);
+        assert!(!again.persisted_changed && again.stamps());
+        // A proof of B while A still shows: kept.
+        let proven = next_status(Some(&again.status), "B", "A", true, ts(30), STALE);
+        assert_eq!(proven.status.persisted_storage_version_hashes, ["B", "A"]);
+        // Once only B shows, a proof of B (of a run begun after A was last seen) collapses it.
+        let settled = next_status(Some(&again.status), "B", "B", true, ts(40), STALE);
+        assert_eq!(settled.status.persisted_storage_version_hashes, ["B"]);
+        assert!(!settled.other_seen);
+
+        // Migrations are created on the polls that see the current hash, for it.
+        assert!(!migration_due(&rolled_back, "B") && !migration_due(&again, "B"));
+        let between = next_status(Some(&again.status), "B", "B", false, ts(35), STALE);
+        assert!(migration_due(&between, "B"));
+
+        // A resource new to the trigger, first seen through the apiserver of the other release.
+        let new = next_status(None, "B", "A", false, ts(0), STALE);
+        assert_eq!(new.status.persisted_storage_version_hashes, ["Unknown", "B", "A"]);
+    }
+
+    /// Hashes alternating poll by poll (a flapping or stuck rolling upgrade) are never trusted,
+    /// but both are persisted, so the StorageState never says one while objects are in the other.
+    #[test]
+    fn alternating_hashes_are_all_persisted() {
+        let mut guard = Guard::default();
+        let start = Instant::now();
+        let mut state = status(&["A"], 0);
+        guard.observe(&widgets(), "A", Some("A"), start, WINDOW);
+        for i in 1..6u64 {
+            let seen = if i % 2 == 0 { "A" } else { "B" };
+            let at = start + Duration::from_secs(i * 7);
+            let current = guard.observe(&widgets(), seen, Some("A"), at, WINDOW);
+            let current = current.as_deref().unwrap_or("A");
+            let seconds = i64::try_from(i * 7).unwrap_or(0);
+            state = next_status(Some(&state), current, seen, false, ts(seconds), STALE).status;
+        }
+        assert_eq!(state.persisted_storage_version_hashes, ["A", "B"]);
+        assert_eq!(state.current_storage_version_hash.as_deref(), Some("A"));
     }
 
     fn migration(
@@ -503,11 +591,11 @@ mod tests {
     fn heartbeats_are_written_when_something_changed_or_they_age() {
         let before = status(&["A"], 0);
         let beat = Duration::from_secs(300);
-        let same = next_status(Some(&before), "A", false, ts(60), STALE);
+        let same = next_status(Some(&before), "A", "A", false, ts(60), STALE);
         assert!(!worth_writing(Some(&before), &same, beat));
-        let later = next_status(Some(&before), "A", false, ts(300), STALE);
+        let later = next_status(Some(&before), "A", "A", false, ts(300), STALE);
         assert!(worth_writing(Some(&before), &later, beat));
-        let changed = next_status(Some(&before), "B", false, ts(60), STALE);
+        let changed = next_status(Some(&before), "B", "B", false, ts(60), STALE);
         assert!(worth_writing(Some(&before), &changed, beat));
         assert!(worth_writing(None, &same, beat));
     }

@@ -172,7 +172,8 @@ async fn storage_states_follow_storage_switches() {
 
 /// A StorageState as kube-storage-version-migrator writes it is continued; a migration that
 /// succeeded for the previous hash proves nothing about the current one; and a storage version
-/// switched and switched back before it could be trusted creates no migration.
+/// switched and switched back before it could be trusted never becomes the target of a
+/// migration (a poll that saw it lists it, and one more migration of the current hash follows).
 #[tokio::test]
 async fn upstream_states_are_continued_and_late_successes_prove_nothing() {
     let Scenario { control_plane, client } = Scenario::own(&[]).await;
@@ -229,19 +230,19 @@ async fn upstream_states_are_continued_and_late_successes_prove_nothing() {
     widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 20).await;
     drop(controller);
 
-    // v1 for a moment, then v2 again: shorter than the settle period, so nothing happens.
+    // v1 for a moment, then v2 again: shorter than the settle period, so v1 is never trusted.
     let controller = start(&control_plane, "flapping", "6").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     widgets.set_storage_version(&client, "v1").await;
     widgets.set_storage_version(&client, "v2").await;
     tokio::time::sleep(Duration::from_secs(15)).await;
-    assert_eq!(
-        triggered(&client, &widgets).await,
-        [(h2.clone(), Phase::Succeeded)],
-        "{}",
+    wait_persisted(&client, &widgets, &[&h2], &controller).await;
+    let found = triggered(&client, &widgets).await;
+    assert!(
+        found.iter().all(|m| *m == (h2.clone(), Phase::Succeeded)),
+        "{found:?}\n{}",
         controller.logs()
     );
-    wait_persisted(&client, &widgets, &[&h2], &controller).await;
     assert_eq!(
         Census::of(&control_plane.etcd(), &widgets).await.count(&widgets.api_version("v2")),
         20
@@ -289,17 +290,17 @@ async fn a_storage_state_write_from_an_older_read_changes_nothing() {
     let stale_after = Duration::from_secs(1200);
     let now = Timestamp::now;
 
-    let first = next_status(None, "A", false, now(), stale_after);
+    let first = next_status(None, "A", "A", false, now(), stale_after);
     write_state(requests, &states, &resource, None, &first, true).await.expect("created");
     // What the old leader read; then the new leader reads and writes a switch to B.
     let read = states.get(&resource.name()).await.expect("read");
-    let newer = next_status(read.status.as_ref(), "B", false, now(), stale_after);
+    let newer = next_status(read.status.as_ref(), "B", "B", false, now(), stale_after);
     write_state(requests, &states, &resource, Some(&read), &newer, true).await.expect("written");
     let written = states.get(&resource.name()).await.expect("read");
 
     // The old leader's delayed writes, from its older read: a proof of A would collapse the
     // hashes to ["A"] although objects may now be stored in B.
-    let late = next_status(read.status.as_ref(), "A", true, now(), stale_after);
+    let late = next_status(read.status.as_ref(), "A", "A", true, now(), stale_after);
     for stamp in [false, true] {
         let result = write_state(requests, &states, &resource, Some(&read), &late, stamp).await;
         assert!(matches!(result, Err(Error::Changed(_))), "{result:?}");

@@ -21,10 +21,10 @@ use kube_svm::{apiservers, encoding};
 use serde_json::json;
 
 use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds, missing_aggregated_api, unique};
-use crate::support::invariant;
 use crate::support::migrations::{has_event_saying, wait_for_triggered};
 use crate::support::process::KubeSvm;
 use crate::support::{ControlPlane, Scenario, Topology};
+use crate::support::{invariant, migrations};
 
 /// The flag that makes a 1.37 kube-apiserver behave as the release before it.
 const OLD_RELEASE: &str = "--emulated-version=1.36";
@@ -64,30 +64,35 @@ fn hash(version: &str) -> String {
     storage_version_hash(GROUP, version, KIND)
 }
 
+/// A MutatingAdmissionPolicy named `name`.
+fn policy(name: &str) -> MutatingAdmissionPolicy {
+    serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": {
+            "matchConstraints": { "resourceRules": [{
+                "apiGroups": ["example.com"], "apiVersions": ["v1"],
+                "operations": ["CREATE"], "resources": ["gadgets"],
+            }]},
+            "mutations": [{
+                "patchType": "ApplyConfiguration",
+                "applyConfiguration": {
+                    "expression": "Object{metadata: Object.metadata{labels: {\"seen\": \"yes\"}}}",
+                },
+            }],
+            "reinvocationPolicy": "Never",
+            "failurePolicy": "Ignore",
+        },
+    }))
+    .expect("a valid policy")
+}
+
 /// Creates `count` MutatingAdmissionPolicies named `<prefix>-<i>` through the balancer, each
 /// through a connection of its own, so that they spread over the apiservers as many clients'
 /// writes would.
 async fn create_policies(control_plane: &ControlPlane, prefix: &str, count: usize) {
     for i in 0..count {
         let api: Api<MutatingAdmissionPolicy> = Api::all(control_plane.client().await);
-        let policy: MutatingAdmissionPolicy = serde_json::from_value(json!({
-            "metadata": { "name": format!("{prefix}-{i}") },
-            "spec": {
-                "matchConstraints": { "resourceRules": [{
-                    "apiGroups": ["example.com"], "apiVersions": ["v1"],
-                    "operations": ["CREATE"], "resources": ["gadgets"],
-                }]},
-                "mutations": [{
-                    "patchType": "ApplyConfiguration",
-                    "applyConfiguration": {
-                        "expression": "Object{metadata: Object.metadata{labels: {\"seen\": \"yes\"}}}",
-                    },
-                }],
-                "reinvocationPolicy": "Never",
-                "failurePolicy": "Ignore",
-            },
-        }))
-        .expect("a valid policy");
+        let policy = policy(&format!("{prefix}-{i}"));
         // A connection may land on an apiserver that was just killed: ask again.
         let deadline = Instant::now() + PHASE;
         while let Err(error) = api.create(&PostParams::default(), &policy).await {
@@ -206,10 +211,14 @@ async fn rolling_upgrade(storage_version_api: bool) {
     let mut last = first;
     while beats < 2 {
         let state = storage_state(&client).await.expect("the StorageState stays");
-        assert_eq!(
-            persisted(&state),
-            std::slice::from_ref(&old),
-            "the trigger flapped mid-upgrade"
+        // The new release's hash is listed once a poll reaches the upgraded apiserver (objects
+        // are written in it there), but not trusted: the old one stays current.
+        let current = state.status.as_ref().and_then(|s| s.current_storage_version_hash.clone());
+        assert_eq!(current.as_ref(), Some(&old), "the trigger flapped mid-upgrade");
+        let listed = persisted(&state);
+        assert!(
+            listed.first() == Some(&old) && listed.iter().all(|h| *h == old || *h == new),
+            "mid-upgrade the StorageState lists {listed:?}"
         );
         for migration in policy_migrations(&client).await {
             if !before.contains(&migration.name_any()) {
@@ -265,6 +274,172 @@ async fn a_rolling_upgrade_is_migrated_once_the_last_apiserver_is_upgraded() {
 #[tokio::test]
 async fn a_rolling_upgrade_with_the_storage_version_api() {
     rolling_upgrade(true).await;
+}
+
+/// Creates `count` MutatingAdmissionPolicies named `<prefix>-<i>` through `client` alone.
+async fn create_policies_through(client: &Client, prefix: &str, count: usize) {
+    let api: Api<MutatingAdmissionPolicy> = Api::all(client.clone());
+    for i in 0..count {
+        let policy = policy(&format!("{prefix}-{i}"));
+        api.create(&PostParams::default(), &policy).await.expect("the policy is created");
+    }
+}
+
+/// One apiserver of three rolled back to the old release after the discovery trigger converged
+/// on the new hash: polls that reach it see the old hash, never on enough polls in a row to be
+/// trusted, while the objects written through it are stored in the old version, as etcd shows.
+/// The StorageState lists the old hash too, and keeps it while that apiserver runs: no
+/// migration proves the new hash alone meanwhile.
+#[tokio::test]
+async fn a_hash_published_by_one_rolled_back_apiserver_is_persisted() {
+    let topology = Topology { apiservers: vec![Vec::new(); 3], common: Vec::new() };
+    let control_plane = ControlPlane::start_ha(&topology).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    create_policies(&control_plane, "before", 5).await;
+    let (old, new) = (hash("v1beta1"), hash("v1"));
+    let controller = controller(&control_plane, "controller").await;
+    wait_persisted(&client, std::slice::from_ref(&new), &controller).await;
+
+    let before: Vec<String> =
+        policy_migrations(&client).await.iter().map(|m| m.name_any()).collect();
+    control_plane.restart_apiserver_at(2, &[OLD_RELEASE]).await.expect("apiserver 2 rolls back");
+    create_policies_through(&control_plane.direct_client(2).await, "rolled-back", 3).await;
+    let in_etcd = stored(&control_plane).await;
+    assert_eq!(in_etcd.get(&format!("{GROUP}/v1beta1")), Some(&3), "{in_etcd:?}");
+
+    // One poll in three reaches apiserver 2: the old hash is listed within a few polls.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let state = storage_state(&client).await.expect("the StorageState stays");
+        if persisted(&state).contains(&old) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the StorageState lists only {:?} while etcd holds {in_etcd:?}\n{}",
+            persisted(&state),
+            controller.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Kept over the next polls (each moves the heartbeat), and no migration proves meanwhile.
+    let beat =
+        |state: &StorageState| state.status.as_ref().and_then(|s| s.last_heartbeat_time.clone());
+    let mut last = storage_state(&client).await.and_then(|s| beat(&s));
+    let mut beats = 0;
+    let deadline = Instant::now() + PHASE;
+    while beats < 3 {
+        let state = storage_state(&client).await.expect("the StorageState stays");
+        let listed = persisted(&state);
+        assert!(listed.contains(&old) && listed.contains(&new), "collapsed to {listed:?}");
+        let current = state.status.as_ref().and_then(|s| s.current_storage_version_hash.clone());
+        assert_eq!(current.as_ref(), Some(&new), "the trigger flapped");
+        for migration in policy_migrations(&client).await {
+            if !before.contains(&migration.name_any()) {
+                let status = &migration.status;
+                assert_eq!(proved(&migration), None, "proved while rolled back: {status:?}");
+            }
+        }
+        if beat(&state) != last {
+            beats += 1;
+            last = beat(&state);
+        }
+        assert!(Instant::now() < deadline, "the trigger never polled\n{}", controller.logs());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A run of a built-in resource during which one apiserver of three is rolled back to the old
+/// release and then upgraded again: objects it had already rewritten are written through that
+/// apiserver meanwhile, so etcd holds them in the old version, and discovery at the end shows the
+/// new hash everywhere again. The run samples discovery while it writes: it starts over once it
+/// sees the old hash, and never ends Succeeded with its encoding confirmed while etcd still holds
+/// an object in the old version.
+#[tokio::test]
+async fn a_built_in_run_seeing_another_hash_mid_run_starts_over() {
+    const POLICIES_SEEDED: usize = 200;
+    let topology = Topology { apiservers: vec![Vec::new(); 3], common: Vec::new() };
+    let control_plane = ControlPlane::start_ha(&topology).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    create_policies(&control_plane, "p", POLICIES_SEEDED).await;
+    let kubeconfig = control_plane.controller_kubeconfig().await.to_owned();
+    // One write a second: the run lasts over three minutes, longer than the rollback and the
+    // upgrade after it (each restart of an apiserver takes up to half a minute on 2 cores).
+    let args = [
+        "controller",
+        "--leader-elect=false",
+        "--crd-trigger=false",
+        "--kube-api-qps=1",
+        "--kube-api-burst=1",
+        // Progress reaches the status page by page.
+        "--page-size=20",
+        "--storage-version-settle=3",
+        "--storage-version-wait=30",
+    ];
+    let controller = KubeSvm::start_as(&control_plane, "controller", &args, &kubeconfig);
+    let name = "policies-rolled-back-mid-run";
+    migrations::create_migration(&client, name, GROUP, POLICIES).await;
+    let confirmed = |m: &StorageVersionMigration| {
+        let target = m.status.as_ref().and_then(|s| s.target.as_ref());
+        target.is_some_and(|t| t.encoding_confirmed == Some(true))
+    };
+    migrations::wait_for(&client, name, PHASE, &[&controller], |m| {
+        confirmed(m) && migrations::processed_at_least(10)(m)
+    })
+    .await;
+
+    // Rolled back: the first policies, already rewritten in v1, are written again through it.
+    control_plane.restart_apiserver_at(1, &[OLD_RELEASE]).await.expect("apiserver 1 rolls back");
+    let rolled_back: Api<MutatingAdmissionPolicy> = Api::all(control_plane.direct_client(1).await);
+    let touch = json!({ "metadata": { "labels": { "written-by": "the-old-release" } } });
+    // The first five in etcd's key order, the order the run lists and writes them in.
+    let mut names: Vec<String> = (0..POLICIES_SEEDED).map(|i| format!("p-{i}")).collect();
+    names.sort();
+    for name in &names[..5] {
+        let patch = kube::api::Patch::Merge(&touch);
+        let params = kube::api::PatchParams::default();
+        rolled_back.patch(name, &params, &patch).await.expect("patched");
+    }
+    let in_etcd = stored(&control_plane).await;
+    assert_eq!(in_etcd.get(&format!("{GROUP}/v1beta1")), Some(&5), "{in_etcd:?}");
+    // Until the run has seen the old hash (a discovery sample, one every 2 s, reached apiserver
+    // 1: all of 30 miss it with a chance of (2/3)^30), or for 60 s.
+    let api: Api<StorageVersionMigration> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let migration = api.get(name).await.expect("the migration");
+        if migration.status.as_ref().and_then(|s| s.restarts).is_some_and(|n| n > 0) {
+            break;
+        }
+        assert!(!Phase::of(&migration).is_terminal(), "ended too soon: {:?}", migration.status);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    control_plane.restart_apiserver_at(1, &[]).await.expect("apiserver 1 upgrades again");
+
+    let ended =
+        migrations::wait_for(&client, name, PHASE * 2, &[&controller], migrations::is_terminal)
+            .await;
+    let in_etcd = stored(&control_plane).await;
+    let status = &ended.status;
+    let restarts = status.as_ref().and_then(|s| s.restarts).unwrap_or(0);
+    if proved(&ended).is_some() {
+        assert_eq!(
+            in_etcd,
+            [(format!("{GROUP}/v1"), POLICIES_SEEDED as u64)].into(),
+            "Succeeded with its encoding confirmed, {restarts} restarts, while etcd holds \
+             {in_etcd:?}: {status:?}\n{}",
+            controller.logs()
+        );
+    }
+    assert!(restarts > 0 || proved(&ended).is_none(), "{status:?}");
+    eprintln!(
+        "ended {:?} after {restarts} restarts, proved {:?}",
+        Phase::of(&ended),
+        proved(&ended)
+    );
+    assert!(controller.logs().contains("while the run wrote in"), "{}", controller.logs());
 }
 
 /// How long apiservers are killed and revived in the fault scenario (`KUBE_SVM_HA_SECONDS`).
