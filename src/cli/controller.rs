@@ -92,7 +92,7 @@ pub struct ControllerArgs {
 
     /// Finished migrations the discovery trigger keeps of each resource, newest first; it
     /// deletes older ones (its back-off counts the failures in a row among those kept).
-    #[arg(long, env = "KUBE_SVM_DISCOVERY_KEEP_FINISHED", default_value_t = crate::trigger::history::KEPT_PER_RESOURCE, value_parser = values::count(1, 1000))]
+    #[arg(long, env = "KUBE_SVM_DISCOVERY_KEEP_FINISHED", default_value_t = crate::trigger::history::KEPT_PER_RESOURCE, value_parser = values::count(1usize, 1000))]
     pub discovery_keep_finished: usize,
 
     /// Address of the admin server: /metrics, /healthz, /readyz (upstream's port).

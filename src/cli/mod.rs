@@ -125,3 +125,25 @@ async fn cancel_on_signal(shutdown: CancellationToken) {
     }
     shutdown.cancel();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        <Cli as clap::CommandFactory>::command().debug_assert();
+    }
+
+    /// Each flag's parser yields the type of the field it fills (a mismatch is found only when
+    /// the field is read, so read every one of the controller's).
+    #[test]
+    fn the_controller_reads_every_flag_it_defines() {
+        let cli = Cli::try_parse_from(["kube-svm", "controller", "--discovery-keep-finished=3"])
+            .expect("parsed");
+        let Command::Controller(args) = cli.command else { panic!("{:?}", cli.command) };
+        assert_eq!(args.discovery_keep_finished, 3);
+        assert_eq!(args.discovery_interval, 600.0);
+    }
+}
