@@ -21,19 +21,8 @@ use tokio::time::Instant;
 
 use crate::api::GroupResource;
 use crate::apiservers::{self, Count, Unsampleable};
-use crate::storage_hash::storage_version_hash;
-
-/// What was established about the apiservers' encoding.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Encoding {
-    /// Confirmed; says by what.
-    Confirmed {
-        /// What confirmed it: the StorageVersion API or discovery's samples, and when.
-        by: String,
-    },
-    /// Not confirmed; the message says what was seen.
-    Unconfirmed(String),
-}
+use crate::rules::encoding::Encoding;
+use crate::rules::storage_hash::storage_version_hash;
 
 /// What to check, and for how long.
 #[derive(Clone, Debug)]

@@ -21,7 +21,7 @@ use crate::api::{
 use crate::census::{self, EtcdReader, Scope};
 use crate::engine::{ResolveError, Resource};
 use crate::plan::{self, Entry, ExistingMigration, Plan};
-use crate::storedversions::CrdState;
+use crate::rules::stored_versions::CrdState;
 
 #[derive(Args, Debug)]
 pub struct PlanArgs {

@@ -11,14 +11,16 @@
 //!    storage version after the first write starts the run over (a bounded number of times), one
 //!    before it only retargets;
 //! 6. check at the end that the target still holds;
-//! 7. settle the CRD's `storedVersions` ([`crate::storedversions`]);
+//! 7. settle the CRD's `storedVersions` ([`crate::rules::stored_versions`]);
 //! 8. record the end.
 //!
 //! What differs between the two is the [`Host`]: where the record goes (the migration's status,
 //! or a checkpoint file), how the operator hears of it (Events and metrics, or lines on standard
 //! error), and how progress is shown. [`status`] computes every status the steps record (pure);
-//! [`steps`] holds the requests around the engine.
+//! [`steps`] holds the requests around the engine; [`prune`] writes the `storedVersions` a
+//! decision allows.
 
+pub mod prune;
 pub mod resume;
 pub mod status;
 pub mod steps;
@@ -37,7 +39,7 @@ use crate::api::{
     StorageVersionMigrationStatus,
 };
 use crate::engine::{self, Engine, Job, Progress, Resource};
-use crate::managed_fields::Served;
+use crate::rules::managed_fields::Served;
 use status::{CrdNow, Start};
 use steps::{Change, Cluster, Then};
 
@@ -447,7 +449,7 @@ impl<H: Host> Lifecycle<'_, H> {
         if let Some(known) = status::known_target(last, start) {
             return known;
         }
-        let storage = match crd.and_then(crate::storedversions::CrdState::of) {
+        let storage = match crd.and_then(crate::rules::stored_versions::CrdState::of) {
             Some(state) => state.storage_version,
             None => format!(
                 "storage version hash {}",

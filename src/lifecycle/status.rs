@@ -12,7 +12,7 @@ use crate::api::{
     RETRY_ANNOTATION, StorageVersionMigration, StorageVersionMigrationStatus, cut,
 };
 use crate::engine::{self, Progress};
-use crate::storedversions::Run;
+use crate::rules::stored_versions::Run;
 
 /// Failures named in a Failed condition's message.
 const FAILURES_IN_MESSAGE: usize = 3;

@@ -1,7 +1,7 @@
 //! The requests a migration makes around the engine: whether a CRD's conversion webhook answers;
 //! what it targets when it starts, and whether the apiservers already encode in it; marking the
 //! CRD `StorageMigrating` while it runs; watching the target while it runs and checking it again
-//! at the end; and pruning `storedVersions` afterwards when [`storedversions::decide`] allows it.
+//! at the end; and pruning `storedVersions` afterwards when [`decide`] allows it.
 
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use tracing::warn;
 
+use super::prune::{self, PruneError};
 use crate::answers;
 use crate::api::conditions::{
     STATUS_FALSE, STATUS_TRUE, STORAGE_MIGRATING, STORED_VERSIONS_PRUNED, reasons,
@@ -21,11 +22,12 @@ use crate::api::conditions::{
 };
 use crate::api::{GroupVersionResource, MigrationCondition, MigrationTarget};
 use crate::conversion;
-use crate::encoding::{self, Encoding, EncodingPolicy, Observer};
+use crate::encoding::{self, EncodingPolicy, Observer};
 use crate::engine::{ResolveError, Resource};
 use crate::fence::{Fence, RequestError, bounded};
-use crate::storage_hash::storage_version_hash;
-use crate::storedversions::{self, CrdState, Decision, PruneError, Run};
+use crate::rules::encoding::Encoding;
+use crate::rules::storage_hash::storage_version_hash;
+use crate::rules::stored_versions::{CrdState, Decision, Run, decide};
 
 /// Times the prune is decided again after the CRD changed under it.
 const PRUNE_CONFLICT_RETRIES: u32 = 5;
@@ -456,7 +458,7 @@ pub async fn settle_stored_versions(
                 "the CRD no longer names a storage version".into(),
             ));
         };
-        let stored_versions = match storedversions::decide(run, &started, &now, &encoding) {
+        let stored_versions = match decide(run, &started, &now, &encoding) {
             Decision::Prune(stored_versions) => stored_versions,
             Decision::AlreadyPruned => {
                 return Some(condition(
@@ -472,7 +474,7 @@ pub async fn settle_stored_versions(
         let message =
             format!("storedVersions set to {stored_versions:?} (was {:?})", now.stored_versions);
         let limit = cluster.fence.deadline(cluster.request_timeout);
-        match storedversions::prune(cluster.client, crd, stored_versions, limit).await {
+        match prune::prune(cluster.client, crd, stored_versions, limit).await {
             Ok(()) => return Some(condition(true, stored_versions::PRUNED, message)),
             Err(PruneError::Conflict) => last_conflict = PruneError::Conflict.to_string(),
             Err(error) => {

@@ -37,7 +37,7 @@ use crate::api::{
 use crate::encoding::{Check, EncodingPolicy, Expected, Observer};
 use crate::fence::Fence;
 use crate::fence::RequestError;
-use crate::storedversions::CrdState;
+use crate::rules::stored_versions::CrdState;
 
 /// Annotation on a CRD: `"false"` keeps kube-svm from migrating it on its own.
 pub const OPT_OUT_ANNOTATION: &str = "kube-svm.io/auto-migrate";

@@ -76,7 +76,7 @@ async fn an_upstream_migration_succeeds() {
     assert!(status.start_time.is_some() && status.completion_time.is_some());
     assert_eq!(
         status.target.and_then(|t| t.storage_version_hash),
-        Some(kube_svm::storage_hash::storage_version_hash(&widgets.group, "v2", "Widget"))
+        Some(kube_svm::rules::storage_hash::storage_version_hash(&widgets.group, "v2", "Widget"))
     );
     widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 300).await;
     for reason in ["Started", "Succeeded"] {

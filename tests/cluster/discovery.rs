@@ -14,7 +14,7 @@ use kube_svm::api::{
     StorageVersionMigration, StorageVersionMigrationSpec,
 };
 use kube_svm::fence::Fence;
-use kube_svm::storage_hash::storage_version_hash;
+use kube_svm::rules::storage_hash::storage_version_hash;
 use kube_svm::trigger::Requests;
 use kube_svm::trigger::discovery::{Error, TARGET_HASH_ANNOTATION, write_state};
 use kube_svm::trigger::storage_state::next_status;

@@ -16,7 +16,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use kube_svm::api::{Phase, StorageState, StorageVersionMigration};
-use kube_svm::storage_hash::storage_version_hash;
+use kube_svm::rules::storage_hash::storage_version_hash;
 use kube_svm::{apiservers, encoding};
 use serde_json::json;
 
@@ -668,7 +668,9 @@ async fn an_aggregated_api_is_never_confirmed_by_sampling() {
     };
     let started = Instant::now();
     let verdict = encoding::confirm(&client, &control_plane.config().await, &check).await;
-    let encoding::Encoding::Unconfirmed(why) = verdict else { panic!("confirmed: {verdict:?}") };
+    let kube_svm::rules::encoding::Encoding::Unconfirmed(why) = verdict else {
+        panic!("confirmed: {verdict:?}")
+    };
     assert!(
         why.contains("aggregated API served through the Service default/nothing-here"),
         "{why}"

@@ -8,7 +8,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, Client};
-use kube_svm::storage_hash::storage_version_hash;
+use kube_svm::rules::storage_hash::storage_version_hash;
 use serde_json::json;
 
 use super::invariant::Census;

@@ -1,4 +1,5 @@
-//! Pruning a CRD's `status.storedVersions` after a migration: the decision (pure) and the write.
+//! Pruning a CRD's `status.storedVersions` after a migration: the decision (pure; the lifecycle
+//! writes it, [`crate::lifecycle::prune`]).
 //!
 //! Removing a version from `storedVersions` is only safe once no object in etcd is still encoded
 //! in it. kube-svm proves that before pruning: the migration succeeded with no failed object,
@@ -8,14 +9,11 @@
 //! reason said.
 
 use std::fmt;
-use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::PostParams;
-use kube::{Api, Client};
 
+use super::encoding::Encoding;
 use crate::api::conditions::stored_versions as reasons;
-use crate::encoding::Encoding;
 
 /// What a migration established, as far as pruning is concerned.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -202,44 +200,6 @@ pub fn decide(run: &Run, started: &CrdState, now: &CrdState, encoding: &Encoding
         return Decision::Keep(Refusal::StorageVersionNotStored(now.storage_version.clone()));
     }
     Decision::Prune(vec![now.storage_version.clone()])
-}
-
-/// Why the prune could not be written.
-#[derive(Debug, thiserror::Error)]
-pub enum PruneError {
-    /// The CRD changed since it was read (409): read it again and decide again.
-    #[error("the CRD changed since it was read")]
-    Conflict,
-    /// The apiserver did not answer within the limit given.
-    #[error("no answer within {0:?}")]
-    TimedOut(Duration),
-    /// No write was sent: this process's leadership ended, so it may no longer write.
-    #[error("this process may no longer write: its leadership ended")]
-    Fenced,
-    /// The write failed otherwise: the apiserver refused it or could not be reached.
-    #[error("failed to write the CRD's status")]
-    Write(#[source] kube::Error),
-}
-
-/// Sets `storedVersions` on `crd` as read, within `limit`, so the write fails with
-/// [`PruneError::Conflict`] if the CRD changed since: the caller reads it again and decides again.
-pub async fn prune(
-    client: &Client,
-    mut crd: CustomResourceDefinition,
-    stored_versions: Vec<String>,
-    limit: Option<Duration>,
-) -> Result<(), PruneError> {
-    let limit = limit.ok_or(PruneError::Fenced)?;
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let name = crd.metadata.name.clone().unwrap_or_default();
-    crd.status.get_or_insert_with(Default::default).stored_versions = Some(stored_versions);
-    match tokio::time::timeout(limit, api.replace_status(&name, &PostParams::default(), &crd)).await
-    {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(error)) if crate::answers::is_conflict(&error) => Err(PruneError::Conflict),
-        Ok(Err(error)) => Err(PruneError::Write(error)),
-        Err(_) => Err(PruneError::TimedOut(limit)),
-    }
 }
 
 #[cfg(test)]
