@@ -50,10 +50,10 @@ use kube::{Api, Client};
 use kube_svm::api::{
     GroupVersionResource, Phase, StorageVersionMigration, StorageVersionMigrationSpec,
 };
+use kube_svm::apiserver::fence::Fence;
 use kube_svm::engine::{
     self, Band, Engine, Finished, Job, Pace, Progress, RateLimiter, Resource, Settings,
 };
-use kube_svm::fence::Fence;
 use prometheus::core::Collector as _;
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
@@ -576,7 +576,7 @@ async fn kube_svm_engine(ctx: Ctx) -> Option<u32> {
         engine::rate_limit::DEFAULT_QPS,
         engine::rate_limit::DEFAULT_BURST,
     ));
-    let metrics = Arc::new(kube_svm::metrics::Metrics::new().expect("metrics"));
+    let metrics = Arc::new(kube_svm::ops::metrics::Metrics::new().expect("metrics"));
     let engine =
         Engine::new(ctx.account.clone(), limiter, Settings::default(), metrics).expect("an engine");
     run_engine(&engine, resource).await;
@@ -1088,7 +1088,7 @@ async fn main() {
             gentle_band: setting.gentle_band,
             ..Settings::default()
         };
-        let metrics = Arc::new(kube_svm::metrics::Metrics::new().expect("metrics"));
+        let metrics = Arc::new(kube_svm::ops::metrics::Metrics::new().expect("metrics"));
         let engine = Engine::new(
             bench.account.clone(),
             Arc::new(RateLimiter::new(0.0, 1)),

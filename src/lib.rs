@@ -32,29 +32,22 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 #![warn(missing_docs)]
 
-pub mod answers;
 pub mod api;
-pub mod apiservers;
+pub mod apiserver;
 pub mod census;
 pub mod cli;
 pub mod controller;
-pub mod conversion;
-pub mod encoding;
 pub mod engine;
-pub mod fence;
-pub mod in_tree;
-pub mod leader;
+pub mod evidence;
 pub mod lifecycle;
-pub mod metrics;
-pub mod plan;
-pub mod reachability;
+pub mod ops;
 pub mod removal;
 pub mod rules;
-pub mod server;
-pub mod telemetry;
 pub mod trigger;
 
 // The engine reaches these modules by their paths before the tiers; it is written against them.
+use apiserver::{answers, fence};
+use ops::metrics;
 use rules::managed_fields;
 
 /// An error and its sources, joined with `: `, for logs and status messages. A source whose

@@ -1,4 +1,5 @@
-use kube_svm::{cli::Cli, telemetry};
+use kube_svm::cli::Cli;
+use kube_svm::ops::telemetry;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<std::process::ExitCode> {

@@ -14,11 +14,11 @@ use super::cancel_on_signal;
 use super::engine::{Built, EngineArgs, seconds};
 use super::kube::{KubeArgs, in_cluster};
 use super::values;
+use crate::apiserver::fence::Fence;
+use crate::controller::leader;
 use crate::controller::{self, Stopped};
-use crate::fence::Fence;
-use crate::leader;
-use crate::metrics::Metrics;
-use crate::server::{self, Health};
+use crate::ops::metrics::Metrics;
+use crate::ops::server::{self, Health};
 
 /// The most migrations `--concurrency` lets run at once: each has a write window of its own, so
 /// past a few the apiserver is the bound, and a thousand is far beyond any cluster's resources

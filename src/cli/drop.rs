@@ -16,7 +16,7 @@ use super::etcd::EtcdArgs;
 use super::table::Output;
 use crate::api::{GroupResource, StorageVersionMigration};
 use crate::census::{self, EtcdReader, Scope};
-use crate::plan::EXIT_NEEDS_MIGRATION;
+use crate::removal::plan::EXIT_NEEDS_MIGRATION;
 use crate::removal::{self, Count, Dependents, Facts, Requests, Verdict};
 
 /// Objects per list request while counting `managedFields`.
@@ -63,7 +63,7 @@ pub async fn run(client: Client, question: Question) -> anyhow::Result<ExitCode>
     let migrations: Api<StorageVersionMigration> = Api::all(client.clone());
     let migrations = match migrations.list(&ListParams::default()).await {
         Ok(list) => list.items,
-        Err(error) if crate::answers::is_not_found(&error) => Vec::new(),
+        Err(error) if crate::apiserver::answers::is_not_found(&error) => Vec::new(),
         Err(error) => return Err(error).context("failed to list StorageVersionMigrations"),
     };
     let facts = Facts {
@@ -80,7 +80,7 @@ pub async fn run(client: Client, question: Question) -> anyhow::Result<ExitCode>
         managed_fields,
         requests: requests(&client, &group, &version, &resource).await,
         stored: stored(etcd, &name, &api_version).await?,
-        migration: super::plan::existing(&migrations, &group, &resource),
+        migration: crate::removal::plan::existing(&migrations, &group, &resource),
         dependents: dependents(&client, &api_version, kind).await?,
     };
     let verdict = removal::judge(&facts);

@@ -10,9 +10,9 @@ use clap::Args;
 use clap::builder::TypedValueParser;
 
 use super::values;
-use crate::encoding::EncodingPolicy;
 use crate::engine::{self, Engine, Pace, RateLimiter, rate_limit};
-use crate::metrics::Metrics;
+use crate::evidence::encoding::EncodingPolicy;
+use crate::ops::metrics::Metrics;
 
 /// The most `--writes-in-flight` accepts: fifty times kube-apiserver's default limit on mutating
 /// requests in flight (`--max-mutating-requests-inflight=200`), so never the bound that matters,

@@ -30,14 +30,14 @@ use crate::api::{
     GroupResource, GroupVersionResource, MigrationTarget, Phase, StorageVersionMigration,
     StorageVersionMigrationSpec, StorageVersionMigrationStatus,
 };
-use crate::encoding::Observer;
+use crate::apiserver::fence::Fence;
 use crate::engine::{Progress, Resource};
-use crate::fence::Fence;
+use crate::evidence::encoding::Observer;
 use crate::lifecycle::steps::Cluster;
 use crate::lifecycle::{
     self, End, Lifecycle, Moment, Notice, Unrecorded, Unresolved, status as computed,
 };
-use crate::metrics::Metrics;
+use crate::ops::metrics::Metrics;
 use crate::rules::stored_versions::CrdState;
 
 /// How often `--wait-for-others` looks whether the other migration ended.
@@ -329,7 +329,7 @@ impl Migrator {
                 Err(error) => error,
             };
             let transient = match error.downcast_ref::<kube::Error>() {
-                Some(error) => crate::answers::is_transient(error),
+                Some(error) => crate::apiserver::answers::is_transient(error),
                 None => false,
             };
             if !transient || attempt == LIST_ATTEMPTS {

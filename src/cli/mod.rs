@@ -22,7 +22,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
-use crate::telemetry::LogArgs;
+use crate::ops::telemetry::LogArgs;
 
 /// Kubernetes storage version migrator.
 #[derive(Parser, Debug)]

@@ -1,5 +1,5 @@
 //! `kube-svm plan`: what needs migrating and what kube-svm would do, written nowhere. The
-//! decisions are in [`crate::plan`]; this file gathers what they need and prints the plan.
+//! decisions are in [`crate::removal::plan`]; this file gathers what they need and prints the plan.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -15,12 +15,10 @@ use kube::{Api, Client};
 use super::etcd::EtcdArgs;
 use super::kube::KubeArgs;
 use super::table::{self, Output};
-use crate::api::{
-    GroupResource, GroupVersionResource, Phase, StorageState, StorageVersionMigration,
-};
+use crate::api::{GroupResource, GroupVersionResource, StorageState, StorageVersionMigration};
 use crate::census::{self, EtcdReader, Scope};
 use crate::engine::{ResolveError, Resource};
-use crate::plan::{self, Entry, ExistingMigration, Plan};
+use crate::removal::plan::{self, Entry, Plan};
 use crate::rules::stored_versions::CrdState;
 
 #[derive(Args, Debug)]
@@ -141,12 +139,12 @@ pub async fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
             let writes_through = facts.resolved.as_ref().map(|r| r.version.as_str());
             let timeout = crate::engine::Settings::default().request_timeout;
             if let Err(unavailable) =
-                crate::conversion::preflight(&client, crd, writes_through, timeout).await
+                crate::evidence::conversion::preflight(&client, crd, writes_through, timeout).await
             {
                 entry.problems.push(unavailable.to_string());
             }
         }
-        entry.migration = existing(&migrations, &entry.group, &entry.resource);
+        entry.migration = plan::existing(&migrations, &entry.group, &entry.resource);
     }
 
     let (connection, etcd_prefix) = etcd.connection();
@@ -192,7 +190,7 @@ where
 {
     match api.list(&ListParams::default()).await {
         Ok(list) => Ok(list.items),
-        Err(error) if crate::answers::is_not_found(&error) => Ok(Vec::new()),
+        Err(error) if crate::apiserver::answers::is_not_found(&error) => Ok(Vec::new()),
         Err(error) => Err(error).context("failed to list what the plan is made of"),
     }
 }
@@ -222,24 +220,6 @@ async fn count(client: &Client, resource: &Resource) -> (Option<u64>, bool) {
         (true, Some(remaining)) => (Some(listed + u64::try_from(remaining).unwrap_or(0)), false),
         (true, None) => (None, false),
     }
-}
-
-/// The migration of `group`/`resource` that is pending or running, else the newest one.
-pub(super) fn existing(
-    migrations: &[StorageVersionMigration],
-    group: &str,
-    resource: &str,
-) -> Option<ExistingMigration> {
-    let mut of: Vec<_> = migrations
-        .iter()
-        .filter(|m| m.spec.resource.group == group && m.spec.resource.resource == resource)
-        .collect();
-    of.sort_by_key(|m| m.metadata.creation_timestamp.clone());
-    let chosen = of.iter().find(|m| !Phase::of(m).is_terminal()).or_else(|| of.last())?;
-    Some(ExistingMigration {
-        name: chosen.metadata.name.clone().unwrap_or_default(),
-        phase: Phase::of(chosen),
-    })
 }
 
 fn render(plan: &Plan) -> String {

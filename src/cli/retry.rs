@@ -73,7 +73,7 @@ async fn ask(api: &Api<StorageVersionMigration>, name: &str) -> Result<String, E
         let patch = Patch::Merge(migration.retry_patch(&token));
         match api.patch(name, &PatchParams::default(), &patch).await {
             Ok(_) => return Ok(token),
-            Err(error) if crate::answers::is_conflict(&error) => {}
+            Err(error) if crate::apiserver::answers::is_conflict(&error) => {}
             Err(error) => return Err(Error::Annotate(name.to_owned(), error)),
         }
     }

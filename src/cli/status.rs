@@ -16,8 +16,8 @@ use super::figures;
 use super::kube::KubeArgs;
 use super::table::{self, Output};
 use crate::api::{GroupResource, Phase, StorageVersionMigration};
+use crate::apiserver::in_tree;
 use crate::engine::{Pace, Restraint};
-use crate::in_tree;
 
 /// The shortest `--interval`, in seconds: each table lists every migration, so more often would
 /// mostly load the apiserver.
@@ -127,7 +127,7 @@ pub(super) async fn gather(client: &Client) -> anyhow::Result<Vec<Row>> {
     match Api::<StorageVersionMigration>::all(client.clone()).list(&ListParams::default()).await {
         Ok(list) => rows.extend(list.items.iter().map(|m| row(m, now))),
         // kube-svm's CRDs are not installed (`kube-svm migrate` runs without them).
-        Err(error) if crate::answers::is_not_found(&error) => {}
+        Err(error) if crate::apiserver::answers::is_not_found(&error) => {}
         Err(error) => {
             return Err(error).context("failed to list migration.k8s.io StorageVersionMigrations");
         }

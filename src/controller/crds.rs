@@ -13,7 +13,7 @@ use tracing::{error, info, warn};
 
 use crate::api::conditions::events;
 use crate::api::installed::{self, TAKE_OVER_COMMAND, Unusable};
-use crate::server::Health;
+use crate::ops::server::Health;
 
 /// How often the CRDs are read again while they cannot be used: kube-svm's start-up poll has
 /// always been 2 s; two GETs that often cost the apiserver nothing, and a controller started

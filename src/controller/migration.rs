@@ -22,13 +22,13 @@ use crate::api::conditions::{FAILED, STATUS_TRUE, SUCCEEDED, events, reasons};
 use crate::api::{
     GroupResource, MigrationTarget, StorageVersionMigration, StorageVersionMigrationStatus,
 };
+use crate::apiserver::fence::bounded;
+use crate::apiserver::in_tree;
 use crate::engine::{Progress, Resource};
-use crate::fence::bounded;
-use crate::in_tree;
 use crate::lifecycle::{
     self, End, LaterBecause, Lifecycle, Moment, Notice, Unrecorded, Unresolved, status,
 };
-use crate::metrics::{UNRESOLVED_RESOURCE, resource_label};
+use crate::ops::metrics::{UNRESOLVED_RESOURCE, resource_label};
 
 /// How often a running migration checks that its object still exists.
 const DELETION_CHECK: Duration = Duration::from_millis(250);
@@ -323,7 +323,7 @@ pub(super) async fn publish(
         None => return,
     };
     if let Some(Err(error)) = published
-        && !crate::reachability::unreachable(&error, "publishing an event")
+        && !crate::apiserver::reachability::unreachable(&error, "publishing an event")
     {
         warn!(error = %crate::error_chain(&error), "failed to publish an event");
     }

@@ -11,6 +11,7 @@
 //! - `triggers`: the CRD and discovery triggers, wired to the controller's settings.
 
 pub mod crds;
+pub mod leader;
 mod migration;
 mod reconcile;
 mod retry;
@@ -36,11 +37,11 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::api::{GroupResource, StorageVersionMigration};
-use crate::encoding::{EncodingPolicy, Observer};
+use crate::apiserver::fence::Fence;
 use crate::engine::Engine;
-use crate::fence::Fence;
+use crate::evidence::encoding::{EncodingPolicy, Observer};
 use crate::lifecycle::steps::Cluster;
-use crate::server::Health;
+use crate::ops::server::Health;
 
 /// How often the controller's loop reports that it is alive.
 const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -237,8 +238,9 @@ pub async fn run(run: Run) -> Stopped {
         .for_each(|result| async move {
             match result {
                 Ok(_) => {}
-                Err(error) if crate::reachability::unreachable(&error, "reconcile") => {}
-                Err(error) if crate::reachability::expired_watch(&error, "reconcile") => {}
+                Err(error) if crate::apiserver::reachability::unreachable(&error, "reconcile") => {}
+                Err(error)
+                    if crate::apiserver::reachability::expired_watch(&error, "reconcile") => {}
                 Err(error) => warn!(error = %crate::error_chain(&error), "reconcile failed"),
             }
         });

@@ -14,7 +14,7 @@ use super::Context;
 use super::migration::publish;
 use crate::api::conditions::events;
 use crate::api::{RETRY_ANNOTATION, StorageVersionMigration};
-use crate::fence::{RequestError, bounded};
+use crate::apiserver::fence::{RequestError, bounded};
 use crate::lifecycle::status;
 
 /// Why a retry could not be started this time; it is decided again later.
@@ -45,7 +45,7 @@ pub(super) async fn retry(
     let write = api.replace_status(&name, &params, &cleared);
     match bounded(&context.fence, context.settings.request_timeout, write).await {
         Ok(_) => {}
-        Err(RequestError::Api(error)) if crate::answers::is_conflict(&error) => {
+        Err(RequestError::Api(error)) if crate::apiserver::answers::is_conflict(&error) => {
             debug!(token, "the migration changed since it was read; deciding again");
             return Ok(Action::await_change());
         }

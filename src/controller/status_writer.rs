@@ -14,11 +14,11 @@ use kube::{Api, ResourceExt};
 use tokio::time::Instant;
 use tracing::warn;
 
-use crate::answers;
 use crate::api::{
     Phase, StorageVersionMigration, StorageVersionMigrationSpec, StorageVersionMigrationStatus,
 };
-use crate::fence::Fence;
+use crate::apiserver::answers;
+use crate::apiserver::fence::Fence;
 
 /// Conflicts resolved in a row before a write gives up.
 const CONFLICT_RETRIES: u32 = 5;
@@ -50,7 +50,7 @@ impl Error {
     fn is_transient(&self) -> bool {
         match self {
             Error::TimedOut(..) | Error::Conflicts(_) => true,
-            Error::Write(_, error) => crate::answers::is_transient(error),
+            Error::Write(_, error) => crate::apiserver::answers::is_transient(error),
             Error::Fenced | Error::Gone(_) | Error::Superseded(_) => false,
         }
     }

@@ -4,8 +4,8 @@
 //! 1. resolve the resource (and the CRD behind it);
 //! 2. where to start: the checkpoint to resume, or the first object;
 //! 3. for a CRD that converts with a webhook, one read through the webhook
-//!    ([`crate::conversion`]): a webhook that fails it ends the migration at once; then the
-//!    target, and whether the apiservers already encode in it ([`crate::encoding`]);
+//!    ([`crate::evidence::conversion`]): a webhook that fails it ends the migration at once; then the
+//!    target, and whether the apiservers already encode in it ([`crate::evidence::encoding`]);
 //! 4. record the start, and mark the CRD `StorageMigrating`;
 //! 5. run the engine, with progress recorded beside it and the target watched: a change of the
 //!    storage version after the first write starts the run over (a bounded number of times), one

@@ -39,7 +39,9 @@ pub async fn prune(
     match tokio::time::timeout(limit, api.replace_status(&name, &PostParams::default(), &crd)).await
     {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(error)) if crate::answers::is_conflict(&error) => Err(PruneError::Conflict),
+        Ok(Err(error)) if crate::apiserver::answers::is_conflict(&error) => {
+            Err(PruneError::Conflict)
+        }
         Ok(Err(error)) => Err(PruneError::Write(error)),
         Err(_) => Err(PruneError::TimedOut(limit)),
     }

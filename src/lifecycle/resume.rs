@@ -31,8 +31,8 @@ use kube::api::ListParams;
 use kube::{Api, Client};
 
 use crate::api::MigrationTarget;
+use crate::apiserver::fence::{Fence, RequestError, bounded};
 use crate::engine::Resource;
-use crate::fence::{Fence, RequestError, bounded};
 
 /// The label kube-apiserver puts on its identity Lease in `kube-system` (APIServerIdentity, on
 /// by default since Kubernetes 1.26).

@@ -15,16 +15,16 @@ use kube::{Api, Client};
 use tracing::warn;
 
 use super::prune::{self, PruneError};
-use crate::answers;
 use crate::api::conditions::{
     STATUS_FALSE, STATUS_TRUE, STORAGE_MIGRATING, STORED_VERSIONS_PRUNED, reasons,
     storage_migrating, stored_versions,
 };
 use crate::api::{GroupVersionResource, MigrationCondition, MigrationTarget};
-use crate::conversion;
-use crate::encoding::{self, EncodingPolicy, Observer};
+use crate::apiserver::answers;
+use crate::apiserver::fence::{Fence, RequestError, bounded};
 use crate::engine::{ResolveError, Resource};
-use crate::fence::{Fence, RequestError, bounded};
+use crate::evidence::conversion;
+use crate::evidence::encoding::{self, EncodingPolicy, Observer};
 use crate::rules::encoding::Encoding;
 use crate::rules::storage_hash::storage_version_hash;
 use crate::rules::stored_versions::{CrdState, Decision, Run, decide};

@@ -5,7 +5,7 @@
 //! in it. kube-svm proves that before pruning: the migration succeeded with no failed object,
 //! having listed the resource from its first object; the CRD's generation and storage version did
 //! not change while it ran; and before its first write, the apiservers were already encoding in
-//! the storage version ([`crate::encoding`]). Anything less and the list stays as it is, with the
+//! the storage version ([`crate::evidence::encoding`]). Anything less and the list stays as it is, with the
 //! reason said.
 
 use std::fmt;

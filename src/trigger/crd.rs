@@ -34,9 +34,9 @@ use crate::api::{
     CLEAN_MANAGED_FIELDS_ANNOTATION, GroupVersionResource, Phase, StorageVersionMigration,
     StorageVersionMigrationSpec,
 };
-use crate::encoding::{Check, EncodingPolicy, Expected, Observer};
-use crate::fence::Fence;
-use crate::fence::RequestError;
+use crate::apiserver::fence::Fence;
+use crate::apiserver::fence::RequestError;
+use crate::evidence::encoding::{Check, EncodingPolicy, Expected, Observer};
 use crate::rules::stored_versions::CrdState;
 
 /// Annotation on a CRD: `"false"` keeps kube-svm from migrating it on its own.
@@ -281,8 +281,10 @@ pub async fn run(clients: Clients, settings: Settings, fence: Fence, stop: Cance
         .for_each(|result| async move {
             match result {
                 Ok(_) => {}
-                Err(error) if crate::reachability::unreachable(&error, "CRD trigger") => {}
-                Err(error) if crate::reachability::expired_watch(&error, "CRD trigger") => {}
+                Err(error)
+                    if crate::apiserver::reachability::unreachable(&error, "CRD trigger") => {}
+                Err(error)
+                    if crate::apiserver::reachability::expired_watch(&error, "CRD trigger") => {}
                 Err(error) => warn!(error = %crate::error_chain(&error), "CRD trigger failed"),
             }
         })

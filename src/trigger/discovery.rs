@@ -23,8 +23,8 @@ use crate::api::{
     GroupResource, GroupVersionResource, PERSISTED_SINCE_ANNOTATION, Phase, StorageState,
     StorageStateSpec, StorageVersionMigration, StorageVersionMigrationSpec,
 };
-use crate::encoding::{self, EncodingPolicy};
-use crate::fence::RequestError;
+use crate::apiserver::fence::RequestError;
+use crate::evidence::encoding::{self, EncodingPolicy};
 
 /// Annotation on the migrations this trigger creates: the storage version hash it saw when it
 /// created them (the hash a migration really targeted is in `status.target`).
@@ -92,7 +92,7 @@ struct Discovered {
 pub async fn run(
     clients: Clients,
     settings: Settings,
-    fence: crate::fence::Fence,
+    fence: crate::apiserver::fence::Fence,
     stop: CancellationToken,
 ) {
     let mut guard = Guard::default();
@@ -101,11 +101,11 @@ pub async fn run(
     loop {
         let due = match poll(&clients, &settings, &fence, &mut guard, &mut explained).await {
             Ok(due) => {
-                crate::reachability::reachable();
+                crate::apiserver::reachability::reachable();
                 due
             }
             Err(error) => {
-                if !crate::reachability::unreachable(&error, "discovery trigger poll") {
+                if !crate::apiserver::reachability::unreachable(&error, "discovery trigger poll") {
                     warn!(error = %crate::error_chain(&error), "discovery trigger poll failed");
                 }
                 None
@@ -133,7 +133,7 @@ fn follow_up(settings: &Settings) -> Duration {
 async fn poll(
     clients: &Clients,
     settings: &Settings,
-    fence: &crate::fence::Fence,
+    fence: &crate::apiserver::fence::Fence,
     guard: &mut Guard,
     explained: &mut HashSet<String>,
 ) -> Result<Option<Duration>, Error> {
@@ -166,7 +166,9 @@ async fn poll(
     // in a row as make it unlikely that one apiserver was never asked.
     let trust = Trust {
         window: settings.encoding.settle,
-        polls: encoding::samples_needed(crate::apiservers::apiservers_or_assumed(client).await),
+        polls: encoding::samples_needed(
+            crate::evidence::apiservers::apiservers_or_assumed(client).await,
+        ),
     };
     let now = Instant::now();
     let mut due: Option<Duration> = None;
@@ -292,7 +294,7 @@ fn skip_or_stop(error: Error) -> Result<(), Error> {
     {
         return Err(error);
     }
-    if crate::reachability::unreachable(&error, "discovery trigger write") {
+    if crate::apiserver::reachability::unreachable(&error, "discovery trigger write") {
         return Err(error);
     }
     let said = "discovery trigger: skipped one resource this poll";

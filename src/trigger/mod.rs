@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use kube::Client;
 
-use crate::fence::{Fence, RequestError, bounded};
+use crate::apiserver::fence::{Fence, RequestError, bounded};
 
 /// Label on the migrations a trigger creates: `crd` or `discovery`.
 pub const TRIGGER_LABEL: &str = "kube-svm.io/trigger";
@@ -48,7 +48,7 @@ pub fn retry_after(failures: u32, first: Duration, longest: Duration) -> Duratio
 
 /// Whether `error` is an answer with HTTP `code`.
 fn is_conflict(error: &RequestError) -> bool {
-    matches!(error, RequestError::Api(error) if crate::answers::is_conflict(error))
+    matches!(error, RequestError::Api(error) if crate::apiserver::answers::is_conflict(error))
 }
 
 /// The clients a trigger talks through.

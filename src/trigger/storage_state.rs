@@ -26,7 +26,7 @@ pub struct Guard {
 pub struct Trust {
     /// How long every poll must show it.
     pub window: Duration,
-    /// How many polls in a row must show it ([`crate::encoding::samples_needed`] for the number
+    /// How many polls in a row must show it ([`crate::evidence::encoding::samples_needed`] for the number
     /// of apiservers: each poll reads discovery through a new connection).
     pub polls: u32,
 }

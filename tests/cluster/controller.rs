@@ -467,7 +467,7 @@ async fn a_checkpoint_of_another_storage_version_is_forgotten() {
 async fn waits_while_the_in_tree_migrator_migrates_the_same_resource() {
     let (control_plane, client, widgets) = setup(20).await;
     let in_tree: Api<DynamicObject> =
-        Api::all_with(client.clone(), &kube_svm::in_tree::api_resource());
+        Api::all_with(client.clone(), &kube_svm::apiserver::in_tree::api_resource());
     let object: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "storagemigration.k8s.io/v1",
         "kind": "StorageVersionMigration",

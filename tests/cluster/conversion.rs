@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use kube_svm::api::Phase;
 use kube_svm::api::conditions::reasons::CONVERSION_WEBHOOK_UNAVAILABLE;
-use kube_svm::plan::EXIT_NEEDS_MIGRATION;
+use kube_svm::removal::plan::EXIT_NEEDS_MIGRATION;
 use serde_json::Value;
 
 use crate::migrate::{migrate, result_line, stored_versions};

@@ -13,7 +13,7 @@ use kube_svm::api::{
     GroupResource, PERSISTED_SINCE_ANNOTATION, Phase, StorageState, StorageStateSpec,
     StorageVersionMigration, StorageVersionMigrationSpec,
 };
-use kube_svm::fence::Fence;
+use kube_svm::apiserver::fence::Fence;
 use kube_svm::rules::storage_hash::storage_version_hash;
 use kube_svm::trigger::Requests;
 use kube_svm::trigger::discovery::{Error, TARGET_HASH_ANNOTATION, write_state};

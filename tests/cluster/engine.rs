@@ -28,7 +28,7 @@ const SECRETS: &str = "/registry/secrets/";
 
 /// Settings for tests: no client-side rate limit, so the apiserver sets the pace.
 fn engine(config: kube::Config, settings: Settings) -> Engine {
-    let metrics = Arc::new(kube_svm::metrics::Metrics::new().expect("metrics register"));
+    let metrics = Arc::new(kube_svm::ops::metrics::Metrics::new().expect("metrics register"));
     Engine::new(config, Arc::new(RateLimiter::new(0.0, 1)), settings, metrics).expect("an engine")
 }
 
@@ -66,7 +66,7 @@ async fn migrate_during<F: Future<Output = ()>>(
         write_to_status: false,
         pace: None,
         resume: Progress::default(),
-        fence: kube_svm::fence::Fence::open(),
+        fence: kube_svm::apiserver::fence::Fence::open(),
         clean_managed_fields: None,
     };
     let cancel = CancellationToken::new();
@@ -140,7 +140,7 @@ async fn migrates_through_the_status_subresource() {
         write_to_status: true,
         pace: None,
         resume: Progress::default(),
-        fence: kube_svm::fence::Fence::open(),
+        fence: kube_svm::apiserver::fence::Fence::open(),
         clean_managed_fields: None,
     };
     let finished = engine.run(job, &report, &CancellationToken::new()).await.expect("runs");

@@ -16,8 +16,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use kube_svm::api::{Phase, StorageState, StorageVersionMigration};
+use kube_svm::evidence::{apiservers, encoding};
 use kube_svm::rules::storage_hash::storage_version_hash;
-use kube_svm::{apiservers, encoding};
 use serde_json::json;
 
 use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds, missing_aggregated_api, unique};

@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube_svm::api::{GroupResource, StorageState, StorageStateSpec};
-use kube_svm::plan::EXIT_NEEDS_MIGRATION;
+use kube_svm::removal::plan::EXIT_NEEDS_MIGRATION;
 use kube_svm::rules::storage_hash::storage_version_hash;
 use serde_json::{Value, json};
 

@@ -7,7 +7,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::{Api, Client, ResourceExt};
 use kube_svm::api::Phase;
 use kube_svm::api::StorageVersionMigration;
-use kube_svm::encoding;
+use kube_svm::evidence::encoding;
 use kube_svm::rules::encoding::Encoding;
 use kube_svm::trigger::crd::OPT_OUT_ANNOTATION;
 

@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::api::GroupResource;
-use crate::apiservers::{self, Count, Unsampleable};
+use crate::evidence::apiservers::{self, Count, Unsampleable};
 use crate::rules::encoding::Encoding;
 use crate::rules::storage_hash::storage_version_hash;
 

@@ -3,9 +3,11 @@
 //! counts, optionally the etcd census); [`judge`] lists what blocks the removal, with numbers,
 //! and what clears each blocker.
 
+pub mod plan;
+
 use serde::Serialize;
 
-use crate::plan::ExistingMigration;
+use plan::ExistingMigration;
 
 /// What is known of the CRD and of the version to drop.
 #[derive(Clone, Debug)]

@@ -4,6 +4,7 @@
 
 use serde::Serialize;
 
+use crate::api::{Phase, StorageVersionMigration};
 use crate::census::ResourceCensus;
 use crate::rules::storage_hash::storage_version_hash;
 use crate::rules::stored_versions::CrdState;
@@ -170,6 +171,24 @@ pub fn stale_objects(
         }
     };
     Some(census.objects - census.api_versions.get(&current).copied().unwrap_or(0))
+}
+
+/// The migration of `group`/`resource` that is pending or running, else the newest one.
+pub fn existing(
+    migrations: &[StorageVersionMigration],
+    group: &str,
+    resource: &str,
+) -> Option<ExistingMigration> {
+    let mut of: Vec<_> = migrations
+        .iter()
+        .filter(|m| m.spec.resource.group == group && m.spec.resource.resource == resource)
+        .collect();
+    of.sort_by_key(|m| m.metadata.creation_timestamp.clone());
+    let chosen = of.iter().find(|m| !Phase::of(m).is_terminal()).or_else(|| of.last())?;
+    Some(ExistingMigration {
+        name: chosen.metadata.name.clone().unwrap_or_default(),
+        phase: Phase::of(chosen),
+    })
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::fence::Fence;
+use crate::apiserver::fence::Fence;
 
 /// The shortest lease `--lease-duration` accepts, in seconds: with client-go's ratios a leader
 /// renews every third of it (at most every 2 s), so below this renewals would have to come back
@@ -337,7 +337,7 @@ async fn try_acquire(
     let current = match lease.get_opt(&settings.name).await {
         Ok(current) => current,
         Err(error) => {
-            if !crate::reachability::unreachable(&error, "reading the lease") {
+            if !crate::apiserver::reachability::unreachable(&error, "reading the lease") {
                 warn!(error = %crate::error_chain(&error), lease = settings.name, "failed to read the lease");
             }
             return None;
@@ -428,11 +428,12 @@ async fn renew(
         };
         match renewed {
             Ok(Ok(true)) => {
-                crate::reachability::reachable();
+                crate::apiserver::reachability::reachable();
                 fence.extend_to(sent + settings.renew_deadline);
             }
             Ok(Ok(false)) => return give_up("another candidate holds the lease"),
-            Ok(Err(error)) if crate::reachability::unreachable(&error, "lease renewal") => {}
+            Ok(Err(error))
+                if crate::apiserver::reachability::unreachable(&error, "lease renewal") => {}
             Ok(Err(error)) => {
                 warn!(error = %crate::error_chain(&error), "failed to renew the lease")
             }

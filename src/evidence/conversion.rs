@@ -25,7 +25,7 @@ use kube::{Api, Client};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use crate::answers;
+use crate::apiserver::answers;
 
 /// The words kube-apiserver (apiextensions-apiserver's webhook converter) puts before the
 /// webhook's own error when a conversion fails: `conversion webhook for <group/version, Kind>

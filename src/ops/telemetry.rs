@@ -29,7 +29,7 @@ pub struct LogArgs {
 }
 
 /// The filter for `level`: kube's client logs every failed request at ERROR, and kube-svm says
-/// what failed itself (an outage once, see [`crate::reachability`]), so those lines are shown
+/// what failed itself (an outage once, see [`crate::apiserver::reachability`]), so those lines are shown
 /// only when asked for: when everything is logged at debug or trace, or the filter names
 /// `kube_client` (or `kube`).
 fn directives(level: &str) -> String {

@@ -13,7 +13,7 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::Metrics;
+use crate::ops::metrics::Metrics;
 
 /// A loop that has not beaten for this long is considered stuck.
 const STALE_HEARTBEAT: Duration = Duration::from_secs(30);

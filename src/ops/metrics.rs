@@ -274,7 +274,7 @@ mod tests {
         // Families without samples are not gathered: touch each labelled one.
         touch(&metrics);
         let table = markdown_table(&metrics);
-        let page = include_str!("../docs/metrics.md");
+        let page = include_str!("../../docs/metrics.md");
         assert!(
             page.contains(&table),
             "docs/metrics.md's metrics table is out of date; it should read:\n{table}"

@@ -44,7 +44,7 @@ pub async fn list(client: &Client) -> Result<Vec<DynamicObject>, kube::Error> {
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &api_resource());
     match api.list(&ListParams::default()).await {
         Ok(list) => Ok(list.items),
-        Err(error) if crate::answers::is_not_found(&error) => Ok(Vec::new()),
+        Err(error) if crate::apiserver::answers::is_not_found(&error) => Ok(Vec::new()),
         Err(error) => Err(error),
     }
 }

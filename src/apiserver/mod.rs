@@ -1,0 +1,12 @@
+//! Talking to the apiserver: reading its answers by status code, the leader's term every write
+//! checks, saying an outage once, and the in-tree migrator's migrations.
+//!
+//! - [`answers`]: what a `kube::Error` says, by status code, in one place.
+//! - [`fence`]: whether this process may still write, and for how long.
+//! - [`reachability`]: saying once that the apiserver is unreachable, and once that it is back.
+//! - [`in_tree`]: the in-tree migrator's `storagemigration.k8s.io/v1` migrations, to coexist.
+
+pub mod answers;
+pub mod fence;
+pub mod in_tree;
+pub mod reachability;
