@@ -1,33 +1,28 @@
 //! kube-svm: a Kubernetes storage version migrator.
 //!
-//! The file tree is the map. A migration flows from the top of this list to the bottom
-//! (`docs/architecture.md` draws it):
+//! The tree is laid out in tiers; a module imports only from its own tier and the tiers listed
+//! below it (`docs/architecture.md` draws the flow of a migration and holds a glossary):
 //!
 //! - [`cli`]: the `kube-svm` binary's subcommands (`controller`, `migrate`, `plan`, `status`,
-//!   `retry`, `inspect`, `crds`); each is a thin shell over the modules below.
-//! - [`api`]: the `migration.k8s.io/v1alpha1` types (StorageVersionMigration, StorageState),
-//!   their conditions, and which CRDs are installed.
-//! - [`trigger`]: migrations kube-svm creates on its own (CRD storage switches, discovery hashes).
-//! - [`controller`]: reconciles StorageVersionMigrations: admission, leadership, status writes.
+//!   `retry`, `inspect`, `crds`): arguments, printing, and the `migrate` host for now.
+//! - [`controller`] and [`trigger`]: the controller (reconcile, status writes, leader election)
+//!   and the migrations kube-svm creates on its own (CRD storage switches, discovery hashes).
+//! - [`removal`]: the road to removing a version: what `kube-svm plan` lists, and what keeps a
+//!   version in its CRD (`plan --drop`); pure.
 //! - [`lifecycle`]: one migration from resource to end, the same for the controller and for
 //!   `kube-svm migrate`: resolve, wait for the encoding, run the engine, prove, prune.
 //! - [`engine`]: pages through every object of one resource and writes each back unchanged.
-//! - [`managed_fields`]: which `managedFields` entries name a version no longer served, and what
-//!   to keep of them.
-//! - [`encoding`]: evidence that the apiservers encode a resource in the expected version.
-//! - [`apiservers`]: how many apiservers there are, and whether discovery samples can reach each.
-//! - [`conversion`]: whether a CRD's conversion webhook answers, before the first write.
-//! - [`storedversions`]: the proof-checked pruning of a CRD's `status.storedVersions`.
+//! - [`evidence`]: what is read before and after writing: the apiservers' encoding, how many
+//!   apiservers there are, whether a conversion webhook answers.
 //! - [`census`]: how objects are really stored in etcd, read key by key.
-//! - [`plan`]: the pure part of `kube-svm plan` (what needs migrating and why).
-//! - [`removal`]: the pure part of `kube-svm plan --drop` (what keeps a version in its CRD).
-//! - [`in_tree`]: the in-tree migrator's `storagemigration.k8s.io/v1` migrations, to coexist.
-//! - [`storage_hash`]: the apiserver's storage version hash.
-//! - [`answers`]: reading the apiserver's answers by status code, in one place.
-//! - [`reachability`]: saying once that the apiserver is unreachable, and once that it is back.
-//! - [`leader`] and [`fence`]: leader election, and how long this process may still write.
-//! - [`metrics`], [`server`] and [`telemetry`]: Prometheus series, the admin HTTP server
-//!   (`/metrics`, `/healthz`, `/readyz`), and logging.
+//! - [`ops`]: Prometheus series, the admin HTTP server (`/metrics`, `/healthz`, `/readyz`), and
+//!   logging.
+//! - [`apiserver`]: talking to the apiserver: answers by status code, the leader's term every
+//!   write checks (fence), saying an outage once, the in-tree migrator's migrations.
+//! - [`rules`]: pure decisions, with no `kube::Client` below: the `storedVersions` prune
+//!   decision, the encoding verdict, `managedFields` cleaning, the storage version hash.
+//! - [`api`]: the `migration.k8s.io/v1alpha1` types (StorageVersionMigration, StorageState),
+//!   their conditions, and which CRDs are installed.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 #![warn(missing_docs)]
