@@ -182,7 +182,7 @@ impl lifecycle::Host for Host<'_> {
     }
 
     async fn turn(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        let permit = super::reconcile::turn(self.context, self.migration).await;
+        let permit = super::lanes::turn(self.context, self.migration).await;
         self.preparing.lock().unwrap_or_else(|p| p.into_inner()).take();
         Some(permit)
     }

@@ -11,6 +11,7 @@
 //! - `triggers`: the CRD and discovery triggers, wired to the controller's settings.
 
 pub mod crds;
+mod lanes;
 pub mod leader;
 mod migration;
 mod reconcile;
