@@ -38,6 +38,8 @@ pub struct Followed {
     generation: i64,
     /// Where the watch goes on from.
     resource_version: String,
+    /// For a run that cleans `managedFields`: the versions it cleans (unserved when it began).
+    cleaned: Vec<String>,
 }
 
 /// What one state of the CRD, seen in order, says.
@@ -60,7 +62,15 @@ impl Followed {
             storage_version: target.storage_version.clone()?,
             generation: target.crd_generation?,
             resource_version: target.crd_resource_version.clone()?,
+            cleaned: Vec::new(),
         })
+    }
+
+    /// Also watches for a version whose `managedFields` entries the run cleans (one `crd`,
+    /// as the run read it, does not serve) being served again: the run must stop cleaning it.
+    pub fn cleaning(&mut self, crd: &CustomResourceDefinition) {
+        let unserved = crd.spec.versions.iter().filter(|v| !v.served);
+        self.cleaned = unserved.map(|v| v.name.clone()).collect();
     }
 
     /// Follows `crd` from the state it was read in; `None` when it names no storage version or
@@ -73,6 +83,7 @@ impl Followed {
             storage_version: state.storage_version,
             generation: state.generation,
             resource_version: crd.metadata.resource_version.clone()?,
+            cleaned: Vec::new(),
         })
     }
 
@@ -103,6 +114,19 @@ impl Followed {
                 crd.metadata.generation.unwrap_or_default(),
             );
             return Seen::Changed(change(reasons::STORAGE_VERSION_CHANGED, why));
+        }
+        let served_again: Vec<&str> = crd
+            .spec
+            .versions
+            .iter()
+            .filter(|v| v.served && self.cleaned.contains(&v.name))
+            .map(|v| v.name.as_str())
+            .collect();
+        if !served_again.is_empty() {
+            let why = format!(
+                "{served_again:?} of {resource} served again: the run starts over, keeping their managedFields entries"
+            );
+            return Seen::Changed(change(reasons::VERSION_SERVED_AGAIN, why));
         }
         self.generation = self.generation.max(crd.metadata.generation.unwrap_or_default());
         if let Some(version) = &crd.metadata.resource_version {
@@ -324,6 +348,22 @@ mod tests {
             panic!("a switch to v1 is a change")
         };
         assert!(there.starts_over() && there.message.contains("from v2 to v1"), "{there:?}");
+    }
+
+    #[test]
+    fn a_version_served_again_stops_a_run_that_cleans_it() {
+        let widgets = Resource::widgets();
+        let mut unserved = crd("u1", 4, "v2", "100");
+        unserved.spec.versions[0].served = false;
+        let mut f = Followed::from_crd(&unserved).expect("followed");
+        // Not cleaning: serving v1 again changes nothing stored.
+        assert_eq!(f.clone().see(&widgets, &crd("u1", 5, "v2", "101")), Seen::Same);
+        f.cleaning(&unserved);
+        assert_eq!(f.see(&widgets, &unserved), Seen::Same);
+        let Seen::Changed(again) = f.see(&widgets, &crd("u1", 5, "v2", "101")) else {
+            panic!("v1 served again stops the cleaning")
+        };
+        assert!(again.starts_over() && again.reason == reasons::VERSION_SERVED_AGAIN, "{again:?}");
     }
 
     #[test]

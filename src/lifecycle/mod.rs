@@ -355,6 +355,9 @@ impl<H: Host> Lifecycle<'_, H> {
         };
         // From here on the CRD is watched change by change.
         let mut followed = Followed::of(resource, &target);
+        if let (Some(followed), Some(crd)) = (followed.as_mut(), self.cleaning(crd).and(crd)) {
+            followed.cleaning(crd);
+        }
         let waiting = std::time::Instant::now();
         let turn = tokio::select! {
             turn = self.host.turn() => turn,

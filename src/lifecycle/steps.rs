@@ -197,7 +197,7 @@ pub enum Then {
 impl Change {
     pub(super) fn new(reason: &'static str, message: String) -> Change {
         let then = match reason {
-            reasons::STORAGE_VERSION_CHANGED => Then::StartOver,
+            reasons::STORAGE_VERSION_CHANGED | reasons::VERSION_SERVED_AGAIN => Then::StartOver,
             _ => Then::Fail,
         };
         Change { reason, message, then }
