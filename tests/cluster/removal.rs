@@ -250,7 +250,8 @@ async fn a_version_is_removed_without_breaking_server_side_apply_once_managed_fi
 }
 
 #[tokio::test]
-async fn the_crd_trigger_cleans_managed_fields_of_an_unserved_version_only_once_it_is_being_removed() {
+async fn the_crd_trigger_cleans_managed_fields_of_an_unserved_version_only_once_it_is_being_removed()
+ {
     let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let widgets = WidgetCrd::new("removal-trigger", false);
     widgets.create(&client, "v1").await;
