@@ -40,11 +40,6 @@ pub mod removal;
 pub mod rules;
 pub mod trigger;
 
-// The engine reaches these modules by their paths before the tiers; it is written against them.
-use apiserver::{answers, fence};
-use ops::metrics;
-use rules::managed_fields;
-
 /// An error and its sources, joined with `: `, for logs and status messages. A source whose
 /// words are already there (errors that print their source, as kube's and hyper's do) is not
 /// said twice.

@@ -45,6 +45,9 @@ pub mod reasons {
     /// The storage version changed while the migration ran: objects written before the change
     /// are stored in the old one.
     pub const STORAGE_VERSION_CHANGED: &str = "StorageVersionChanged";
+    /// A version whose `managedFields` entries the run was cleaning is served again: the run
+    /// starts over keeping them.
+    pub const VERSION_SERVED_AGAIN: &str = "VersionServedAgain";
     /// The apiserver stayed unreachable longer than the migration may wait for it.
     pub const APISERVER_UNAVAILABLE: &str = "ApiserverUnavailable";
     /// Object after object failed, none succeeding (an admission webhook that refuses or never

@@ -262,6 +262,11 @@ pub struct MigrationTarget {
     /// same name is another CRD, whose objects this migration may never have listed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crd_uid: Option<String>,
+    /// `metadata.resourceVersion` of the CustomResourceDefinition as last followed: the run
+    /// watches it from there, so a change that leaves the storage version alone (a caBundle,
+    /// printer columns) neither starts it over nor keeps `storedVersions`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crd_resource_version: Option<String>,
     /// Whether, before the migration started, the apiservers were proven to encode in the
     /// storage version; `status.storedVersions` of the CRD is pruned only then.
     #[serde(default, skip_serializing_if = "Option::is_none")]

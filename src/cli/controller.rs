@@ -75,6 +75,12 @@ pub struct ControllerArgs {
     /// be removed from the CRD without breaking server-side apply.
     #[arg(long, env = "KUBE_SVM_CLEAN_MANAGED_FIELDS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub clean_managed_fields: bool,
+    /// With --clean-managed-fields: seconds a version must be seen unserved before its
+    /// entries are cleaned (serving it again meanwhile keeps them), unless the CRD names it in
+    /// the annotation kube-svm.io/remove-versions. The grace starts over when the controller
+    /// restarts.
+    #[arg(long, env = "KUBE_SVM_CLEAN_MANAGED_FIELDS_AFTER", default_value_t = 86400.0, value_parser = values::seconds(0.0))]
+    pub clean_managed_fields_after: f64,
     /// Seconds the CRD trigger waits after one of its migrations failed before it runs it again
     /// in place; the wait doubles with each retry, up to an hour, for at most 10 retries.
     #[arg(long, env = "KUBE_SVM_CRD_TRIGGER_RETRY_DELAY", default_value_t = 60.0, value_parser = values::seconds(1.0))]
@@ -115,6 +121,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         discovery_attempts,
         crd_trigger,
         clean_managed_fields,
+        clean_managed_fields_after,
         crd_trigger_retry_delay,
         discovery_trigger,
         discovery_interval,
@@ -139,6 +146,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         encoding,
         crd_trigger,
         clean_managed_fields,
+        clean_managed_fields_after: seconds(clean_managed_fields_after),
         write_to_status,
         request_timeout,
         discovery_attempts: discovery_attempts.max(1),

@@ -66,6 +66,8 @@ pub struct Settings {
     /// Whether the CRD trigger also migrates CRDs with a version no longer served, cleaning
     /// `managedFields`.
     pub clean_managed_fields: bool,
+    /// How long a version must be seen unserved before the CRD trigger cleans it.
+    pub clean_managed_fields_after: Duration,
     /// How long encoding checks take (and how long the discovery trigger must see a new hash).
     pub encoding: EncodingPolicy,
     /// Write through the `status` subresource wherever a resource has one.
@@ -314,6 +316,7 @@ async fn triggers(context: &Context, watches: Client, stop: CancellationToken) {
         poke: discovery.as_ref().map(|d| d.poke.clone()),
         request_timeout: settings.request_timeout,
         clean_managed_fields: settings.clean_managed_fields,
+        clean_after: settings.clean_managed_fields_after,
         retry_delay: settings.crd_trigger_retry_delay,
     };
     let fence = context.fence.clone();

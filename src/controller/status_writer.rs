@@ -43,13 +43,20 @@ pub enum Error {
     TimedOut(String, Duration),
     #[error("failed to write the status of migration {0}")]
     Write(String, #[source] kube::Error),
+    /// The apiserver answered without fields it was sent: the schema it serves the migrations
+    /// under drops them (kube-storage-version-migrator's CRDs, or kube-svm's own not yet served
+    /// after they were replaced in place).
+    #[error(
+        "the status of migration {0} was stored without {1:?}: the apiserver's schema drops them"
+    )]
+    Dropped(String, Vec<String>),
 }
 
 impl Error {
     /// Whether trying again later may succeed.
     fn is_transient(&self) -> bool {
         match self {
-            Error::TimedOut(..) | Error::Conflicts(_) => true,
+            Error::TimedOut(..) | Error::Conflicts(_) | Error::Dropped(..) => true,
             Error::Write(_, error) => crate::apiserver::answers::is_transient(error),
             Error::Fenced | Error::Gone(_) | Error::Superseded(_) => false,
         }
@@ -128,6 +135,11 @@ impl StatusWriter {
             match tokio::time::timeout(limit, sent).await {
                 Ok(Ok(written)) => {
                     self.resource_version = written.resource_version();
+                    // Believed only once the answer holds every field sent.
+                    let dropped = dropped(status, written.status.as_ref());
+                    if !dropped.is_empty() {
+                        return Err(Error::Dropped(self.name.clone(), dropped));
+                    }
                     return Ok(());
                 }
                 Ok(Err(error)) if answers::is_conflict(&error) => {
@@ -172,6 +184,38 @@ impl StatusWriter {
     }
 }
 
+/// The fields of `sent` (as paths, `target.storageVersion`) that `answer` lacks. Pure.
+fn dropped(
+    sent: &StorageVersionMigrationStatus,
+    answer: Option<&StorageVersionMigrationStatus>,
+) -> Vec<String> {
+    fn missing(
+        sent: &serde_json::Value,
+        answer: &serde_json::Value,
+        at: &str,
+        out: &mut Vec<String>,
+    ) {
+        let (Some(sent), Some(answer)) = (sent.as_object(), answer.as_object()) else { return };
+        for (key, value) in sent {
+            let path = if at.is_empty() { key.clone() } else { format!("{at}.{key}") };
+            match answer.get(key) {
+                None => out.push(path),
+                Some(kept) => missing(value, kept, &path, out),
+            }
+        }
+    }
+    let as_json = |status: Option<&StorageVersionMigrationStatus>| {
+        status.and_then(|s| serde_json::to_value(s).ok()).unwrap_or(serde_json::Value::Null)
+    };
+    let mut out = Vec::new();
+    let answer = match answer {
+        Some(_) => as_json(answer),
+        None => serde_json::json!({}),
+    };
+    missing(&as_json(Some(sent)), &answer, "", &mut out);
+    out
+}
+
 /// Whether the status the apiserver holds is `written`, as the apiserver stores it (times to
 /// the second).
 fn same(
@@ -190,6 +234,31 @@ fn same(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_without_fields_sent_names_them() {
+        use crate::api::MigrationTarget;
+        let sent = StorageVersionMigrationStatus {
+            listed_from_start: Some(true),
+            target: Some(MigrationTarget {
+                storage_version: Some("v2".into()),
+                crd_generation: Some(3),
+                ..MigrationTarget::default()
+            }),
+            ..StorageVersionMigrationStatus::default()
+        };
+        assert!(dropped(&sent, Some(&sent)).is_empty());
+        // As an older schema stores it: the target's generation and the listing pruned.
+        let pruned = StorageVersionMigrationStatus {
+            target: Some(MigrationTarget {
+                storage_version: Some("v2".into()),
+                ..MigrationTarget::default()
+            }),
+            ..StorageVersionMigrationStatus::default()
+        };
+        assert_eq!(dropped(&sent, Some(&pruned)), ["listedFromStart", "target.crdGeneration"]);
+        assert_eq!(dropped(&sent, None), ["listedFromStart", "target"]);
+    }
 
     #[test]
     fn a_status_read_back_is_recognised_though_stored_to_the_second() {

@@ -35,9 +35,9 @@ use kube::Client;
 use tokio::time::Instant;
 use tracing::warn;
 
-use crate::fence::Fence;
-use crate::managed_fields::Served;
-use crate::metrics::{self, Metrics, results};
+use crate::apiserver::fence::Fence;
+use crate::ops::metrics::{self, Metrics, results};
+use crate::rules::managed_fields::Served;
 use denial::Access;
 use outage::{Availability, Verdict};
 use request::Failure;
@@ -420,7 +420,7 @@ impl Engine {
     /// throttled or the other failures reach their limit (`other_limit`).
     fn retry_decision(&self, failed: &Failure, attempts: &mut Attempts, other_limit: u32) -> Retry {
         let (count, limit) = match failed.code() {
-            Some(crate::answers::TOO_MANY_REQUESTS) => {
+            Some(crate::apiserver::answers::TOO_MANY_REQUESTS) => {
                 (&mut attempts.throttled, self.settings.throttled_attempts)
             }
             _ => (&mut attempts.other, other_limit),

@@ -11,7 +11,7 @@ use tracing::warn;
 use super::denial::Access;
 use super::request::{NoReply, Reply};
 use super::{Attempts, Engine, Error, Failure, Next, Resource, RunState};
-use crate::managed_fields::Served;
+use crate::rules::managed_fields::Served;
 
 /// What a write needs of a listed object.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -113,11 +113,11 @@ struct VerbMetrics {
 }
 
 impl RequestMetrics {
-    pub(super) fn new(metrics: &crate::metrics::Metrics) -> RequestMetrics {
+    pub(super) fn new(metrics: &crate::ops::metrics::Metrics) -> RequestMetrics {
         RequestMetrics {
             verbs: VERBS.map(|verb| VerbMetrics {
                 duration: metrics.request_duration.with_label_values(&[verb]),
-                by_class: crate::metrics::CODE_CLASSES
+                by_class: crate::ops::metrics::CODE_CLASSES
                     .map(|class| metrics.requests.with_label_values(&[verb, class])),
                 throttled: metrics.throttled.with_label_values(&[verb]),
             }),
@@ -136,7 +136,7 @@ impl RequestMetrics {
 
 impl VerbMetrics {
     fn count(&self, code: Option<u16>) {
-        self.by_class[crate::metrics::code_class_index(code)].inc();
+        self.by_class[crate::ops::metrics::code_class_index(code)].inc();
     }
 }
 

@@ -110,7 +110,7 @@ impl Resource {
         };
         let list = match list {
             Ok(list) => list,
-            Err(error) if crate::answers::is_not_found(&error) => {
+            Err(error) if crate::apiserver::answers::is_not_found(&error) => {
                 return Err(ResolveError::UnknownGroupVersion(api_version));
             }
             Err(error) => return Err(ResolveError::Discovery(api_version, error)),

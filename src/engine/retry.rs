@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::answers;
+use crate::apiserver::answers;
 
 /// What to do after a failed request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

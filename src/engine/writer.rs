@@ -11,7 +11,7 @@ use super::request::{ApiStatus, NoReply, Reply};
 use super::window::Signal;
 use super::{Attempts, Engine, Failure, KeepFailing, Next, Resource, RunState};
 use crate::api::FailedObject;
-use crate::managed_fields::Served;
+use crate::rules::managed_fields::Served;
 
 /// What became of one object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,7 +77,7 @@ const INVALID_REQUEST: &str = "InvalidRequest";
 /// Reason recorded when a successful write's answer could not be read.
 const INVALID_RESPONSE: &str = "InvalidResponse";
 
-pub use crate::managed_fields::MANAGED_FIELDS_NOT_CLEANED;
+pub use crate::rules::managed_fields::MANAGED_FIELDS_NOT_CLEANED;
 
 /// How a reply settled one write.
 enum Settled {

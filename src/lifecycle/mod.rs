@@ -20,12 +20,15 @@
 //! [`steps`] holds the requests around the engine; [`prune`] writes the `storedVersions` a
 //! decision allows.
 
+pub mod crd_watch;
 pub mod prune;
 pub mod resume;
 pub mod status;
 pub mod steps;
 
 use std::sync::Mutex;
+
+use crd_watch::Followed;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::Timestamp;
@@ -224,6 +227,8 @@ enum Attempt {
 struct Finished {
     target: MigrationTarget,
     done: StorageVersionMigrationStatus,
+    /// The CRD as the run followed it, to its end.
+    followed: Option<Followed>,
 }
 
 /// How the engine's part of a run ended.
@@ -265,9 +270,9 @@ impl<H: Host> Lifecycle<'_, H> {
             match attempt.await {
                 Attempt::Ended(end) => return end,
                 Attempt::Finished(finished) => {
-                    let Finished { target, mut done } = *finished;
+                    let Finished { target, mut done, followed } = *finished;
                     if crd.is_some() {
-                        self.settle_stored_versions(&resource, &target, &mut done).await;
+                        self.settle_stored_versions(&resource, &target, &mut done, followed).await;
                     }
                     return self.record_end(&resource, done).await;
                 }
@@ -350,6 +355,11 @@ impl<H: Host> Lifecycle<'_, H> {
             target = self.target(resource, crd, start, last) => target,
             () = self.cancel.cancelled() => return Attempt::Ended(self.stopped(start, "stopped before the first write")),
         };
+        // From here on the CRD is watched change by change.
+        let mut followed = Followed::of(resource, &target);
+        if let (Some(followed), Some(crd)) = (followed.as_mut(), self.cleaning(crd).and(crd)) {
+            followed.cleaning(crd);
+        }
         let waiting = std::time::Instant::now();
         let turn = tokio::select! {
             turn = self.host.turn() => turn,
@@ -364,25 +374,28 @@ impl<H: Host> Lifecycle<'_, H> {
                 () = self.cancel.cancelled() => return Attempt::Ended(self.stopped(start, "stopped before the first write")),
             },
         };
-        if let Some(change) = steps::target_changed(&self.cluster, resource, &target).await {
+        let changed = steps::target_changed(&self.cluster, resource, &target, followed.as_mut());
+        if let Some(change) = changed.await {
             return Attempt::Retarget(change);
         }
         let current = match self.record_start(resource, crd, &target, start, last).await {
             Ok(current) => current,
             Err(end) => return Attempt::Ended(end),
         };
-        let (progress, mut done) =
-            match self.run_engine(resource, crd, &target, start.clone(), current).await {
-                Ran::Ended(end) => return Attempt::Ended(end),
-                Ran::Changed { change, current } => {
-                    return Attempt::StartOver { change, current: Box::new(current) };
-                }
-                Ran::Finished { progress, done } => (progress, done),
-            };
+        let (progress, mut done) = match self
+            .run_engine(resource, crd, &target, start.clone(), current, followed.as_mut())
+            .await
+        {
+            Ran::Ended(end) => return Attempt::Ended(end),
+            Ran::Changed { change, current } => {
+                return Attempt::StartOver { change, current: Box::new(current) };
+            }
+            Ran::Finished { progress, done } => (progress, done),
+        };
         // The writes are over: the check at the end samples, and writes nothing.
         drop(turn);
         let change = tokio::select! {
-            change = self.check_at_end(spec, resource, &target, &done) => change,
+            change = self.check_at_end(spec, resource, &target, &done, followed.as_mut()) => change,
             // Stopping: the migration is taken up again from its last checkpoint.
             () = self.cancel.cancelled() => {
                 return Attempt::Ended(self.stopped(start, "stopped during the check at the end"));
@@ -406,7 +419,7 @@ impl<H: Host> Lifecycle<'_, H> {
             }
             None => {}
         }
-        Attempt::Finished(Box::new(Finished { target, done }))
+        Attempt::Finished(Box::new(Finished { target, done, followed }))
     }
 
     /// Why the checkpoint `start` would resume no longer describes the cluster
@@ -522,6 +535,7 @@ impl<H: Host> Lifecycle<'_, H> {
         target: &MigrationTarget,
         start: Start,
         mut current: StorageVersionMigrationStatus,
+        followed: Option<&mut Followed>,
     ) -> Ran {
         // This run only: a change of the target stops it, and the migration goes on.
         let cancel = self.cancel.child_token();
@@ -542,7 +556,7 @@ impl<H: Host> Lifecycle<'_, H> {
             tokio::select! {
                 finished = &mut run => Ok(finished),
                 stop = follow => Err(stop),
-                change = steps::guard(&self.cluster, resource, target) => {
+                change = steps::guard(&self.cluster, resource, target, followed) => {
                     cancel.cancel();
                     let _ = (&mut run).await;
                     let progress = latest.borrow().clone();
@@ -601,12 +615,14 @@ impl<H: Host> Lifecycle<'_, H> {
         resource: &Resource,
         target: &MigrationTarget,
         done: &StorageVersionMigrationStatus,
+        followed: Option<&mut Followed>,
     ) -> Option<Change> {
         if done.conditions.first().map(|c| c.type_.as_str()) != Some(SUCCEEDED) {
             return None;
         }
         let requires_status = self.host.migration().requests_status_writes();
-        steps::changed_since_start(&self.cluster, spec, requires_status, resource, target).await
+        let cluster = &self.cluster;
+        steps::changed_since_start(cluster, spec, requires_status, resource, target, followed).await
     }
 
     /// Prunes the CRD's `storedVersions` when that is proven safe; says what was done, and why,
@@ -616,13 +632,19 @@ impl<H: Host> Lifecycle<'_, H> {
         resource: &Resource,
         target: &MigrationTarget,
         done: &mut StorageVersionMigrationStatus,
+        mut followed: Option<Followed>,
     ) {
         let run = status::run_of(done);
-        let Some(pruned) =
-            steps::settle_stored_versions(&self.cluster, resource, target, &run).await
-        else {
+        let settled =
+            steps::settle_stored_versions(&self.cluster, resource, target, &run, followed.as_mut());
+        let Some(pruned) = settled.await else {
             return;
         };
+        // The record says which state of the CRD the run was followed to.
+        if let (Some(followed), Some(recorded)) = (&followed, done.target.as_mut()) {
+            recorded.crd_generation = Some(followed.generation());
+            recorded.crd_resource_version = Some(followed.resource_version().to_owned());
+        }
         self.host.tell(Notice::StoredVersions(&pruned)).await;
         done.conditions.retain(|c| c.type_ != pruned.type_);
         done.conditions.push(pruned);

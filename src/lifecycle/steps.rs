@@ -29,6 +29,8 @@ use crate::rules::encoding::Encoding;
 use crate::rules::storage_hash::storage_version_hash;
 use crate::rules::stored_versions::{CrdState, Decision, Run, decide};
 
+use super::crd_watch::{self, Followed};
+
 /// Times the prune is decided again after the CRD changed under it.
 const PRUNE_CONFLICT_RETRIES: u32 = 5;
 
@@ -94,6 +96,7 @@ pub async fn target_of(
         ..MigrationTarget::default()
     };
     let state = crd.and_then(CrdState::of);
+    let mut followed = crd.and_then(Followed::from_crd);
     let expected = match (&state, &resource.storage_version_hash) {
         (Some(state), _) => encoding::Expected::StorageVersion(state.storage_version.clone()),
         (None, Some(hash)) => {
@@ -126,13 +129,20 @@ pub async fn target_of(
                 wait: cluster.encoding.wait,
             };
             let confirming = cluster.observer.confirm(cluster.client, cluster.config, &check);
-            // A CRD that changes during the check makes its verdict moot: no need to wait it out.
-            match &state {
-                Some(state) => tokio::select! {
+            // A CRD whose storage changes during the check makes its verdict moot: no need to
+            // wait it out. Other changes to it are followed, and the target records the last.
+            match (&state, followed.as_mut()) {
+                (Some(_), Some(followed)) => tokio::select! {
+                    encoding = confirming => encoding,
+                    moved = followed.follow(cluster, resource) => Encoding::Unconfirmed(format!(
+                        "{} during the encoding check", moved.message
+                    )),
+                },
+                (Some(state), None) => tokio::select! {
                     encoding = confirming => encoding,
                     moved = crd_moves(cluster, resource, state) => Encoding::Unconfirmed(moved),
                 },
-                None => confirming.await,
+                (None, _) => confirming.await,
             }
         }
     };
@@ -149,6 +159,10 @@ pub async fn target_of(
         target.storage_version = Some(state.storage_version);
         target.crd_generation = Some(state.generation);
         target.crd_uid = state.uid;
+        if let Some(followed) = followed {
+            target.crd_generation = Some(followed.generation());
+            target.crd_resource_version = Some(followed.resource_version().to_owned());
+        }
     }
     target
 }
@@ -183,9 +197,9 @@ pub enum Then {
 }
 
 impl Change {
-    fn new(reason: &'static str, message: String) -> Change {
+    pub(super) fn new(reason: &'static str, message: String) -> Change {
         let then = match reason {
-            reasons::STORAGE_VERSION_CHANGED => Then::StartOver,
+            reasons::STORAGE_VERSION_CHANGED | reasons::VERSION_SERVED_AGAIN => Then::StartOver,
             _ => Then::Fail,
         };
         Change { reason, message, then }
@@ -261,12 +275,18 @@ async fn crd_moves(cluster: &Cluster<'_>, resource: &Resource, state: &CrdState)
 
 /// Whether the CRD behind `resource` still is what `target` recorded, read now: `None` when it
 /// is (or cannot be read: the guard asks again, the end of the run decides).
+/// With `followed` (the CRD as the run followed it), only a change that can affect what is
+/// stored counts ([`crd_watch`]); without it, any change of the generation.
 pub async fn target_changed(
     cluster: &Cluster<'_>,
     resource: &Resource,
     target: &MigrationTarget,
+    followed: Option<&mut Followed>,
 ) -> Option<Change> {
     target.crd_generation?;
+    if let Some(followed) = followed {
+        return crd_watch::changed_by_now(cluster, resource, followed).await;
+    }
     let crd = crd_of(cluster, resource).await.ok()?;
     crd_change(resource, target, crd.as_ref())
 }
@@ -278,11 +298,22 @@ pub async fn target_changed(
 /// release, or one rolled back, stores what the run writes through it in another version).
 /// Never for a run that proves nothing anyway (its encoding not confirmed, or no hash to
 /// compare): the end of the run checks those.
-pub async fn guard(cluster: &Cluster<'_>, resource: &Resource, target: &MigrationTarget) -> Change {
+///
+/// A CRD `followed` is watched, change by change, and only a change that can affect what is
+/// stored resolves it ([`crd_watch`]).
+pub async fn guard(
+    cluster: &Cluster<'_>,
+    resource: &Resource,
+    target: &MigrationTarget,
+    followed: Option<&mut Followed>,
+) -> Change {
+    if let Some(followed) = followed {
+        return followed.follow(cluster, resource).await;
+    }
     if target.crd_generation.is_some() {
         loop {
             tokio::time::sleep(GUARD_INTERVAL).await;
-            if let Some(change) = target_changed(cluster, resource, target).await {
+            if let Some(change) = target_changed(cluster, resource, target, None).await {
                 return change;
             }
         }
@@ -345,6 +376,7 @@ pub async fn changed_since_start(
     requires_status: bool,
     resource: &Resource,
     target: &MigrationTarget,
+    followed: Option<&mut Followed>,
 ) -> Option<Change> {
     let mut attempts = 0;
     let now = loop {
@@ -401,6 +433,10 @@ pub async fn changed_since_start(
         };
     }
     match crd_of(cluster, resource).await {
+        Ok(Some(crd)) if followed.is_some() => {
+            let followed = followed?;
+            followed.catch_up(cluster, resource, &crd).await
+        }
         Ok(crd) => crd_change(resource, target, crd.as_ref()),
         Err(error) => {
             let why = format!(
@@ -420,6 +456,7 @@ pub async fn settle_stored_versions(
     resource: &Resource,
     target: &MigrationTarget,
     run: &Run,
+    mut followed: Option<&mut Followed>,
 ) -> Option<MigrationCondition> {
     let (Some(generation), Some(storage_version)) =
         (target.crd_generation, target.storage_version.clone())
@@ -427,7 +464,7 @@ pub async fn settle_stored_versions(
         return None;
     };
     let uid = target.crd_uid.clone();
-    let started = CrdState { uid, generation, storage_version, stored_versions: Vec::new() };
+    let mut started = CrdState { uid, generation, storage_version, stored_versions: Vec::new() };
     let encoding = match (target.encoding_confirmed, &target.encoding_evidence) {
         (Some(true), evidence) => Encoding::Confirmed { by: evidence.clone().unwrap_or_default() },
         (_, evidence) => Encoding::Unconfirmed(evidence.clone().unwrap_or_default()),
@@ -458,6 +495,13 @@ pub async fn settle_stored_versions(
                 "the CRD no longer names a storage version".into(),
             ));
         };
+        // Followed to this read: changes that left what is stored alone do not count.
+        if let Some(followed) = followed.as_deref_mut() {
+            if let Some(change) = followed.catch_up(cluster, resource, &crd).await {
+                return Some(condition(false, stored_versions::CRD_CHANGED, change.message));
+            }
+            started.generation = followed.generation();
+        }
         let stored_versions = match decide(run, &started, &now, &encoding) {
             Decision::Prune(stored_versions) => stored_versions,
             Decision::AlreadyPruned => {

@@ -42,6 +42,12 @@ use crate::rules::stored_versions::CrdState;
 /// Annotation on a CRD: `"false"` keeps kube-svm from migrating it on its own.
 pub const OPT_OUT_ANNOTATION: &str = "kube-svm.io/auto-migrate";
 
+/// Annotation on a CRD: the versions (comma-separated) the operator is removing. With
+/// `--clean-managed-fields`, their `managedFields` entries are cleaned as soon as they are no
+/// longer served, without the grace (`--clean-managed-fields-after`) that keeps an unserved
+/// version's field ownership while serving it again is still an option.
+pub const REMOVE_VERSIONS_ANNOTATION: &str = "kube-svm.io/remove-versions";
+
 /// The longest name an object may have (a DNS subdomain).
 const MAX_NAME: usize = 253;
 
@@ -174,6 +180,65 @@ pub fn created_for(migration: &StorageVersionMigration, crd: &CustomResourceDefi
     }
 }
 
+/// The versions `crd` defines and does not serve.
+fn unserved(crd: &CustomResourceDefinition) -> Vec<&str> {
+    crd.spec.versions.iter().filter(|v| !v.served).map(|v| v.name.as_str()).collect()
+}
+
+/// The versions the annotation [`REMOVE_VERSIONS_ANNOTATION`] of `crd` names.
+fn to_remove(crd: &CustomResourceDefinition) -> Vec<&str> {
+    let named = crd.annotations().get(REMOVE_VERSIONS_ANNOTATION);
+    named
+        .map(|v| v.split(',').map(str::trim).filter(|v| !v.is_empty()).collect())
+        .unwrap_or_default()
+}
+
+/// How long before the unserved versions of `crd` may be cleaned: `None` when it may be now
+/// (every one is named for removal, or unserved for `grace` already), `Some(left)` otherwise.
+/// `unserved_for` says how long a version has been seen unserved. Pure.
+pub fn cleaning_wait(
+    crd: &CustomResourceDefinition,
+    grace: Duration,
+    unserved_for: impl Fn(&str) -> Duration,
+) -> Option<Duration> {
+    let named = to_remove(crd);
+    unserved(crd)
+        .into_iter()
+        .filter(|version| !named.contains(version))
+        .filter_map(|version| grace.checked_sub(unserved_for(version)).filter(|l| !l.is_zero()))
+        .max()
+}
+
+/// Since when each CRD's (by uid) versions have been seen unserved, by this process: a version
+/// served again is forgotten, and a restart starts every grace over (it keeps ownership
+/// longer, never shorter).
+#[derive(Default)]
+struct UnservedSince(std::sync::Mutex<BTreeMap<(String, String), std::time::Instant>>);
+
+impl UnservedSince {
+    /// How long before `crd` may be cleaned ([`cleaning_wait`]), recording what it shows now;
+    /// and whether it shows a version unserved that was not seen so before.
+    fn wait(&self, crd: &CustomResourceDefinition, grace: Duration) -> (Option<Duration>, bool) {
+        let uid = crd.metadata.uid.clone().unwrap_or_default();
+        let unserved = unserved(crd);
+        let now = std::time::Instant::now();
+        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        seen.retain(|(of, version), _| *of != uid || unserved.contains(&version.as_str()));
+        let mut new = false;
+        for version in &unserved {
+            seen.entry((uid.clone(), (*version).to_owned())).or_insert_with(|| {
+                new = true;
+                now
+            });
+        }
+        let wait = cleaning_wait(crd, grace, |version| {
+            let since = seen.get(&(uid.clone(), version.to_owned())).copied().unwrap_or(now);
+            now.duration_since(since)
+        });
+        (wait, new)
+    }
+}
+
 /// A migration a CRD needs.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Needed {
@@ -200,7 +265,11 @@ pub fn needed_migration(crd: &CustomResourceDefinition, clean_unserved: bool) ->
     let plural = &crd.spec.names.plural;
     let group = &crd.spec.group;
     let generation = crd.metadata.generation.unwrap_or_default();
-    let name = migration_name(plural, group, storage, generation);
+    // A cleaning migration of a state already migrated (its grace ended) is another migration.
+    let name = match clean_managed_fields {
+        true => shortened(&format!("{plural}.{group}"), &format!("-{storage}-{generation}-clean")),
+        false => migration_name(plural, group, storage, generation),
+    };
     let target = GroupVersionResource {
         group: group.clone(),
         version: storage.clone(),
@@ -225,6 +294,9 @@ pub struct Settings {
     /// Also migrate a CRD that stopped serving a version, removing the `managedFields` entries
     /// that name it (`--clean-managed-fields`).
     pub clean_managed_fields: bool,
+    /// How long a version must be seen unserved before it is cleaned, unless the CRD names it
+    /// for removal (`--clean-managed-fields-after`).
+    pub clean_after: Duration,
     /// Wait after the trigger's migration failed before its first retry
     /// (`--crd-trigger-retry-delay`); it doubles with each retry.
     pub retry_delay: Duration,
@@ -254,6 +326,8 @@ struct Context {
     settings: Settings,
     /// The generation each CRD (by uid) had when the discovery trigger was last told of it.
     told: std::sync::Mutex<std::collections::HashMap<String, i64>>,
+    /// Since when versions have been seen unserved.
+    unserved_since: UnservedSince,
 }
 
 /// Runs until `stop` fires; creates nothing once `fence` closes.
@@ -276,7 +350,14 @@ pub async fn run(clients: Clients, settings: Settings, fence: Fence, stop: Cance
         .run(
             reconcile,
             error_policy,
-            Arc::new(Context { client, config, fence, settings, told: Default::default() }),
+            Arc::new(Context {
+                client,
+                config,
+                fence,
+                settings,
+                told: Default::default(),
+                unserved_since: UnservedSince::default(),
+            }),
         )
         .for_each(|result| async move {
             match result {
@@ -309,9 +390,28 @@ async fn reconcile(
     if let Some(check) = encoding_check(&crd, &context.settings) {
         context.settings.observer.observe(&context.client, &context.config, &check);
     }
-    let needed = needed_migration(&crd, context.settings.clean_managed_fields);
+    let settings = &context.settings;
+    // Unserving is the step that can be undone: the field ownership recorded at an unserved
+    // version is removed only once it is named for removal, or after the grace.
+    let (clean_wait, newly_unserved) = match settings.clean_managed_fields {
+        true => context.unserved_since.wait(&crd, settings.clean_after),
+        false => (None, false),
+    };
+    let needed = needed_migration(&crd, settings.clean_managed_fields && clean_wait.is_none());
+    if let Some(left) = clean_wait.filter(|_| newly_unserved) {
+        info!(
+            crd = crd.name_any(),
+            unserved = ?unserved(&crd),
+            left_seconds = left.as_secs(),
+            "versions no longer served: their managedFields entries are cleaned once the grace ends or the CRD names them in {REMOVE_VERSIONS_ANNOTATION}"
+        );
+    }
+    let requeue = |action: Action| match clean_wait {
+        Some(left) => Action::requeue(left + Duration::from_secs(1)),
+        None => action,
+    };
     let Some(Needed { name, target, clean_managed_fields }) = needed else {
-        return Ok(Action::await_change());
+        return Ok(requeue(Action::await_change()));
     };
     if !context.settings.create {
         return Ok(Action::await_change());
@@ -325,7 +425,7 @@ async fn reconcile(
             && !Phase::of(m).is_terminal()
     });
     if busy {
-        return Ok(Action::await_change());
+        return Ok(requeue(Action::await_change()));
     }
     let named =
         |name: &str| existing.items.iter().find(|m| m.metadata.name.as_deref() == Some(name));
@@ -367,7 +467,7 @@ async fn reconcile(
         }
         Err(error) => return Err(Error::Create(name, error)),
     }
-    Ok(Action::await_change())
+    Ok(requeue(Action::await_change()))
 }
 
 /// Asks for a retry of the migration the trigger created for a CRD's current state, when
@@ -457,6 +557,25 @@ mod tests {
             (target.group.as_str(), target.version.as_str(), target.resource.as_str()),
             ("example.com", "v2", "widgets")
         );
+    }
+
+    #[test]
+    fn an_unserved_version_is_cleaned_after_the_grace_or_once_named_for_removal() {
+        let grace = Duration::from_secs(3600);
+        let mut unserved = crd("v2", &["v2"], None);
+        unserved.spec.versions[0].served = false;
+        let after = |seconds| move |_: &str| Duration::from_secs(seconds);
+        assert_eq!(cleaning_wait(&unserved, grace, after(600)), Some(Duration::from_secs(3000)));
+        assert_eq!(cleaning_wait(&unserved, grace, after(3600)), None);
+        // Every version served: nothing to wait for.
+        assert_eq!(cleaning_wait(&crd("v2", &["v2"], None), grace, after(0)), None);
+        // Named for removal: at once.
+        unserved.annotations_mut().insert(REMOVE_VERSIONS_ANNOTATION.into(), "v0, v1".into());
+        assert_eq!(cleaning_wait(&unserved, grace, after(0)), None);
+        let Needed { name, clean_managed_fields, .. } =
+            needed_migration(&unserved, true).expect("a cleaning migration");
+        assert!(clean_managed_fields);
+        assert_eq!(name, "widgets.example.com-v2-4-clean", "not the name of the state's migration");
     }
 
     #[test]

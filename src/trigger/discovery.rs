@@ -98,8 +98,14 @@ pub async fn run(
     let mut guard = Guard::default();
     // Successes that proved nothing, by UID, once said.
     let mut explained = HashSet::new();
+    // The longest poll so far: on a loaded apiserver a poll of every resource takes seconds,
+    // and a heartbeat that aged by that much does not mean the trigger was away.
+    let mut slowest = Duration::ZERO;
     loop {
-        let due = match poll(&clients, &settings, &fence, &mut guard, &mut explained).await {
+        let began = std::time::Instant::now();
+        let polled = poll(&clients, &settings, &fence, &mut guard, &mut explained, slowest).await;
+        slowest = slowest.max(began.elapsed());
+        let due = match polled {
             Ok(due) => {
                 crate::apiserver::reachability::reachable();
                 due
@@ -136,6 +142,7 @@ async fn poll(
     fence: &crate::apiserver::fence::Fence,
     guard: &mut Guard,
     explained: &mut HashSet<String>,
+    slowest: Duration,
 ) -> Result<Option<Duration>, Error> {
     let (discovered, unexamined) = discover(&clients.config).await?;
     if !unexamined.is_empty() {
@@ -161,6 +168,10 @@ async fn poll(
         .await
         .map_err(|e| Error::List("StorageVersionMigrations", e))?
         .items;
+    // Before any is created: the finished ones kept and the one this poll may create are all
+    // there are of a resource.
+    super::history::forget(requests, &migrations, &existing_migrations, settings.keep_finished)
+        .await;
 
     // Each poll asks one apiserver (a new connection): a new hash must be seen on as many polls
     // in a row as make it unlikely that one apiserver was never asked.
@@ -173,7 +184,8 @@ async fn poll(
     let now = Instant::now();
     let mut due: Option<Duration> = None;
     let mut look_again = |after: Duration| due = Some(due.map_or(after, |d| d.min(after)));
-    let stale_after = settings.interval * 2 + settings.encoding.settle;
+    // Two intervals, the settle period, and the last poll and this one as long as the slowest.
+    let stale_after = settings.interval * 2 + settings.encoding.settle + slowest * 2;
     for Discovered { resource, version, hash } in &discovered {
         let name = resource.name();
         let state = existing_states.get(&name);
@@ -255,8 +267,6 @@ async fn poll(
     }
     let seen: Vec<GroupResource> = discovered.into_iter().map(|d| d.resource).collect();
     guard.retain(&seen);
-    super::history::forget(requests, &migrations, &existing_migrations, settings.keep_finished)
-        .await;
     Ok(due)
 }
 

@@ -429,16 +429,24 @@ async fn upstream_crds_never_make_the_trigger_loop() {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
-    let mut succeeded = std::collections::BTreeMap::<String, usize>::new();
+    let mut succeeded = std::collections::BTreeMap::<String, Vec<_>>::new();
     for m in all.list(&Default::default()).await.expect("listed").items {
         if Phase::of(&m) == Phase::Succeeded {
             let resource = &m.spec.resource;
-            *succeeded.entry(format!("{}.{}", resource.resource, resource.group)).or_default() += 1;
+            let key = format!("{}.{}", resource.resource, resource.group);
+            succeeded.entry(key).or_default().push((m.metadata.annotations, m.status));
         }
     }
-    let twice: Vec<_> = succeeded.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(twice.is_empty(), "migrated again: {twice:?}\n{}", controller.logs());
-    assert_eq!(succeeded.get(&format!("widgets.{}", widgets.group)), Some(&1));
+    let twice: Vec<_> = succeeded.iter().filter(|(_, all)| all.len() > 1).collect();
+    let states = states.list(&Default::default()).await.expect("listed").items;
+    let state_of = |name: &str| states.iter().find(|s| s.metadata.name.as_deref() == Some(name));
+    assert!(
+        twice.is_empty(),
+        "migrated again: {twice:#?}\n{:#?}\n{}",
+        twice.first().and_then(|(name, _)| state_of(name.trim_end_matches('.'))),
+        controller.logs()
+    );
+    assert_eq!(succeeded.get(&format!("widgets.{}", widgets.group)).map(Vec::len), Some(1));
 }
 
 /// A resource whose migrations cannot succeed (an admission policy refuses one of its objects)

@@ -6,12 +6,15 @@
 use std::io::Write as _;
 use std::process::{Command, Stdio};
 
-use kube::Client;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
 use serde_json::{Value, json};
 
 use std::time::Duration;
 
 use kube_svm::api::Phase;
+use kube_svm::trigger::crd::REMOVE_VERSIONS_ANNOTATION;
 
 use crate::support::fixtures::{WidgetCrd, update_crd};
 use crate::support::invariant::Census;
@@ -247,7 +250,8 @@ async fn a_version_is_removed_without_breaking_server_side_apply_once_managed_fi
 }
 
 #[tokio::test]
-async fn the_crd_trigger_cleans_managed_fields_once_a_version_is_no_longer_served() {
+async fn the_crd_trigger_cleans_managed_fields_of_an_unserved_version_only_once_it_is_being_removed()
+ {
     let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let widgets = WidgetCrd::new("removal-trigger", false);
     widgets.create(&client, "v1").await;
@@ -264,8 +268,19 @@ async fn the_crd_trigger_cleans_managed_fields_once_a_version_is_no_longer_serve
     let done = wait_for(&client, &name, TIMEOUT, &[&controller], phase_is(Phase::Succeeded)).await;
     assert_eq!((progress(&done).rewritten, progress(&done).cleaned), (APPLIED as u64, 0));
 
-    // v1 no longer served: a second migration, cleaning every object of its v1 entries.
+    // v1 no longer served: the step that can be undone, so nothing is cleaned within the grace
+    // (a day by default); the trigger says so once it has seen it.
     widgets.set_served(&client, "v1", false).await;
+    controller.wait_for_log("versions no longer served", TIMEOUT).await;
+    let found = crate::support::migrations::triggered(&client, &widgets, "crd").await;
+    assert_eq!(found.len(), 1, "a migration within the grace: {found:?}");
+
+    // Named for removal: a second migration, cleaning every object of its v1 entries.
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let intent = json!({ "metadata": { "annotations": { REMOVE_VERSIONS_ANNOTATION: "v1" } } });
+    crds.patch(&widgets.name(), &PatchParams::default(), &Patch::Merge(&intent))
+        .await
+        .expect("annotated");
     let unserved = wait_for_triggered(&client, &widgets, 2, &controller).await;
     assert!(unserved.cleans_managed_fields(), "{:?}", unserved.metadata.annotations);
     let name = unserved.metadata.name.clone().expect("named");

@@ -162,6 +162,11 @@ impl Observer {
             report.send_replace(Some((encoding, Instant::now())));
         });
         let observation = Observation { verdict };
+        // A CRD whose spec churns (a caBundle injected again and again) gets a check per
+        // generation: only the newest of each resource is kept (older ones still report to
+        // whoever awaits them).
+        let (group, plural, _, generation) = &key;
+        checks.retain(|(g, p, _, older), _| !(g == group && p == plural && older < generation));
         checks.insert(key, observation.clone());
         observation
     }
