@@ -48,11 +48,11 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, Client};
 use kube_svm::api::{
-    GroupVersionResource, Phase, StorageVersionMigration, StorageVersionMigrationSpec,
+    GroupVersionResource, Pace, Phase, StorageVersionMigration, StorageVersionMigrationSpec,
 };
 use kube_svm::apiserver::fence::Fence;
 use kube_svm::engine::{
-    self, Band, Engine, Finished, Job, Pace, Progress, RateLimiter, Resource, Settings,
+    self, Band, Engine, Finished, Job, Progress, RateLimiter, Resource, Settings,
 };
 use prometheus::core::Collector as _;
 use serde_json::json;

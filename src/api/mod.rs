@@ -7,13 +7,12 @@
 pub mod conditions;
 pub mod installed;
 mod migration;
+mod pace;
 mod storage_state;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::Timestamp;
 use kube::CustomResourceExt;
-
-use crate::engine::Pace;
 
 pub use conditions::Phase;
 pub use migration::{
@@ -21,6 +20,7 @@ pub use migration::{
     MigrationTarget, StorageVersionMigration, StorageVersionMigrationSpec,
     StorageVersionMigrationStatus,
 };
+pub use pace::Pace;
 pub use storage_state::{
     GroupResource, PERSISTED_SINCE_ANNOTATION, StorageState, StorageStateSpec, StorageStateStatus,
     UNKNOWN_HASH,

@@ -10,7 +10,8 @@ use clap::Args;
 use clap::builder::TypedValueParser;
 
 use super::values;
-use crate::engine::{self, Engine, Pace, RateLimiter, rate_limit};
+use crate::api::Pace;
+use crate::engine::{self, Engine, RateLimiter, rate_limit};
 use crate::evidence::encoding::EncodingPolicy;
 use crate::ops::metrics::Metrics;
 

@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use crate::engine::{Pace, Restraint};
+use crate::api::Pace;
+use crate::engine::Restraint;
 
 /// `15s`, `4m05s`, `2h01m`, `3d04h`: the two largest units, as kubectl prints ages.
 pub fn clock(duration: Duration) -> String {

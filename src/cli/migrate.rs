@@ -33,7 +33,7 @@ use crate::api::{
 use crate::apiserver::fence::Fence;
 use crate::engine::{Progress, Resource};
 use crate::evidence::encoding::Observer;
-use crate::lifecycle::steps::Cluster;
+use crate::lifecycle::cluster::Cluster;
 use crate::lifecycle::{
     self, End, Lifecycle, Moment, Notice, Unrecorded, Unresolved, status as computed,
 };

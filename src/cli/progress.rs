@@ -186,7 +186,8 @@ mod tests {
 
     #[test]
     fn a_window_held_back_is_said_and_one_that_is_not_is_not() {
-        use crate::engine::{Holding, Pace, Restraint};
+        use crate::api::Pace;
+        use crate::engine::{Holding, Restraint};
         let paced = |restraint| Progress {
             pacing: Some(Pacing { pace: Pace::Gentle, window: Holding { size: 6, restraint } }),
             ..progress(1000, 800, Some(9000))

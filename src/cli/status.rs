@@ -15,9 +15,10 @@ use serde::Serialize;
 use super::figures;
 use super::kube::KubeArgs;
 use super::table::{self, Output};
+use crate::api::Pace;
 use crate::api::{GroupResource, Phase, StorageVersionMigration};
 use crate::apiserver::in_tree;
-use crate::engine::{Pace, Restraint};
+use crate::engine::Restraint;
 
 /// The shortest `--interval`, in seconds: each table lists every migration, so more often would
 /// mostly load the apiserver.

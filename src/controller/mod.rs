@@ -41,7 +41,7 @@ use crate::api::{GroupResource, StorageVersionMigration};
 use crate::apiserver::fence::Fence;
 use crate::engine::Engine;
 use crate::evidence::encoding::{EncodingPolicy, Observer};
-use crate::lifecycle::steps::Cluster;
+use crate::lifecycle::cluster::Cluster;
 use crate::ops::server::Health;
 
 /// How often the controller's loop reports that it is alive.

@@ -35,6 +35,7 @@ use kube::Client;
 use tokio::time::Instant;
 use tracing::warn;
 
+use crate::api::Pace;
 use crate::apiserver::fence::Fence;
 use crate::ops::metrics::{self, Metrics, results};
 use crate::rules::managed_fields::Served;
@@ -50,7 +51,7 @@ pub use rate_limit::RateLimiter;
 pub use resource::{ResolveError, Resource, migratable};
 pub use retry::{Backoff, Retry};
 use window::Window;
-pub use window::{Band, Holding, Pace, Pacing, Restraint};
+pub use window::{Band, Holding, Pacing, Restraint};
 pub use writer::Outcome;
 
 /// How the engine pages and writes.

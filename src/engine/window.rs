@@ -29,6 +29,8 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
+use crate::api::Pace;
+
 /// Windows' worth of successes before the window grows back to the size last throttled: with
 /// 4 seats granted, about one write in 70 is rejected instead of one in 8 (measured against
 /// API Priority and Fairness in the tests; kube-svm aims at no more than one in 20).
@@ -41,44 +43,12 @@ const SMOOTHING: f64 = 0.125;
 /// being stopped, and a slow apiserver still sees progress.
 const MAX_SPACING_WAIT: Duration = Duration::from_secs(2);
 
-/// How hard a migration presses the apiserver.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Pace {
-    /// The cluster's own traffic first: the window grows only while the apiserver answers within
-    /// [`Band::GENTLE`], so other clients barely notice the migration.
-    #[default]
-    Gentle,
-    /// The apiserver's whole throughput, for maintenance windows: [`Band::FAST`].
-    Fast,
-}
-
 impl Pace {
-    /// Every pace's name, as flags and annotations spell them.
-    pub const NAMES: [&str; 2] = ["gentle", "fast"];
-
-    /// As the `--pace` flag, the `kube-svm.io/pace` annotation and `kube-svm status` spell it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Pace::Gentle => "gentle",
-            Pace::Fast => "fast",
-        }
-    }
-
     /// The latency band the pace keeps its writes in.
     pub fn band(self) -> Band {
         match self {
             Pace::Gentle => Band::GENTLE,
             Pace::Fast => Band::FAST,
-        }
-    }
-
-    /// The pace named `name` (`gentle` or `fast`).
-    pub fn parse(name: &str) -> Option<Pace> {
-        match name {
-            "gentle" => Some(Pace::Gentle),
-            "fast" => Some(Pace::Fast),
-            _ => None,
         }
     }
 }

@@ -17,7 +17,8 @@ use kube::Api;
 use kube::api::{WatchEvent, WatchParams};
 use tracing::debug;
 
-use super::steps::{Change, Cluster, crd_of};
+use super::change::Change;
+use super::cluster::{Cluster, crd_of};
 use crate::api::MigrationTarget;
 use crate::api::conditions::reasons;
 use crate::apiserver::fence::bounded;

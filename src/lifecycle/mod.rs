@@ -20,7 +20,10 @@
 //! [`steps`] holds the requests around the engine; [`prune`] writes the `storedVersions` a
 //! decision allows.
 
+pub mod change;
+pub mod cluster;
 pub mod crd_watch;
+pub mod guard;
 pub mod prune;
 pub mod resume;
 pub mod status;
@@ -43,8 +46,9 @@ use crate::api::{
 };
 use crate::engine::{self, Engine, Job, Progress, Resource};
 use crate::rules::managed_fields::Served;
+use change::{Change, Then};
+use cluster::Cluster;
 use status::{CrdNow, Start};
-use steps::{Change, Cluster, Then};
 
 /// How long evidence gathered before waiting for a turn to write is taken as it is; after a
 /// longer wait it is looked at again (the encoding checks' own freshness, a few seconds).
@@ -313,7 +317,7 @@ impl<H: Host> Lifecycle<'_, H> {
             Err(error) => {
                 Unresolved { transient: error.is_transient(), message: crate::error_chain(&error) }
             }
-            Ok(resource) => match steps::crd_of(&self.cluster, &resource).await {
+            Ok(resource) => match cluster::crd_of(&self.cluster, &resource).await {
                 Ok(crd) => return Ok((resource, crd)),
                 Err(error) => Unresolved {
                     transient: true,
@@ -374,7 +378,7 @@ impl<H: Host> Lifecycle<'_, H> {
                 () = self.cancel.cancelled() => return Attempt::Ended(self.stopped(start, "stopped before the first write")),
             },
         };
-        let changed = steps::target_changed(&self.cluster, resource, &target, followed.as_mut());
+        let changed = guard::target_changed(&self.cluster, resource, &target, followed.as_mut());
         if let Some(change) = changed.await {
             return Attempt::Retarget(change);
         }
@@ -503,7 +507,7 @@ impl<H: Host> Lifecycle<'_, H> {
             note.push_str(&format!(
                 "; the annotation {}: {unknown:?} names no pace ({}), so the default pace applies",
                 crate::api::PACE_ANNOTATION,
-                crate::engine::Pace::NAMES.join(" or ")
+                crate::api::Pace::NAMES.join(" or ")
             ));
         }
         if self.host.cleans_managed_fields() {
@@ -527,7 +531,7 @@ impl<H: Host> Lifecycle<'_, H> {
     }
 
     /// The engine, with progress recorded beside it (never pausing it) and the target watched
-    /// ([`steps::guard`]).
+    /// ([`guard::guard`]).
     async fn run_engine(
         &mut self,
         resource: &Resource,
@@ -556,7 +560,7 @@ impl<H: Host> Lifecycle<'_, H> {
             tokio::select! {
                 finished = &mut run => Ok(finished),
                 stop = follow => Err(stop),
-                change = steps::guard(&self.cluster, resource, target, followed) => {
+                change = guard::guard(&self.cluster, resource, target, followed) => {
                     cancel.cancel();
                     let _ = (&mut run).await;
                     let progress = latest.borrow().clone();
@@ -622,7 +626,7 @@ impl<H: Host> Lifecycle<'_, H> {
         }
         let requires_status = self.host.migration().requests_status_writes();
         let cluster = &self.cluster;
-        steps::changed_since_start(cluster, spec, requires_status, resource, target, followed).await
+        guard::changed_since_start(cluster, spec, requires_status, resource, target, followed).await
     }
 
     /// Prunes the CRD's `storedVersions` when that is proven safe; says what was done, and why,
@@ -636,7 +640,7 @@ impl<H: Host> Lifecycle<'_, H> {
     ) {
         let run = status::run_of(done);
         let settled =
-            steps::settle_stored_versions(&self.cluster, resource, target, &run, followed.as_mut());
+            prune::settle_stored_versions(&self.cluster, resource, target, &run, followed.as_mut());
         let Some(pruned) = settled.await else {
             return;
         };

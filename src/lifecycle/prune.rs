@@ -1,11 +1,23 @@
-//! The prune of a CRD's `status.storedVersions`, once [`crate::rules::stored_versions::decide`]
-//! allows it: a conditional write of the CRD as read.
+//! Settling a CRD's `status.storedVersions` after a run: what
+//! [`crate::rules::stored_versions::decide`] allows, written as a conditional write of the CRD as
+//! read (decided again when the CRD changed under it), and the condition that says what happened.
 
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::{Api, Client};
+
+use crate::api::conditions::{STATUS_FALSE, STATUS_TRUE, STORED_VERSIONS_PRUNED, stored_versions};
+use crate::api::{MigrationCondition, MigrationTarget};
+use crate::engine::Resource;
+use crate::rules::encoding::Encoding;
+use crate::rules::stored_versions::{CrdState, Decision, Run, decide};
+
+use super::cluster::{Cluster, crd_of};
+use super::crd_watch::Followed;
 
 /// Why the prune could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -44,5 +56,109 @@ pub async fn prune(
         }
         Ok(Err(error)) => Err(PruneError::Write(error)),
         Err(_) => Err(PruneError::TimedOut(limit)),
+    }
+}
+
+/// Times the prune is decided again after the CRD changed under it.
+const PRUNE_CONFLICT_RETRIES: u32 = 5;
+
+/// Decides on `storedVersions` after `run`, prunes when allowed (reading the CRD again and
+/// deciding again when it changed under the prune), and returns the condition that says what
+/// happened. `None` when the resource is not CRD-backed or nothing was recorded at the start.
+pub async fn settle_stored_versions(
+    cluster: &Cluster<'_>,
+    resource: &Resource,
+    target: &MigrationTarget,
+    run: &Run,
+    mut followed: Option<&mut Followed>,
+) -> Option<MigrationCondition> {
+    let (Some(generation), Some(storage_version)) =
+        (target.crd_generation, target.storage_version.clone())
+    else {
+        return None;
+    };
+    let uid = target.crd_uid.clone();
+    let mut started = CrdState { uid, generation, storage_version, stored_versions: Vec::new() };
+    let encoding = match (target.encoding_confirmed, &target.encoding_evidence) {
+        (Some(true), evidence) => Encoding::Confirmed { by: evidence.clone().unwrap_or_default() },
+        (_, evidence) => Encoding::Unconfirmed(evidence.clone().unwrap_or_default()),
+    };
+    let mut last_conflict = String::new();
+    for _ in 0..PRUNE_CONFLICT_RETRIES {
+        let crd = match crd_of(cluster, resource).await {
+            Ok(Some(crd)) => crd,
+            Ok(None) => {
+                return Some(condition(
+                    false,
+                    stored_versions::CRD_GONE,
+                    "the CRD no longer exists".into(),
+                ));
+            }
+            Err(error) => {
+                return Some(condition(
+                    false,
+                    stored_versions::CRD_UNREADABLE,
+                    format!("failed to read the CRD: {}", crate::error_chain(&error)),
+                ));
+            }
+        };
+        let Some(now) = CrdState::of(&crd) else {
+            return Some(condition(
+                false,
+                stored_versions::CRD_CHANGED,
+                "the CRD no longer names a storage version".into(),
+            ));
+        };
+        // Followed to this read: changes that left what is stored alone do not count.
+        if let Some(followed) = followed.as_deref_mut() {
+            if let Some(change) = followed.catch_up(cluster, resource, &crd).await {
+                return Some(condition(false, stored_versions::CRD_CHANGED, change.message));
+            }
+            started.generation = followed.generation();
+        }
+        let stored_versions = match decide(run, &started, &now, &encoding) {
+            Decision::Prune(stored_versions) => stored_versions,
+            Decision::AlreadyPruned => {
+                return Some(condition(
+                    true,
+                    stored_versions::ALREADY_PRUNED,
+                    format!("storedVersions already lists only {}", now.storage_version),
+                ));
+            }
+            Decision::Keep(refusal) => {
+                return Some(condition(false, refusal.reason(), refusal.to_string()));
+            }
+        };
+        let message =
+            format!("storedVersions set to {stored_versions:?} (was {:?})", now.stored_versions);
+        let limit = cluster.fence.deadline(cluster.request_timeout);
+        match prune(cluster.client, crd, stored_versions, limit).await {
+            Ok(()) => return Some(condition(true, stored_versions::PRUNED, message)),
+            Err(PruneError::Conflict) => last_conflict = PruneError::Conflict.to_string(),
+            Err(error) => {
+                return Some(condition(
+                    false,
+                    stored_versions::PRUNE_FAILED,
+                    format!("failed to prune storedVersions: {}", crate::error_chain(&error)),
+                ));
+            }
+        }
+    }
+    Some(condition(
+        false,
+        stored_versions::PRUNE_FAILED,
+        format!(
+            "failed to prune storedVersions: {last_conflict}, {PRUNE_CONFLICT_RETRIES} times in a row"
+        ),
+    ))
+}
+
+fn condition(pruned: bool, reason: &str, message: String) -> MigrationCondition {
+    MigrationCondition {
+        type_: STORED_VERSIONS_PRUNED.to_owned(),
+        status: if pruned { STATUS_TRUE } else { STATUS_FALSE }.to_owned(),
+        last_update_time: Some(Time(Timestamp::now())),
+        reason: Some(reason.to_owned()),
+        message: Some(crate::api::cut(&message, crate::api::CONDITION_MESSAGE_LIMIT)),
     }
 }

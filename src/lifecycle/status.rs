@@ -5,7 +5,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use super::steps::Change;
+use super::change::Change;
 use crate::api::conditions::{FAILED, Phase, RUNNING, STATUS_TRUE, SUCCEEDED, events, reasons};
 use crate::api::{
     CONDITION_MESSAGE_LIMIT, Checkpoint, MigrationCondition, MigrationProgress, MigrationTarget,
@@ -557,7 +557,8 @@ mod tests {
 
     #[test]
     fn a_running_migration_shows_its_pace_and_window_and_an_ended_one_its_pace() {
-        use crate::engine::{Holding, Pace, Pacing, Restraint};
+        use crate::api::Pace;
+        use crate::engine::{Holding, Pacing, Restraint};
         let target = MigrationTarget::default();
         let unreported = running(None, &target, &progress(0), now()).progress.unwrap_or_default();
         assert_eq!((unreported.pace, unreported.window), (None, None), "not known yet");
@@ -713,7 +714,7 @@ mod tests {
         let change = Change {
             reason: reasons::STORAGE_VERSION_CHANGED,
             message: "the storage version of widgets.example.com changed from v2 to v1".into(),
-            then: super::super::steps::Then::StartOver,
+            then: super::super::change::Then::StartOver,
         };
         let current = running(None, &target("h2"), &progress(0), now());
         let next = restart(&current, &change, 1, now()).expect("starts over");

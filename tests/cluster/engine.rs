@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use kube_svm::api::GroupVersionResource;
+use kube_svm::api::{GroupVersionResource, Pace};
 use kube_svm::engine::{
-    Engine, Finished, Job, Pace, Progress, RateLimiter, ResolveError, Resource, Settings,
+    Engine, Finished, Job, Progress, RateLimiter, ResolveError, Resource, Settings,
 };
 use serde_json::json;
 use tokio::sync::watch;

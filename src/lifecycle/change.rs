@@ -1,0 +1,44 @@
+//! A [`Change`] to the resource that voids (or leaves unproven) a run's writes so far, and what
+//! the migration does about it ([`Then`]).
+
+use crate::api::conditions::reasons;
+
+/// A change to the resource that voids (or leaves unproven) a run's writes so far.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    /// The Failed condition's reason, should the migration end on it.
+    pub reason: &'static str,
+    /// What changed, in words: the Failed condition's message or the note of the Event that
+    /// tells of it.
+    pub message: String,
+    /// What the migration does about it.
+    pub then: Then,
+}
+
+/// What a migration does about a [`Change`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Then {
+    /// Start over from the first object with the new target: the storage version changed.
+    StartOver,
+    /// End Failed: the resource or its CRD is gone, or could not be read.
+    Fail,
+    /// End as the run did, but prove nothing: the apiservers disagree on the encoding (a
+    /// rolling upgrade), so `status.target.encodingConfirmed` becomes false.
+    Unproven,
+}
+
+impl Change {
+    pub(super) fn new(reason: &'static str, message: String) -> Change {
+        let then = match reason {
+            reasons::STORAGE_VERSION_CHANGED | reasons::VERSION_SERVED_AGAIN => Then::StartOver,
+            _ => Then::Fail,
+        };
+        Change { reason, message, then }
+    }
+
+    /// Whether the migration can start over from the first object with the new target (its
+    /// storage version changed), rather than end (the resource or its CRD is gone).
+    pub fn starts_over(&self) -> bool {
+        self.then == Then::StartOver
+    }
+}
