@@ -21,6 +21,7 @@ mod outage;
 mod pager;
 mod pipeline;
 pub mod rate_limit;
+mod recheck;
 mod request;
 mod resource;
 pub mod retry;

@@ -16,16 +16,20 @@
 //!
 //! What differs between the two is the [`Host`]: where the record goes (the migration's status,
 //! or a checkpoint file), how the operator hears of it (Events and metrics, or lines on standard
-//! error), and how progress is shown. [`status`] computes every status the steps record (pure);
-//! [`steps`] holds the requests around the engine; [`prune`] writes the `storedVersions` a
-//! decision allows.
+//! error), and how progress is shown. [`status`] computes every status the steps record (pure).
+//! The steps' requests: [`cluster`] (what they need of the process), [`steps`] (conversion
+//! preflight, the target, the `StorageMigrating` mark), [`guard`] and [`crd_watch`] (whether the
+//! target still holds, and the [`change::Change`] when it does not), [`prune`] (settling
+//! `storedVersions`), [`resume`] (which checkpoint may be resumed).
 
 pub mod change;
 pub mod cluster;
 pub mod crd_watch;
 pub mod guard;
+mod host;
 pub mod prune;
 pub mod resume;
+mod run;
 pub mod status;
 pub mod steps;
 
@@ -35,166 +39,21 @@ use crd_watch::Followed;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::Timestamp;
-use tokio::sync::{OwnedSemaphorePermit, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::api::conditions::{SUCCEEDED, reasons};
-use crate::api::{
-    GroupVersionResource, MigrationCondition, MigrationTarget, StorageVersionMigration,
-    StorageVersionMigrationStatus,
-};
-use crate::engine::{self, Engine, Job, Progress, Resource};
+use crate::api::conditions::reasons;
+use crate::api::{GroupVersionResource, MigrationTarget, StorageVersionMigrationStatus};
+use crate::engine::{Engine, Progress, Resource};
 use crate::rules::managed_fields::Served;
 use change::{Change, Then};
 use cluster::Cluster;
+pub use host::{End, Host, LaterBecause, Moment, Notice, Unrecorded, Unresolved};
 use status::{CrdNow, Start};
 
 /// How long evidence gathered before waiting for a turn to write is taken as it is; after a
 /// longer wait it is looked at again (the encoding checks' own freshness, a few seconds).
 const EVIDENCE_FRESH_FOR: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// When the host is asked to record a status.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Moment {
-    /// The run starts (Running, its target and where it starts).
-    Start,
-    /// The run was stopped (the process stops, or is interrupted): its last whole page.
-    Interrupted,
-    /// The migration ended, Succeeded or Failed.
-    End,
-}
-
-/// Why the record could not be written.
-#[derive(Debug)]
-pub enum Unrecorded {
-    /// Nothing more may be written: this process lost its term, or the migration was deleted or
-    /// finished by someone else.
-    Stop(String),
-    /// Writing failed for now; the migration is taken up again later.
-    Later(String),
-}
-
-/// What the operator is told as the migration goes.
-#[derive(Debug)]
-pub enum Notice<'a> {
-    /// A run starts: the Event reason (Started, Resumed, Restarted) and what kind of start.
-    Start {
-        /// The Event reason.
-        event: &'static str,
-        /// Says what kind of start, such as "resuming from the checkpoint".
-        note: &'a str,
-    },
-    /// The encoding check is about to run (it may take a settle period).
-    Confirming {
-        /// The resource being migrated.
-        resource: &'a Resource,
-        /// The storage version the apiservers must encode in.
-        storage: &'a str,
-    },
-    /// What the encoding check found: `vouched` when an operator said so on the migration.
-    Encoding {
-        /// Whether an operator vouched for the encoding, so the check was skipped.
-        vouched: bool,
-        /// `Some(true)` when confirmed, `Some(false)` when not; `None` when there was nothing
-        /// to check.
-        confirmed: Option<bool>,
-        /// What was seen, or why the check was skipped.
-        evidence: &'a str,
-    },
-    /// The target changed before the first write: it is worked out again.
-    Retarget(&'a Change),
-    /// The run proved nothing about the encoding (apiservers disagreed at the end).
-    Unproven(&'a Change),
-    /// What was done with `storedVersions`, and why.
-    StoredVersions(&'a MigrationCondition),
-    /// The migration of `resource` ended, as `status` says.
-    Ended {
-        /// The resource migrated.
-        resource: &'a Resource,
-        /// The final status, Succeeded or Failed.
-        status: &'a StorageVersionMigrationStatus,
-    },
-}
-
-/// The resource could not be resolved.
-#[derive(Debug)]
-pub struct Unresolved {
-    /// Whether asking again later may succeed (discovery or the CRD could not be read), as
-    /// opposed to the resource being wrong.
-    pub transient: bool,
-    /// What failed, with its causes.
-    pub message: String,
-}
-
-/// How a migration's lifecycle ended.
-#[derive(Debug)]
-pub enum End {
-    /// It ended Succeeded or Failed, recorded as this status.
-    Finished(Box<StorageVersionMigrationStatus>),
-    /// It stopped before its end (cancelled, or this process may no longer write); `why` says
-    /// where it can be taken up again, when known.
-    Stopped {
-        /// How far it got.
-        progress: Box<Progress>,
-        /// Why it stopped.
-        why: String,
-    },
-    /// What it needs could not be read (discovery, its CRD), or it could not be recorded; it
-    /// is taken up again later.
-    Later(LaterBecause),
-}
-
-/// Why a migration is to be taken up again later.
-#[derive(Debug, PartialEq, Eq)]
-pub enum LaterBecause {
-    /// Discovery or the CRD could not be read.
-    Discovery,
-    /// The migration's record could not be written.
-    Unrecorded,
-}
-
-/// What differs between the controller and `kube-svm migrate`.
-pub trait Host {
-    /// The migration as it was before this lifecycle (spec, status to go on from).
-    fn migration(&self) -> &StorageVersionMigration;
-
-    /// Whether to write through the `status` subresource of `resource`.
-    fn write_to_status(&self, resource: &Resource) -> bool;
-
-    /// Whether the run removes `managedFields` entries naming versions the CRD no longer serves.
-    fn cleans_managed_fields(&self) -> bool;
-
-    /// Records `status` at `moment`.
-    fn record(
-        &mut self,
-        status: &StorageVersionMigrationStatus,
-        moment: Moment,
-    ) -> impl Future<Output = Result<(), Unrecorded>>;
-
-    /// Records (and shows) progress while the engine runs, from `updates`, each as the status
-    /// after `current`; returns only when the migration must stop, saying why.
-    fn follow(
-        &mut self,
-        current: &mut StorageVersionMigrationStatus,
-        target: &MigrationTarget,
-        updates: watch::Receiver<Progress>,
-    ) -> impl Future<Output = Unrecorded>;
-
-    /// Tells the operator.
-    fn tell(&self, notice: Notice<'_>) -> impl Future<Output = ()>;
-
-    /// Waits for this migration's turn to write, once its evidence is in (the encoding check may
-    /// wait a settle period, and waiting for evidence holds no slot); the permit is held while
-    /// the engine writes. `None`: no other migration shares the writes (`kube-svm migrate`).
-    fn turn(&self) -> impl Future<Output = Option<OwnedSemaphorePermit>> {
-        async { None }
-    }
-
-    /// The resource could not be resolved (`failures` times before): the end to give the
-    /// migration, recording it when it fails.
-    fn unresolved(&mut self, failure: Unresolved) -> impl Future<Output = End>;
-}
 
 /// A migration's lifecycle: what it runs with, and its host.
 pub struct Lifecycle<'a, H: Host> {
@@ -528,146 +387,6 @@ impl<H: Host> Lifecycle<'_, H> {
         }
         self.host.tell(Notice::Start { event: start.event, note: &note }).await;
         Ok(current)
-    }
-
-    /// The engine, with progress recorded beside it (never pausing it) and the target watched
-    /// ([`guard::guard`]).
-    async fn run_engine(
-        &mut self,
-        resource: &Resource,
-        crd: Option<&CustomResourceDefinition>,
-        target: &MigrationTarget,
-        start: Start,
-        mut current: StorageVersionMigrationStatus,
-        followed: Option<&mut Followed>,
-    ) -> Ran {
-        // This run only: a change of the target stops it, and the migration goes on.
-        let cancel = self.cancel.child_token();
-        let (report, updates) = watch::channel(start.progress.clone());
-        let job = Job {
-            resource: resource.clone(),
-            write_to_status: self.host.write_to_status(resource),
-            pace: self.host.migration().requested_pace(),
-            resume: start.progress,
-            fence: self.cluster.fence.clone(),
-            clean_managed_fields: self.cleaning(crd),
-        };
-        let latest = updates.clone();
-        let run = self.engine.run(job, &report, &cancel);
-        tokio::pin!(run);
-        let stopped = {
-            let follow = self.host.follow(&mut current, target, updates);
-            tokio::select! {
-                finished = &mut run => Ok(finished),
-                stop = follow => Err(stop),
-                change = guard::guard(&self.cluster, resource, target, followed) => {
-                    cancel.cancel();
-                    let _ = (&mut run).await;
-                    let progress = latest.borrow().clone();
-                    let now = Timestamp::now();
-                    let current = status::running(Some(&current), target, &progress, now);
-                    return Ran::Changed { change, current };
-                }
-            }
-        };
-        let finished = match stopped {
-            Ok(finished) => finished,
-            Err(stop) => {
-                info!(reason = ?stop, "stopping the migration");
-                self.cancel.cancel();
-                let _ = (&mut run).await;
-                // Deleted or finished by someone else: the CRD is no longer being migrated by
-                // this lifecycle. A process that lost its term leaves it to the next one.
-                if self.cluster.fence.holds() {
-                    self.unmark().await;
-                }
-                let progress = latest.borrow().clone();
-                return Ran::Ended(self.unrecorded(stop, progress));
-            }
-        };
-        let now = Timestamp::now();
-        match finished {
-            Ok(engine::Finished::Completed(progress)) => {
-                let done = status::completed(Some(&current), target, &progress, now);
-                Ran::Finished { progress, done }
-            }
-            Ok(engine::Finished::Cancelled(progress)) => {
-                let checkpoint = status::running(Some(&current), target, &progress, now);
-                let why = match self.host.record(&checkpoint, Moment::Interrupted).await {
-                    Ok(()) => format!("{} objects handled; checkpointed", progress.processed()),
-                    Err(unrecorded) => format!(
-                        "{} objects handled; no checkpoint ({unrecorded:?})",
-                        progress.processed()
-                    ),
-                };
-                Ran::Ended(End::Stopped { progress: Box::new(progress), why })
-            }
-            Err(error) => {
-                let progress = latest.borrow().clone();
-                let done = status::engine_failed(Some(&current), target, &progress, &error, now);
-                Ran::Finished { progress, done }
-            }
-        }
-    }
-
-    /// A run that completed proves nothing if the resource stopped being served, or its storage
-    /// version (or its CRD) changed, while it ran: then objects written earlier may be stored in
-    /// the old version. The change, if any, for a Succeeded run.
-    async fn check_at_end(
-        &self,
-        spec: &GroupVersionResource,
-        resource: &Resource,
-        target: &MigrationTarget,
-        done: &StorageVersionMigrationStatus,
-        followed: Option<&mut Followed>,
-    ) -> Option<Change> {
-        if done.conditions.first().map(|c| c.type_.as_str()) != Some(SUCCEEDED) {
-            return None;
-        }
-        let requires_status = self.host.migration().requests_status_writes();
-        let cluster = &self.cluster;
-        guard::changed_since_start(cluster, spec, requires_status, resource, target, followed).await
-    }
-
-    /// Prunes the CRD's `storedVersions` when that is proven safe; says what was done, and why,
-    /// in a condition of `done` and to the operator.
-    async fn settle_stored_versions(
-        &self,
-        resource: &Resource,
-        target: &MigrationTarget,
-        done: &mut StorageVersionMigrationStatus,
-        mut followed: Option<Followed>,
-    ) {
-        let run = status::run_of(done);
-        let settled =
-            prune::settle_stored_versions(&self.cluster, resource, target, &run, followed.as_mut());
-        let Some(pruned) = settled.await else {
-            return;
-        };
-        // The record says which state of the CRD the run was followed to.
-        if let (Some(followed), Some(recorded)) = (&followed, done.target.as_mut()) {
-            recorded.crd_generation = Some(followed.generation());
-            recorded.crd_resource_version = Some(followed.resource_version().to_owned());
-        }
-        self.host.tell(Notice::StoredVersions(&pruned)).await;
-        done.conditions.retain(|c| c.type_ != pruned.type_);
-        done.conditions.push(pruned);
-    }
-
-    /// The CRD unmarked, then the final status recorded and told.
-    async fn record_end(
-        &mut self,
-        resource: &Resource,
-        done: StorageVersionMigrationStatus,
-    ) -> End {
-        // The CRD first: whoever sees the migration finished finds its CRD settled too.
-        self.unmark().await;
-        if let Err(unrecorded) = self.host.record(&done, Moment::End).await {
-            let progress = Progress::default();
-            return self.unrecorded(unrecorded, progress);
-        }
-        self.host.tell(Notice::Ended { resource, status: &done }).await;
-        End::Finished(Box::new(done))
     }
 
     /// Unmarks the CRD this lifecycle marked `StorageMigrating`, if any.

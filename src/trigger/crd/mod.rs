@@ -26,7 +26,7 @@ use kube::{Api, Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use sha2::{Digest, Sha256};
+mod names;
 
 pub use super::TRIGGER_LABEL;
 use super::{Clients, Requests, is_conflict};
@@ -38,6 +38,7 @@ use crate::apiserver::fence::Fence;
 use crate::apiserver::fence::RequestError;
 use crate::evidence::encoding::{Check, EncodingPolicy, Expected, Observer};
 use crate::rules::stored_versions::CrdState;
+pub use names::{CRD_UID_ANNOTATION, cleaning_name, created_for, migration_name, recreated_name};
 
 /// Annotation on a CRD: `"false"` keeps kube-svm from migrating it on its own.
 pub const OPT_OUT_ANNOTATION: &str = "kube-svm.io/auto-migrate";
@@ -47,13 +48,6 @@ pub const OPT_OUT_ANNOTATION: &str = "kube-svm.io/auto-migrate";
 /// longer served, without the grace (`--clean-managed-fields-after`) that keeps an unserved
 /// version's field ownership while serving it again is still an option.
 pub const REMOVE_VERSIONS_ANNOTATION: &str = "kube-svm.io/remove-versions";
-
-/// The longest name an object may have (a DNS subdomain).
-const MAX_NAME: usize = 253;
-
-/// Hex digits of the full name's sha256 kept in a shortened name: enough that two CRDs never
-/// meet.
-const NAME_HASH_DIGITS: usize = 10;
 
 /// Longest wait between two retries of a migration the trigger created: an hour, as a cause
 /// such as a webhook or an apiserver being upgraded is usually gone within one, and a longer
@@ -124,60 +118,6 @@ pub enum Error {
     /// Asking for a retry of the named migration failed.
     #[error("failed to ask for a retry of StorageVersionMigration {0}")]
     Retry(String, #[source] RequestError),
-}
-
-/// `<plural>.<group>-<storage version>-<generation>`, or, when that is too long for a name, its
-/// beginning, a hash of the whole, and the same ending.
-pub fn migration_name(plural: &str, group: &str, storage: &str, generation: i64) -> String {
-    shortened(&format!("{plural}.{group}"), &format!("-{storage}-{generation}"))
-}
-
-/// The name of the migration for a CRD created again under the name of one deleted since,
-/// whose migration of the same state exists still: [`migration_name`] and the beginning of the
-/// new CRD's uid.
-pub fn recreated_name(
-    plural: &str,
-    group: &str,
-    storage: &str,
-    generation: i64,
-    uid: &str,
-) -> String {
-    let uid: String = uid.chars().filter(char::is_ascii_alphanumeric).take(8).collect();
-    shortened(&format!("{plural}.{group}"), &format!("-{storage}-{generation}-{uid}"))
-}
-
-/// `prefix` and `suffix`, or, when that is too long for a name, the beginning of `prefix`, a
-/// hash of the whole, and `suffix`.
-fn shortened(prefix: &str, suffix: &str) -> String {
-    let full = format!("{prefix}{suffix}");
-    if full.len() <= MAX_NAME {
-        return full;
-    }
-    let digest = Sha256::digest(full.as_bytes());
-    let hash: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    let hash = &hash[..NAME_HASH_DIGITS];
-    let room = MAX_NAME - suffix.len() - hash.len() - 1;
-    // The prefix is ASCII (a CRD's name); a name may not end in '.' or '-' before the hash.
-    let kept = prefix[..room.min(prefix.len())].trim_end_matches(['.', '-']);
-    format!("{kept}-{hash}{suffix}")
-}
-
-/// The uid of the CRD a migration of the CRD trigger was created for: a CRD deleted and created
-/// again through the same history needs a migration of the same name, which is not its own.
-pub const CRD_UID_ANNOTATION: &str = "kube-svm.io/crd-uid";
-
-/// Whether `migration`, named after a state of `crd`, was created for this CRD and not for one
-/// of the same name deleted since: by the uid it records, or, when it records none, by being
-/// created no earlier than the CRD. Pure.
-pub fn created_for(migration: &StorageVersionMigration, crd: &CustomResourceDefinition) -> bool {
-    let recorded = migration.metadata.annotations.as_ref().and_then(|a| a.get(CRD_UID_ANNOTATION));
-    if let Some(recorded) = recorded {
-        return crd.metadata.uid.as_ref() == Some(recorded);
-    }
-    match (&migration.metadata.creation_timestamp, &crd.metadata.creation_timestamp) {
-        (Some(migration), Some(crd)) => migration.0 >= crd.0,
-        _ => true,
-    }
 }
 
 /// The versions `crd` defines and does not serve.
@@ -267,7 +207,7 @@ pub fn needed_migration(crd: &CustomResourceDefinition, clean_unserved: bool) ->
     let generation = crd.metadata.generation.unwrap_or_default();
     // A cleaning migration of a state already migrated (its grace ended) is another migration.
     let name = match clean_managed_fields {
-        true => shortened(&format!("{plural}.{group}"), &format!("-{storage}-{generation}-clean")),
+        true => cleaning_name(plural, group, storage, generation),
         false => migration_name(plural, group, storage, generation),
     };
     let target = GroupVersionResource {
@@ -524,6 +464,7 @@ fn error_policy(
 
 #[cfg(test)]
 mod tests {
+    use super::names::MAX_NAME;
     use super::*;
 
     fn crd(storage: &str, stored: &[&str], annotation: Option<&str>) -> CustomResourceDefinition {

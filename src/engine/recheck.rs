@@ -1,0 +1,127 @@
+//! Reading an object again after its write was answered 409 or 404, to tell a concurrent
+//! write or a deletion (nothing left to do) from a refusal (a failure of the object), and the
+//! failures recorded for it.
+
+use serde::Deserialize;
+
+use super::Resource;
+use super::pager::Listed;
+use super::request::{ApiStatus, Reply};
+use crate::api::FailedObject;
+
+/// An object's metadata as read again after a 409 or a 404.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct Current {
+    pub(super) name: String,
+    #[serde(default)]
+    pub(super) uid: String,
+    pub(super) resource_version: String,
+    #[serde(default)]
+    pub(super) managed_fields: Option<Box<serde_json::value::RawValue>>,
+}
+
+#[derive(Deserialize)]
+pub(super) struct CurrentList {
+    #[serde(default, deserialize_with = "super::pager::null_as_empty")]
+    pub(super) items: Vec<CurrentItem>,
+}
+
+#[derive(Deserialize)]
+pub(super) struct CurrentItem {
+    pub(super) metadata: Current,
+}
+
+/// Why an object's metadata could not be read again.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum NoReread {
+    #[error("this process may no longer write: its leadership ended")]
+    Fenced,
+    #[error("no answer: {0}")]
+    NoAnswer(String),
+    #[error("HTTP {0} {1}: {2}")]
+    Answer(u16, String, String),
+    #[error("the apiserver stayed unavailable")]
+    Unavailable(std::time::Duration),
+    #[error("{0}")]
+    Request(String),
+}
+
+/// What an object read again says about the 409 or 404 its write got.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Recheck {
+    /// Written by someone else since it was listed: re-encoded, nothing left to do.
+    Written,
+    /// Deleted, or deleted and created again (another uid): nothing left to do.
+    Gone,
+    /// Exactly as listed: nobody wrote or deleted it, so the answer was a refusal.
+    Unchanged,
+}
+
+pub(super) fn recheck(listed: &Listed, found: Option<&Current>) -> Recheck {
+    match found {
+        None => Recheck::Gone,
+        Some(found) if !listed.uid.is_empty() && found.uid != listed.uid => Recheck::Gone,
+        Some(found) if found.resource_version != listed.resource_version => Recheck::Written,
+        Some(_) => Recheck::Unchanged,
+    }
+}
+
+/// A field selector value with the characters the selector syntax gives a meaning escaped.
+pub(super) fn escape_field_value(value: &str) -> String {
+    let mut escaped = String::with_capacity(value.len());
+    for c in value.chars() {
+        if matches!(c, '\\' | ',' | '=') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
+/// Reason recorded when a 409 or a 404 was not borne out: the object was neither written by
+/// anyone else nor deleted, so admission refused it.
+pub const REFUSED: &str = "Refused";
+
+/// Reason recorded when an object answered 409 or 404 could not be read again to tell why.
+pub const RECHECK_FAILED: &str = "RecheckFailed";
+
+pub(super) fn refused(object: &Listed, reply: &Reply) -> FailedObject {
+    let status = reply.status();
+    let reason = if status.reason.is_empty() { REFUSED.to_owned() } else { status.reason };
+    let message = format!(
+        "answered {} but neither written by anyone else nor deleted since it was listed (resourceVersion {} unchanged): {}",
+        reply.code, object.resource_version, status.message
+    );
+    failure(object, reply.code, &reason, message)
+}
+
+pub(super) fn unchecked(object: &Listed, reply: &Reply, error: NoReread) -> FailedObject {
+    let status = reply.status();
+    let message = format!(
+        "answered {} {} ({}), and reading it again to tell whether it was written or deleted failed: {error}",
+        reply.code, status.reason, status.message
+    );
+    failure(object, reply.code, RECHECK_FAILED, message)
+}
+
+/// Whether a 404 is about `object` (it was deleted), rather than about the resource: the
+/// apiserver names the object and its resource in the Status details only in the first case.
+pub(super) fn names_the_object(status: &ApiStatus, resource: &Resource, object: &Listed) -> bool {
+    let Some(details) = &status.details else { return false };
+    let kind_matches = details.kind == resource.plural
+        || details.kind.strip_suffix("/status") == Some(resource.plural.as_str());
+    details.name == object.name && details.group == resource.group && kind_matches
+}
+
+/// A failure of `object`, its reason and message cut to a bounded size: they may come from an
+/// admission webhook, and a migration's status must stay small whatever the input.
+pub(super) fn failure(object: &Listed, code: u16, reason: &str, message: String) -> FailedObject {
+    FailedObject {
+        namespace: object.namespace.clone(),
+        name: object.name.clone(),
+        code,
+        reason: crate::api::cut(reason, crate::api::REASON_LIMIT),
+        message: crate::api::cut(&message, crate::api::MESSAGE_LIMIT),
+    }
+}

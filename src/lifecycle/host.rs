@@ -1,0 +1,154 @@
+//! What differs between the controller and `kube-svm migrate`: the [`Host`] a lifecycle runs
+//! in, and the words they share (when a status is recorded, what the operator is told, how a
+//! migration ends).
+
+use tokio::sync::{OwnedSemaphorePermit, watch};
+
+use crate::api::{
+    MigrationCondition, MigrationTarget, StorageVersionMigration, StorageVersionMigrationStatus,
+};
+use crate::engine::{Progress, Resource};
+
+use super::change::Change;
+
+/// When the host is asked to record a status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Moment {
+    /// The run starts (Running, its target and where it starts).
+    Start,
+    /// The run was stopped (the process stops, or is interrupted): its last whole page.
+    Interrupted,
+    /// The migration ended, Succeeded or Failed.
+    End,
+}
+
+/// Why the record could not be written.
+#[derive(Debug)]
+pub enum Unrecorded {
+    /// Nothing more may be written: this process lost its term, or the migration was deleted or
+    /// finished by someone else.
+    Stop(String),
+    /// Writing failed for now; the migration is taken up again later.
+    Later(String),
+}
+
+/// What the operator is told as the migration goes.
+#[derive(Debug)]
+pub enum Notice<'a> {
+    /// A run starts: the Event reason (Started, Resumed, Restarted) and what kind of start.
+    Start {
+        /// The Event reason.
+        event: &'static str,
+        /// Says what kind of start, such as "resuming from the checkpoint".
+        note: &'a str,
+    },
+    /// The encoding check is about to run (it may take a settle period).
+    Confirming {
+        /// The resource being migrated.
+        resource: &'a Resource,
+        /// The storage version the apiservers must encode in.
+        storage: &'a str,
+    },
+    /// What the encoding check found: `vouched` when an operator said so on the migration.
+    Encoding {
+        /// Whether an operator vouched for the encoding, so the check was skipped.
+        vouched: bool,
+        /// `Some(true)` when confirmed, `Some(false)` when not; `None` when there was nothing
+        /// to check.
+        confirmed: Option<bool>,
+        /// What was seen, or why the check was skipped.
+        evidence: &'a str,
+    },
+    /// The target changed before the first write: it is worked out again.
+    Retarget(&'a Change),
+    /// The run proved nothing about the encoding (apiservers disagreed at the end).
+    Unproven(&'a Change),
+    /// What was done with `storedVersions`, and why.
+    StoredVersions(&'a MigrationCondition),
+    /// The migration of `resource` ended, as `status` says.
+    Ended {
+        /// The resource migrated.
+        resource: &'a Resource,
+        /// The final status, Succeeded or Failed.
+        status: &'a StorageVersionMigrationStatus,
+    },
+}
+
+/// The resource could not be resolved.
+#[derive(Debug)]
+pub struct Unresolved {
+    /// Whether asking again later may succeed (discovery or the CRD could not be read), as
+    /// opposed to the resource being wrong.
+    pub transient: bool,
+    /// What failed, with its causes.
+    pub message: String,
+}
+
+/// How a migration's lifecycle ended.
+#[derive(Debug)]
+pub enum End {
+    /// It ended Succeeded or Failed, recorded as this status.
+    Finished(Box<StorageVersionMigrationStatus>),
+    /// It stopped before its end (cancelled, or this process may no longer write); `why` says
+    /// where it can be taken up again, when known.
+    Stopped {
+        /// How far it got.
+        progress: Box<Progress>,
+        /// Why it stopped.
+        why: String,
+    },
+    /// What it needs could not be read (discovery, its CRD), or it could not be recorded; it
+    /// is taken up again later.
+    Later(LaterBecause),
+}
+
+/// Why a migration is to be taken up again later.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LaterBecause {
+    /// Discovery or the CRD could not be read.
+    Discovery,
+    /// The migration's record could not be written.
+    Unrecorded,
+}
+
+/// What differs between the controller and `kube-svm migrate`.
+pub trait Host {
+    /// The migration as it was before this lifecycle (spec, status to go on from).
+    fn migration(&self) -> &StorageVersionMigration;
+
+    /// Whether to write through the `status` subresource of `resource`.
+    fn write_to_status(&self, resource: &Resource) -> bool;
+
+    /// Whether the run removes `managedFields` entries naming versions the CRD no longer serves.
+    fn cleans_managed_fields(&self) -> bool;
+
+    /// Records `status` at `moment`.
+    fn record(
+        &mut self,
+        status: &StorageVersionMigrationStatus,
+        moment: Moment,
+    ) -> impl Future<Output = Result<(), Unrecorded>>;
+
+    /// Records (and shows) progress while the engine runs, from `updates`, each as the status
+    /// after `current`; returns only when the migration must stop, saying why.
+    fn follow(
+        &mut self,
+        current: &mut StorageVersionMigrationStatus,
+        target: &MigrationTarget,
+        updates: watch::Receiver<Progress>,
+    ) -> impl Future<Output = Unrecorded>;
+
+    /// Tells the operator.
+    fn tell(&self, notice: Notice<'_>) -> impl Future<Output = ()>;
+
+    /// Waits for this migration's turn to write, once its evidence is in (the encoding check may
+    /// wait a settle period, and waiting for evidence holds no slot); the permit is held while
+    /// the engine writes. `None`: no other migration shares the writes (`kube-svm migrate`).
+    fn turn(&self) -> impl Future<Output = Option<OwnedSemaphorePermit>> {
+        async { None }
+    }
+
+    /// The resource could not be resolved (`failures` times before): the end to give the
+    /// migration, recording it when it fails.
+    fn unresolved(&mut self, failure: Unresolved) -> impl Future<Output = End>;
+}

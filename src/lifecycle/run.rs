@@ -1,0 +1,158 @@
+//! Writing and proving, once a run has its target and its turn: the engine with the target
+//! guarded beside it, the check at the end, `storedVersions` settled, and the end recorded.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::jiff::Timestamp;
+use tokio::sync::watch;
+use tracing::info;
+
+use crate::api::conditions::SUCCEEDED;
+use crate::api::{GroupVersionResource, MigrationTarget, StorageVersionMigrationStatus};
+use crate::engine::{self, Job, Progress, Resource};
+
+use super::change::Change;
+use super::crd_watch::Followed;
+use super::status::{self, Start};
+use super::{End, Host, Lifecycle, Moment, Notice, Ran, guard, prune};
+
+impl<H: Host> Lifecycle<'_, H> {
+    /// The engine, with progress recorded beside it (never pausing it) and the target watched
+    /// ([`guard::guard`]).
+    pub(super) async fn run_engine(
+        &mut self,
+        resource: &Resource,
+        crd: Option<&CustomResourceDefinition>,
+        target: &MigrationTarget,
+        start: Start,
+        mut current: StorageVersionMigrationStatus,
+        followed: Option<&mut Followed>,
+    ) -> Ran {
+        // This run only: a change of the target stops it, and the migration goes on.
+        let cancel = self.cancel.child_token();
+        let (report, updates) = watch::channel(start.progress.clone());
+        let job = Job {
+            resource: resource.clone(),
+            write_to_status: self.host.write_to_status(resource),
+            pace: self.host.migration().requested_pace(),
+            resume: start.progress,
+            fence: self.cluster.fence.clone(),
+            clean_managed_fields: self.cleaning(crd),
+        };
+        let latest = updates.clone();
+        let run = self.engine.run(job, &report, &cancel);
+        tokio::pin!(run);
+        let stopped = {
+            let follow = self.host.follow(&mut current, target, updates);
+            tokio::select! {
+                finished = &mut run => Ok(finished),
+                stop = follow => Err(stop),
+                change = guard::guard(&self.cluster, resource, target, followed) => {
+                    cancel.cancel();
+                    let _ = (&mut run).await;
+                    let progress = latest.borrow().clone();
+                    let now = Timestamp::now();
+                    let current = status::running(Some(&current), target, &progress, now);
+                    return Ran::Changed { change, current };
+                }
+            }
+        };
+        let finished = match stopped {
+            Ok(finished) => finished,
+            Err(stop) => {
+                info!(reason = ?stop, "stopping the migration");
+                self.cancel.cancel();
+                let _ = (&mut run).await;
+                // Deleted or finished by someone else: the CRD is no longer being migrated by
+                // this lifecycle. A process that lost its term leaves it to the next one.
+                if self.cluster.fence.holds() {
+                    self.unmark().await;
+                }
+                let progress = latest.borrow().clone();
+                return Ran::Ended(self.unrecorded(stop, progress));
+            }
+        };
+        let now = Timestamp::now();
+        match finished {
+            Ok(engine::Finished::Completed(progress)) => {
+                let done = status::completed(Some(&current), target, &progress, now);
+                Ran::Finished { progress, done }
+            }
+            Ok(engine::Finished::Cancelled(progress)) => {
+                let checkpoint = status::running(Some(&current), target, &progress, now);
+                let why = match self.host.record(&checkpoint, Moment::Interrupted).await {
+                    Ok(()) => format!("{} objects handled; checkpointed", progress.processed()),
+                    Err(unrecorded) => format!(
+                        "{} objects handled; no checkpoint ({unrecorded:?})",
+                        progress.processed()
+                    ),
+                };
+                Ran::Ended(End::Stopped { progress: Box::new(progress), why })
+            }
+            Err(error) => {
+                let progress = latest.borrow().clone();
+                let done = status::engine_failed(Some(&current), target, &progress, &error, now);
+                Ran::Finished { progress, done }
+            }
+        }
+    }
+
+    /// A run that completed proves nothing if the resource stopped being served, or its storage
+    /// version (or its CRD) changed, while it ran: then objects written earlier may be stored in
+    /// the old version. The change, if any, for a Succeeded run.
+    pub(super) async fn check_at_end(
+        &self,
+        spec: &GroupVersionResource,
+        resource: &Resource,
+        target: &MigrationTarget,
+        done: &StorageVersionMigrationStatus,
+        followed: Option<&mut Followed>,
+    ) -> Option<Change> {
+        if done.conditions.first().map(|c| c.type_.as_str()) != Some(SUCCEEDED) {
+            return None;
+        }
+        let requires_status = self.host.migration().requests_status_writes();
+        let cluster = &self.cluster;
+        guard::changed_since_start(cluster, spec, requires_status, resource, target, followed).await
+    }
+
+    /// Prunes the CRD's `storedVersions` when that is proven safe; says what was done, and why,
+    /// in a condition of `done` and to the operator.
+    pub(super) async fn settle_stored_versions(
+        &self,
+        resource: &Resource,
+        target: &MigrationTarget,
+        done: &mut StorageVersionMigrationStatus,
+        mut followed: Option<Followed>,
+    ) {
+        let run = status::run_of(done);
+        let settled =
+            prune::settle_stored_versions(&self.cluster, resource, target, &run, followed.as_mut());
+        let Some(pruned) = settled.await else {
+            return;
+        };
+        // The record says which state of the CRD the run was followed to.
+        if let (Some(followed), Some(recorded)) = (&followed, done.target.as_mut()) {
+            recorded.crd_generation = Some(followed.generation());
+            recorded.crd_resource_version = Some(followed.resource_version().to_owned());
+        }
+        self.host.tell(Notice::StoredVersions(&pruned)).await;
+        done.conditions.retain(|c| c.type_ != pruned.type_);
+        done.conditions.push(pruned);
+    }
+
+    /// The CRD unmarked, then the final status recorded and told.
+    pub(super) async fn record_end(
+        &mut self,
+        resource: &Resource,
+        done: StorageVersionMigrationStatus,
+    ) -> End {
+        // The CRD first: whoever sees the migration finished finds its CRD settled too.
+        self.unmark().await;
+        if let Err(unrecorded) = self.host.record(&done, Moment::End).await {
+            let progress = Progress::default();
+            return self.unrecorded(unrecorded, progress);
+        }
+        self.host.tell(Notice::Ended { resource, status: &done }).await;
+        End::Finished(Box::new(done))
+    }
+}
