@@ -79,4 +79,151 @@ mod tests {
             "failed to list widgets: connection refused"
         );
     }
+
+    /// The tree as `docs/architecture.md` draws it, read from the source: tiers from the bottom
+    /// up (`controller` and `trigger` share one); a module names only its own tier and those
+    /// below it.
+    const TIERS: [&[&str]; 11] = [
+        &["api"],
+        &["rules"],
+        &["apiserver"],
+        &["ops"],
+        &["census"],
+        &["evidence"],
+        &["engine"],
+        &["lifecycle"],
+        &["removal"],
+        &["controller", "trigger"],
+        &["cli"],
+    ];
+
+    /// The most lines of code (tests aside) one file may hold.
+    const MOST_LINES: usize = 500;
+
+    /// Every source file under `src/`: its module path and its code without its tests.
+    fn modules() -> Vec<(Vec<String>, String)> {
+        fn walk(dir: &std::path::Path, path: &[String], out: &mut Vec<(Vec<String>, String)>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let entry = entry.unwrap().path();
+                let name = entry.file_stem().unwrap().to_string_lossy().into_owned();
+                let mut here = path.to_vec();
+                if entry.is_dir() {
+                    here.push(name);
+                    walk(&entry, &here, out);
+                    continue;
+                }
+                if !["lib", "main", "mod"].contains(&name.as_str()) {
+                    here.push(name);
+                }
+                let text = std::fs::read_to_string(&entry).unwrap();
+                let code = text.split("\n#[cfg(test)]\n").next().unwrap();
+                let code: Vec<&str> =
+                    code.lines().filter(|l| !l.trim_start().starts_with("//")).collect();
+                out.push((here, code.join("\n")));
+            }
+        }
+        let mut out = Vec::new();
+        walk(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &[], &mut out);
+        out
+    }
+
+    /// The modules `code` (of module `path`) names through `crate::` and `super::`, resolved to
+    /// the longest module that exists; the module itself and its ancestors left out.
+    fn imports(path: &[String], code: &str, known: &[Vec<String>]) -> Vec<Vec<String>> {
+        let word = |c: char| c.is_alphanumeric() || c == '_';
+        let mut found = Vec::new();
+        for (prefix, base) in
+            [("crate::", Vec::new()), ("super::", path[..path.len().saturating_sub(1)].to_vec())]
+        {
+            for (at, _) in code.match_indices(prefix) {
+                if at > 0 && code[..at].ends_with(|c: char| word(c) || c == ':') {
+                    continue;
+                }
+                let rest = &code[at + prefix.len()..];
+                // `a::b::{c, d::e}`: each name in braces is a path of its own.
+                let head: String = rest.chars().take_while(|&c| word(c) || c == ':').collect();
+                let head: Vec<String> =
+                    head.split("::").filter(|p| !p.is_empty()).map(str::to_owned).collect();
+                let mut paths = vec![head.clone()];
+                let after = &rest[rest.chars().take_while(|&c| word(c) || c == ':').count()..];
+                if let Some(inner) = after.strip_prefix('{') {
+                    let inner = &inner[..inner.find('}').unwrap_or(inner.len())];
+                    for name in inner.split(',') {
+                        let name: Vec<String> =
+                            name.trim().split("::").map(str::to_owned).collect();
+                        paths.push(head.iter().cloned().chain(name).collect());
+                    }
+                }
+                for tail in paths {
+                    let mut full: Vec<String> = base.iter().cloned().chain(tail).collect();
+                    while !full.is_empty() && !known.contains(&full) {
+                        full.pop();
+                    }
+                    if !full.is_empty() && !path.starts_with(&full) {
+                        found.push(full);
+                    }
+                }
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn the_tree_keeps_its_tiers() {
+        let modules = modules();
+        let known: Vec<Vec<String>> = modules.iter().map(|(path, _)| path.clone()).collect();
+        let tier = |path: &[String]| {
+            let top = path.first().map(String::as_str).unwrap_or("");
+            TIERS.iter().position(|tier| tier.contains(&top))
+        };
+        let mut wrong = Vec::new();
+        let mut edges = std::collections::BTreeMap::<Vec<String>, Vec<Vec<String>>>::new();
+        for (path, code) in &modules {
+            let name = path.join("::");
+            if path.len() == 1 && tier(path).is_none() {
+                wrong.push(format!("{name}: a flat module outside the tiers"));
+            }
+            let lines = code.lines().filter(|l| !l.trim().is_empty()).count();
+            if lines > MOST_LINES {
+                wrong.push(format!("{name}: {lines} lines of code, more than {MOST_LINES}"));
+            }
+            if path.first().is_some_and(|top| top == "rules") && code.contains("Client") {
+                wrong.push(format!("{name}: a rule names a client"));
+            }
+            for import in imports(path, code, &known) {
+                if let (Some(from), Some(to)) = (tier(path), tier(&import))
+                    && to > from
+                {
+                    let import = import.join("::");
+                    wrong.push(format!("{name} imports {import} from a higher tier"));
+                }
+                edges.entry(path.clone()).or_default().push(import);
+            }
+        }
+        // Two modules that reach each other through their imports.
+        for (from, tos) in &edges {
+            for to in tos {
+                let mut seen = vec![to.clone()];
+                let mut next = vec![to.clone()];
+                while let Some(at) = next.pop() {
+                    for further in edges.get(&at).into_iter().flatten() {
+                        if !seen.contains(further) {
+                            seen.push(further.clone());
+                            next.push(further.clone());
+                        }
+                    }
+                }
+                if seen.contains(from) {
+                    wrong.push(format!(
+                        "{} and {} import each other",
+                        from.join("::"),
+                        to.join("::")
+                    ));
+                }
+            }
+        }
+        wrong.sort();
+        wrong.dedup();
+        assert!(wrong.is_empty(), "the tree leaves its tiers:\n{}", wrong.join("\n"));
+    }
 }
