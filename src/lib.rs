@@ -116,7 +116,7 @@ mod tests {
                     here.push(name);
                 }
                 let text = std::fs::read_to_string(&entry).unwrap();
-                let code = text.split("\n#[cfg(test)]\n").next().unwrap();
+                let code = text.split("\n#[cfg(test)]\nmod ").next().unwrap();
                 let code: Vec<&str> =
                     code.lines().filter(|l| !l.trim_start().starts_with("//")).collect();
                 out.push((here, code.join("\n")));

@@ -204,15 +204,12 @@ fn dropped(
             }
         }
     }
-    let as_json = |status: Option<&StorageVersionMigrationStatus>| {
-        status.and_then(|s| serde_json::to_value(s).ok()).unwrap_or(serde_json::Value::Null)
+    let as_json = |status: &StorageVersionMigrationStatus| {
+        serde_json::to_value(status).unwrap_or(serde_json::Value::Null)
     };
+    let answer = answer.map_or_else(|| serde_json::json!({}), as_json);
     let mut out = Vec::new();
-    let answer = match answer {
-        Some(_) => as_json(answer),
-        None => serde_json::json!({}),
-    };
-    missing(&as_json(Some(sent)), &answer, "", &mut out);
+    missing(&as_json(sent), &answer, "", &mut out);
     out
 }
 

@@ -25,7 +25,7 @@ use crate::apiserver::fence::bounded;
 use crate::engine::Resource;
 use crate::rules::stored_versions::CrdState;
 
-/// Wait before a watch that failed to open is opened again.
+/// Wait before a watch that failed (to open, or midway) is opened again.
 const REOPEN_AFTER: Duration = Duration::from_secs(2);
 
 /// A run's CRD as followed so far: every change up to `resource_version` was seen, and none
@@ -240,12 +240,16 @@ impl Followed {
                     self.read_again(cluster, resource).await?;
                     return Ok(());
                 }
+                // Not at once: an apiserver that keeps failing the watch is not asked again and
+                // again in a tight loop.
                 Ok(WatchEvent::Error(status)) => {
                     debug!(crd = %self.name, message = %status.message, "the CRD's watch failed; watching again");
+                    tokio::time::sleep(REOPEN_AFTER).await;
                     return Ok(());
                 }
                 Err(error) => {
                     debug!(crd = %self.name, error = %crate::error_chain(&error), "the CRD's watch broke; watching again");
+                    tokio::time::sleep(REOPEN_AFTER).await;
                     return Ok(());
                 }
             };

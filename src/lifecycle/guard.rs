@@ -154,8 +154,13 @@ fn built_in_check(resource: &Resource, target: &MigrationTarget) -> Option<encod
     if target.crd_generation.is_some() || target.encoding_confirmed != Some(true) {
         return None;
     }
-    let hash = target.storage_version_hash.clone()?;
-    Some(encoding::Check {
+    Some(hash_check(resource, target.storage_version_hash.clone()?))
+}
+
+/// One look at the hash discovery publishes for a built-in `resource`, read at the version it
+/// is served at, against `hash`: no settle, no wait.
+fn hash_check(resource: &Resource, hash: String) -> encoding::Check {
+    encoding::Check {
         group: resource.group.clone(),
         plural: resource.plural.clone(),
         kind: resource.kind.clone(),
@@ -163,7 +168,7 @@ fn built_in_check(resource: &Resource, target: &MigrationTarget) -> Option<encod
         generation: 0,
         settle: Duration::ZERO,
         wait: Duration::ZERO,
-    })
+    }
 }
 
 /// The change one discovery sample taken during a built-in resource's run shows, if any: a hash
@@ -223,15 +228,7 @@ pub async fn changed_since_start(
     // resource every apiserver must still publish the hash the run targeted: sampled again.
     if target.crd_generation.is_none() {
         let hash = target.storage_version_hash.clone()?;
-        let check = encoding::Check {
-            group: now.group.clone(),
-            plural: now.plural.clone(),
-            kind: now.kind.clone(),
-            expected: encoding::Expected::Hash { hash: hash.clone(), served: now.version.clone() },
-            generation: 0,
-            settle: Duration::ZERO,
-            wait: Duration::ZERO,
-        };
+        let check = hash_check(&now, hash.clone());
         return match encoding::at_end(cluster.client, cluster.config, &check).await {
             encoding::AtEnd::Same => None,
             encoding::AtEnd::Moved(other) => {
