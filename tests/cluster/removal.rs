@@ -7,19 +7,23 @@ use std::io::Write as _;
 use std::process::{Command, Stdio};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Patch, PatchParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
 use std::time::Duration;
 
-use kube_svm::api::Phase;
+use kube_svm::api::{
+    CLEAN_MANAGED_FIELDS_ANNOTATION, GroupVersionResource, Phase, StorageVersionMigration,
+    StorageVersionMigrationSpec,
+};
 use kube_svm::trigger::crd::REMOVE_VERSIONS_ANNOTATION;
 
 use crate::support::fixtures::{WidgetCrd, update_crd};
-use crate::support::invariant::Census;
-use crate::support::migrations::{phase_is, progress, wait_for, wait_for_triggered};
+use crate::support::invariant::{Census, check};
+use crate::support::migrations::{is_terminal, phase_is, progress, wait_for, wait_for_triggered};
 use crate::support::process::{KubeSvm, ReadersPath, binary};
+use crate::support::webhook::Restorer;
 use crate::support::{ControlPlane, Scenario, asset};
 
 /// How long a migration of a few objects may take on a loaded machine.
@@ -422,4 +426,67 @@ async fn cleaning_with_write_to_status_cleans_for_real() {
     assert!(out.contains(&format!("{APPLIED} with managedFields cleaned")), "{out}");
     let census = Census::of(&etcd, &current).await;
     assert_eq!(census.count(&current.api_version("v2")), APPLIED, "all stored in v2: {census:?}");
+}
+
+/// An object counts as cleaned only once its `managedFields` read back clean, not because its
+/// resourceVersion moved: a mutating webhook that puts back the `managedFields` of `w-0` lets
+/// the write through (re-encoding it) while the v1 entries stay. The migration fails on that
+/// object, names it, and keeps `storedVersions`; once the webhook is gone, a second migration
+/// cleans it and prunes.
+#[tokio::test]
+async fn a_cleaning_the_apiserver_did_not_store_is_not_counted() {
+    let Scenario { control_plane, client } = Scenario::shared().await;
+    let etcd = control_plane.etcd();
+    let widgets = stale_with_v1_unserved(control_plane, &client, "removal-restored").await;
+    widgets.create_widget(&client, "v2", None, "probe").await;
+    let restorer = Restorer::install(&client, &widgets, "w-0", "probe").await;
+    let args = ["controller", "--leader-elect=false", "--storage-version-settle=0"];
+    let controller = KubeSvm::start(control_plane, "controller", &args).await;
+
+    let first = format!("{}-clean", widgets.group);
+    create_cleaning(&client, &first, &widgets).await;
+    let done = wait_for(&client, &first, TIMEOUT, &[&controller], is_terminal).await;
+    let progress = progress(&done);
+    assert_eq!(Phase::of(&done), Phase::Failed, "{:?}", done.status);
+    assert_eq!((progress.cleaned, progress.failed), (APPLIED as u64 - 1, 1), "{progress:?}");
+    let failed = &done.status.as_ref().expect("a status").failed_objects;
+    assert!(
+        failed
+            .iter()
+            .any(|object| object.name == "w-0" && object.reason == "ManagedFieldsNotCleaned"),
+        "{failed:?}"
+    );
+    let named = managers(&client, &widgets, "w-0").await;
+    assert!(named.iter().any(|(_, version)| *version == widgets.api_version("v1")), "{named:?}");
+    let outcome = check(&client, &etcd, &widgets, &first, APPLIED + 1).await;
+    assert!(!outcome.pruned, "{outcome:?}");
+    assert_eq!(outcome.stored_versions, ["v1", "v2"], "{outcome:?}");
+
+    restorer.remove(&widgets, "probe").await;
+    let second = format!("{}-again", widgets.group);
+    create_cleaning(&client, &second, &widgets).await;
+    let done = wait_for(&client, &second, TIMEOUT, &[&controller], is_terminal).await;
+    assert_eq!(Phase::of(&done), Phase::Succeeded, "{:?}", done.status);
+    assert_cleaned(&client, &widgets).await;
+    let outcome = check(&client, &etcd, &widgets, &second, APPLIED + 1).await;
+    assert!(outcome.pruned, "{outcome:?}");
+}
+
+/// Creates migration `name` of the widgets, cleaning `managedFields`.
+async fn create_cleaning(client: &Client, name: &str, widgets: &WidgetCrd) {
+    let resource = GroupVersionResource {
+        group: widgets.group.clone(),
+        version: String::new(),
+        resource: "widgets".into(),
+    };
+    let mut migration = StorageVersionMigration::new(
+        name,
+        StorageVersionMigrationSpec { resource, continue_token: None },
+    );
+    migration.metadata.annotations =
+        Some([(CLEAN_MANAGED_FIELDS_ANNOTATION.to_owned(), "true".to_owned())].into());
+    Api::<StorageVersionMigration>::all(client.clone())
+        .create(&PostParams::default(), &migration)
+        .await
+        .expect("the migration is created");
 }

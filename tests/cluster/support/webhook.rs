@@ -2,7 +2,8 @@
 //! with the apiserver: it answers updates as a test tells it to, with the codes a
 //! ValidatingAdmissionPolicy cannot give (a 409 "object is locked", a 404 naming the object,
 //! kilobytes of message), or never answers at all. [`Tls`] is the HTTPS server under it, which
-//! `conversion.rs` serves a conversion webhook from.
+//! `conversion.rs` serves a conversion webhook from. [`Restorer`] is a mutating one that puts
+//! back the `managedFields` an update found.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -17,7 +18,9 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use rcgen::{CertificateParams, KeyPair};
@@ -234,6 +237,106 @@ async fn review(body: Bytes, mut shared: Shared) -> Value {
             },
         }),
     };
+    json!({ "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response })
+}
+
+/// A mutating webhook on the widgets of one CRD that answers every update of one widget with a
+/// patch putting back the `managedFields` its old object had, as any webhook may: the apiserver
+/// stores managedFields a webhook sets whenever they are well formed. Other widgets pass
+/// unchanged.
+pub struct Restorer {
+    name: String,
+    reviews: Arc<AtomicU64>,
+    client: Client,
+}
+
+impl Restorer {
+    /// Serves and registers the webhook for the widget `restored` of `widgets`, and returns once
+    /// the apiserver calls it: updates of the widget `probe` (which must exist) show when.
+    pub async fn install(
+        client: &Client,
+        widgets: &WidgetCrd,
+        restored: &str,
+        probe: &str,
+    ) -> Restorer {
+        let reviews = Arc::new(AtomicU64::new(0));
+        let (counted, restored) = (reviews.clone(), restored.to_owned());
+        let server = Tls::serve(move |body| {
+            counted.fetch_add(1, Ordering::Relaxed);
+            std::future::ready(restore(&body, &restored))
+        })
+        .await;
+        let name = format!("restorer-{}", widgets.group);
+        let configuration: MutatingWebhookConfiguration = serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "webhooks": [{
+                "name": format!("{name}.svm.example.com"),
+                "clientConfig": {
+                    "url": format!("https://{}/mutate", server.address),
+                    "caBundle": server.ca_bundle(),
+                },
+                "rules": [{
+                    "apiGroups": [widgets.group], "apiVersions": ["*"], "operations": ["UPDATE"],
+                    "resources": ["widgets"], "scope": "*",
+                }],
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 10,
+            }],
+        }))
+        .expect("a valid webhook configuration");
+        Api::<MutatingWebhookConfiguration>::all(client.clone())
+            .create(&PostParams::default(), &configuration)
+            .await
+            .expect("the webhook is registered");
+        let restorer = Restorer { name, reviews, client: client.clone() };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !restorer.called_on_update(widgets, probe).await {
+            assert!(Instant::now() < deadline, "the apiserver never called the webhook");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        restorer
+    }
+
+    /// Unregisters the webhook and returns once an update of the widget `probe` no longer
+    /// reaches it.
+    pub async fn remove(&self, widgets: &WidgetCrd, probe: &str) {
+        Api::<MutatingWebhookConfiguration>::all(self.client.clone())
+            .delete(&self.name, &DeleteParams::default())
+            .await
+            .expect("the webhook is unregistered");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.called_on_update(widgets, probe).await {
+            assert!(Instant::now() < deadline, "the webhook never went");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Whether an update of the widget `probe` made now reaches the webhook: the apiserver
+    /// calls it within the request, so the count has moved by the time the answer is back.
+    async fn called_on_update(&self, widgets: &WidgetCrd, probe: &str) -> bool {
+        let before = self.reviews.load(Ordering::Relaxed);
+        let touch = json!({ "metadata": { "annotations": { "probed": before.to_string() } } });
+        let api = widgets.api(&self.client, "v2", None);
+        let updated = api.patch(probe, &PatchParams::default(), &Patch::Merge(&touch)).await;
+        updated.is_ok() && self.reviews.load(Ordering::Relaxed) > before
+    }
+}
+
+/// The answer to one review: for the widget `restored`, a JSON patch setting `managedFields` to
+/// the old object's.
+fn restore(body: &[u8], restored: &str) -> Value {
+    let review: Value = serde_json::from_slice(body).unwrap_or_default();
+    let request = &review["request"];
+    let mut response = json!({ "uid": request["uid"], "allowed": true });
+    let old = &request["oldObject"]["metadata"]["managedFields"];
+    if request["name"] == restored && old.is_array() {
+        let patch = json!([{ "op": "replace", "path": "/metadata/managedFields", "value": old }]);
+        response["patchType"] = json!("JSONPatch");
+        response["patch"] =
+            json!(base64::engine::general_purpose::STANDARD.encode(patch.to_string()));
+    }
     json!({ "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response })
 }
 
