@@ -592,6 +592,7 @@ async fn run_engine(engine: &Engine, resource: Resource) -> Progress {
         resume: Progress::default(),
         fence: Fence::open(),
         clean_managed_fields: None,
+        budget: None,
     };
     match engine.run(job, &report, &CancellationToken::new()).await {
         Ok(Finished::Completed(progress)) if progress.failed == 0 => progress,
@@ -965,6 +966,31 @@ async fn main() {
             |ctx| kube_svm_controller(ctx, None),
         )
         .await;
+    if selected("kube-svm-controller-probe") {
+        // A controller of its own, its gentle pace steered by the probe against the default
+        // budget; the default controller comes back after it.
+        bench.controller = None;
+        let args = ["controller", "--leader-elect=false", "--crd-trigger=false"];
+        let budget = std::env::var("BENCH_FOREGROUND_BUDGET").unwrap_or_else(|_| "3x".into());
+        let flag = format!("--foreground-budget={budget}");
+        let probe_args: Vec<&str> = args.iter().copied().chain([flag.as_str()]).collect();
+        let controller = KubeSvm::start(&bench.control_plane, "bench-probe", &probe_args).await;
+        bench.controller = Some(controller);
+        bench
+            .measure(
+                "kube-svm-controller-probe",
+                &format!("gentle, steered by its probe: --foreground-budget={budget}, end to end"),
+                true,
+                SETTLE,
+                |ctx| kube_svm_controller(ctx, None),
+            )
+            .await;
+        bench.controller = None;
+        if controller_contenders.iter().any(|c| selected(c)) {
+            let controller = KubeSvm::start(&bench.control_plane, "bench-controller", &args).await;
+            bench.controller = Some(controller);
+        }
+    }
     if selected("in-tree") {
         // Stopped right after: its garbage collector's informers would load the apiserver
         // during every later contender.

@@ -20,7 +20,7 @@ pub use migration::{
     MigrationTarget, StorageVersionMigration, StorageVersionMigrationSpec,
     StorageVersionMigrationStatus,
 };
-pub use pace::Pace;
+pub use pace::{Budget, Pace};
 pub use storage_state::{
     GroupResource, PERSISTED_SINCE_ANNOTATION, StorageState, StorageStateSpec, StorageStateStatus,
     UNKNOWN_HASH,
@@ -45,6 +45,12 @@ pub const WRITE_TO_STATUS_ANNOTATION: &str = "kube-svm.io/write-to-status";
 /// (other clients barely notice the migration) or `fast` (the apiserver's whole throughput, for
 /// maintenance windows). Without it, or with another value, the controller's `--pace` applies.
 pub const PACE_ANNOTATION: &str = "kube-svm.io/pace";
+
+/// Annotation on a StorageVersionMigration giving its gentle pace a stricter budget than the
+/// controller's `--foreground-budget`: how slow a probe of the apiserver, sent as another client
+/// would, may get while it writes (`2x` its quiet baseline, or a latency such as `15ms`). The
+/// stricter of the two applies, so the annotation can only make a migration gentler.
+pub const FOREGROUND_BUDGET_ANNOTATION: &str = "kube-svm.io/foreground-budget";
 
 /// Annotation on a StorageVersionMigration asking kube-svm to remove, from every object it
 /// writes, the `managedFields` entries naming a version the CRD no longer serves (value
@@ -115,6 +121,13 @@ impl StorageVersionMigration {
         let annotations = self.metadata.annotations.as_ref();
         let value = annotations.and_then(|a| a.get(PACE_ANNOTATION))?;
         Pace::parse(value).is_none().then_some(value.as_str())
+    }
+
+    /// The budget this migration asks for with [`FOREGROUND_BUDGET_ANNOTATION`]: `None` without
+    /// the annotation, the reason when its value names no budget.
+    pub fn requested_budget(&self) -> Option<Result<Budget, String>> {
+        let annotations = self.metadata.annotations.as_ref();
+        annotations.and_then(|a| a.get(FOREGROUND_BUDGET_ANNOTATION)).map(|v| Budget::parse(v))
     }
 
     /// Whether this migration asks for `managedFields` entries of versions not served to be

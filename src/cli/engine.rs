@@ -10,7 +10,7 @@ use clap::Args;
 use clap::builder::TypedValueParser;
 
 use super::values;
-use crate::api::Pace;
+use crate::api::{Budget, Pace};
 use crate::engine::{self, Engine, RateLimiter, rate_limit};
 use crate::evidence::encoding::EncodingPolicy;
 use crate::ops::metrics::Metrics;
@@ -41,6 +41,15 @@ pub struct EngineArgs {
     /// `kube-svm.io/pace`.
     #[arg(long, env = "KUBE_SVM_PACE", default_value = "gentle", value_parser = pace_parser())]
     pub pace: Pace,
+
+    /// Steer the gentle pace by what other clients feel: how slow a probe kube-svm sends as
+    /// another client would may get (its p99), either a multiple of the probe's quiet baseline
+    /// (`3x`) or a latency (`25ms`). The gentle pace then sets a rate of writes, cut when the
+    /// probe passes the budget and grown slowly below it; a migration can ask for a stricter
+    /// budget with the annotation `kube-svm.io/foreground-budget`. `off`, the default, paces
+    /// gentle migrations by their own write latency. The fast pace ignores it.
+    #[arg(long, env = "KUBE_SVM_FOREGROUND_BUDGET", default_value = "off", value_parser = budget)]
+    pub foreground_budget: ForegroundBudget,
 
     /// Objects per list request.
     #[arg(long, env = "KUBE_SVM_PAGE_SIZE", default_value_t = 500, value_parser = values::count(1, u32::MAX))]
@@ -89,6 +98,7 @@ impl EngineArgs {
             kube_api_burst,
             writes_in_flight,
             pace,
+            foreground_budget,
             page_size,
             storage_version_settle,
             storage_version_wait,
@@ -103,6 +113,7 @@ impl EngineArgs {
             page_size,
             writes_in_flight,
             pace,
+            foreground_budget: foreground_budget.0,
             request_timeout,
             outage_timeout: seconds(apiserver_outage_timeout),
             ..engine::Settings::default()
@@ -119,6 +130,17 @@ impl EngineArgs {
             },
             write_to_status,
         })
+    }
+}
+
+/// `--foreground-budget`: `off`, or a [`Budget`].
+#[derive(Clone, Copy, Debug)]
+pub struct ForegroundBudget(pub Option<Budget>);
+
+fn budget(text: &str) -> Result<ForegroundBudget, String> {
+    match text {
+        "off" => Ok(ForegroundBudget(None)),
+        budget => Budget::parse(budget).map(|budget| ForegroundBudget(Some(budget))),
     }
 }
 

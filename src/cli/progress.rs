@@ -52,7 +52,8 @@ impl Figures {
     }
 
     /// `4200 of ~10000 objects (42%), 398 objects/s, ETA 15s`, and while the window is held back
-    /// for the cluster's sake `; holding back to 6 writes at once: ...`.
+    /// for the cluster's sake `; holding back to 6 writes at once: ...`, and at the gentle pace
+    /// what it steers by (`; probe p99 7.1ms, budget 12.0ms ...`).
     pub fn line(&self) -> String {
         let mut out = match self.total {
             Some(total) if total > 0 => format!(
@@ -71,6 +72,9 @@ impl Figures {
         if let Some((pacing, restraint)) = self.held_back() {
             let size = pacing.window.size as u64;
             out.push_str(&format!("; {}", figures::holding_back(pacing.pace, size, restraint)));
+        }
+        if let Some(steered) = self.pacing.and_then(|pacing| pacing.steered) {
+            out.push_str(&format!("; {steered}"));
         }
         out
     }
@@ -189,7 +193,11 @@ mod tests {
         use crate::api::Pace;
         use crate::engine::{Holding, Restraint};
         let paced = |restraint| Progress {
-            pacing: Some(Pacing { pace: Pace::Gentle, window: Holding { size: 6, restraint } }),
+            pacing: Some(Pacing {
+                pace: Pace::Gentle,
+                window: Holding { size: 6, restraint },
+                steered: None,
+            }),
             ..progress(1000, 800, Some(9000))
         };
         let free = Figures::of(&paced(None), 0, Duration::from_secs(4));

@@ -98,6 +98,10 @@ pub struct Row {
     /// `latency` or `throttling`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub holding_back: Option<Restraint>,
+    /// What a running gentle migration steers by: its probe's p99 against the budget, and the
+    /// rate of writes allowed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub foreground: Option<String>,
     pub age_seconds: u64,
 }
 
@@ -186,6 +190,7 @@ pub fn row(migration: &StorageVersionMigration, now: Timestamp) -> Row {
         pace: progress.pace.as_deref().and_then(Pace::parse),
         window,
         holding_back: holding_back.filter(|_| window.is_some()),
+        foreground: progress.foreground.clone().filter(|_| running),
         age_seconds: age(migration.metadata.creation_timestamp.as_ref().map(|t| t.0), now),
     }
 }
@@ -207,6 +212,7 @@ fn in_tree_row(migration: &DynamicObject, now: Timestamp) -> Row {
         pace: None,
         window: None,
         holding_back: None,
+        foreground: None,
         age_seconds: age(migration.metadata.creation_timestamp.as_ref().map(|t| t.0), now),
     }
 }
@@ -257,7 +263,13 @@ fn render(rows: &Vec<Row>) -> String {
             duration(row.age_seconds),
         ]);
     }
-    table::render(&table, &[4, 5, 9])
+    let mut out = table::render(&table, &[4, 5, 9]);
+    for row in rows {
+        if let Some(foreground) = &row.foreground {
+            out.push_str(&format!("{}: {foreground}\n", row.name));
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -13,10 +13,12 @@
 //! - `outage`, `denial`: an apiserver that is down or still starting is waited out, not charged
 //!   to objects;
 //! - [`retry`], [`rate_limit`]: backoff decisions and the client-side rate limit;
-//! - `window`: how many writes are sent at once, by the migration's [`Pace`].
+//! - `window`: how many writes are sent at once, by the migration's [`Pace`];
+//! - `foreground`: the gentle pace's rate, steered by a probe of what other clients feel.
 
 mod denial;
 mod failing;
+mod foreground;
 mod outage;
 mod pager;
 mod pipeline;
@@ -36,7 +38,7 @@ use kube::Client;
 use tokio::time::Instant;
 use tracing::warn;
 
-use crate::api::Pace;
+use crate::api::{Budget, Pace};
 use crate::apiserver::fence::Fence;
 use crate::ops::metrics::{self, Metrics, results};
 use crate::rules::managed_fields::Served;
@@ -47,6 +49,7 @@ pub use request::NoReply;
 
 use crate::api::FailedObject;
 pub use failing::KeepFailing;
+pub use foreground::{Foreground, PROBE_OBJECT, Steered};
 pub use pager::Listed;
 pub use rate_limit::RateLimiter;
 pub use resource::{ResolveError, Resource, migratable};
@@ -65,8 +68,12 @@ pub struct Settings {
     pub writes_in_flight: usize,
     /// The pace of a job that does not ask for one.
     pub pace: Pace,
-    /// The latency band of the gentle pace: [`Band::GENTLE`] (the bench tries others).
+    /// The latency band of the gentle pace: [`Band::GENTLE`] (the bench tries others), when no
+    /// foreground budget steers it.
     pub gentle_band: Band,
+    /// How slow the gentle pace's probe may get, for a migration that asks for no stricter
+    /// budget; `None` paces gentle runs by their own latency band instead.
+    pub foreground_budget: Option<Budget>,
     /// Attempts per object before it is recorded as failed. Throttled attempts (429) count
     /// against [`Settings::throttled_attempts`] instead.
     pub write_attempts: u32,
@@ -95,6 +102,7 @@ impl Default for Settings {
             writes_in_flight: 64,
             pace: Pace::Gentle,
             gentle_band: Band::GENTLE,
+            foreground_budget: None,
             write_attempts: 5,
             throttled_attempts: 30,
             list_attempts: 10,
@@ -257,11 +265,19 @@ struct RunState {
     failing: std::sync::Mutex<failing::FailingWrites>,
     /// The versions whose `managedFields` entries are kept, when the run cleans them.
     cleaning: Option<Served>,
+    /// A gentle run's gate, and the budget it asks for.
+    gentle: Option<(Arc<Foreground>, Option<Budget>)>,
 }
 
 impl RunState {
-    fn new(pace: Pace, window: Window, fence: Fence) -> RunState {
+    fn new(
+        pace: Pace,
+        window: Window,
+        fence: Fence,
+        gentle: Option<(Arc<Foreground>, Option<Budget>)>,
+    ) -> RunState {
         RunState {
+            gentle,
             pace,
             requests: AtomicU64::new(0),
             throttled: AtomicU64::new(0),
@@ -276,6 +292,13 @@ impl RunState {
     }
 
     /// Records that a write succeeded (or had nothing left to do).
+    /// Waits until a write may go: at a gentle run's rate, after any quiet window.
+    async fn admit(&self) {
+        if let Some((foreground, budget)) = &self.gentle {
+            foreground.admit(*budget).await;
+        }
+    }
+
     fn write_succeeded(&self) {
         self.failing().succeeded(Instant::now());
     }
@@ -295,7 +318,8 @@ impl RunState {
         progress.throttled += self.throttled.swap(0, Ordering::Relaxed);
         progress.expired_tokens += self.expired_tokens.swap(0, Ordering::Relaxed);
         progress.outages += self.availability.outages.swap(0, Ordering::Relaxed);
-        progress.pacing = Some(Pacing { pace: self.pace, window: self.window.holding() });
+        let steered = self.gentle.as_ref().map(|(foreground, _)| foreground.seen());
+        progress.pacing = Some(Pacing { pace: self.pace, window: self.window.holding(), steered });
     }
 }
 
@@ -317,6 +341,9 @@ pub struct Engine {
     settings: Settings,
     metrics: Arc<Metrics>,
     request_metrics: Arc<request::RequestMetrics>,
+    /// The gentle pace's gate, shared by every gentle run of the process, when a foreground
+    /// budget steers the gentle pace.
+    foreground: Option<Arc<Foreground>>,
 }
 
 /// One migration to run.
@@ -335,6 +362,9 @@ pub struct Job {
     /// Remove the `managedFields` entries naming a version not among these (a CRD's served
     /// versions) from the objects that have any; `None` leaves `managedFields` alone.
     pub clean_managed_fields: Option<Served>,
+    /// The gentle pace's budget this migration asks for; the stricter of it and the engine's
+    /// applies.
+    pub budget: Option<Budget>,
 }
 
 impl Engine {
@@ -348,9 +378,14 @@ impl Engine {
         metrics: Arc<Metrics>,
     ) -> Result<Engine, kube::Error> {
         config.default_retry = false;
+        // The probe has a connection of its own, as another client would.
+        let probe = Client::try_from(config.clone())?;
+        let foreground = settings.foreground_budget.map(|budget| {
+            Arc::new(Foreground::new(probe, &config.default_namespace, budget, metrics.clone()))
+        });
         let client = Client::try_from(config)?;
         let request_metrics = Arc::new(request::RequestMetrics::new(&metrics));
-        Ok(Engine { client, limiter, settings, metrics, request_metrics })
+        Ok(Engine { client, limiter, settings, metrics, request_metrics, foreground })
     }
 
     /// The settings the engine runs every migration with.
@@ -360,11 +395,23 @@ impl Engine {
 
     /// What a run of `resource` at `pace` (or the engine's) shares among its requests: a write
     /// window of that pace, shown on the resource's window gauges.
-    fn run_state(&self, resource: &Resource, pace: Option<Pace>, fence: Fence) -> RunState {
+    fn run_state(
+        &self,
+        resource: &Resource,
+        pace: Option<Pace>,
+        budget: Option<Budget>,
+        fence: Fence,
+    ) -> RunState {
         let pace = pace.unwrap_or(self.settings.pace);
-        let band = match pace {
-            Pace::Gentle => self.settings.gentle_band,
-            Pace::Fast => Band::FAST,
+        // A gentle run steered by the probe keeps its window to what the apiserver grants (429s
+        // and the latency ceiling), as the rate holds it back.
+        let gentle = match pace {
+            Pace::Gentle => self.foreground.clone().map(|foreground| (foreground, budget)),
+            Pace::Fast => None,
+        };
+        let band = match (pace, &gentle) {
+            (Pace::Gentle, None) => self.settings.gentle_band,
+            _ => Band::FAST,
         };
         let label = metrics::resource_label(&resource.group, &resource.version, &resource.plural);
         let gauges = window::Gauges {
@@ -374,7 +421,7 @@ impl Engine {
             }),
         };
         let window = Window::new(self.settings.writes_in_flight, band, Some(gauges));
-        RunState::new(pace, window, fence)
+        RunState::new(pace, window, fence, gentle)
     }
 
     /// The metrics this engine records into, shared with whoever serves them.

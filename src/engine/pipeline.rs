@@ -144,9 +144,10 @@ impl Engine {
         report: &watch::Sender<Progress>,
         cancel: &CancellationToken,
     ) -> Result<Finished, Error> {
-        let Job { resource, write_to_status, pace, resume, fence, clean_managed_fields } = job;
+        let Job { resource, write_to_status, pace, resume, fence, clean_managed_fields, budget } =
+            job;
         let mut progress = resume;
-        let mut run = self.run_state(&resource, pace, fence);
+        let mut run = self.run_state(&resource, pace, budget, fence);
         run.cleaning = clean_managed_fields;
 
         // The lister: one page waits in the channel while the dispatcher writes another.

@@ -144,6 +144,8 @@ pub struct Pacing {
     pub pace: Pace,
     /// The write window: its size, and what holds it below its maximum.
     pub window: Holding,
+    /// What the gentle pace's probe saw, and the rate it allows (a gentle run only).
+    pub steered: Option<super::Steered>,
 }
 
 /// Gauges a window keeps current: its size, and 1 for the restraint holding it back.

@@ -207,6 +207,7 @@ impl Engine {
                 Ok(request) => request,
                 Err(error) => return failed_at_once(INVALID_REQUEST, error.to_string()),
             };
+            run.admit().await;
             let slot = run.window.enter().await;
             let sent = Instant::now();
             let result = self.send(request, run).await;

@@ -369,6 +369,12 @@ impl<H: Host> Lifecycle<'_, H> {
                 crate::api::Pace::NAMES.join(" or ")
             ));
         }
+        if let Some(Err(unknown)) = self.host.migration().requested_budget() {
+            note.push_str(&format!(
+                "; the annotation {}: {unknown}, so the controller's budget applies",
+                crate::api::FOREGROUND_BUDGET_ANNOTATION
+            ));
+        }
         if self.host.cleans_managed_fields() {
             note.push_str(&match self.cleaning(crd) {
                 Some(served) => format!(

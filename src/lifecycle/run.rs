@@ -37,6 +37,7 @@ impl<H: Host> Lifecycle<'_, H> {
             resume: start.progress,
             fence: self.cluster.fence.clone(),
             clean_managed_fields: self.cleaning(crd),
+            budget: self.host.migration().requested_budget().and_then(Result::ok),
         };
         let latest = updates.clone();
         let run = self.engine.run(job, &report, &cancel);

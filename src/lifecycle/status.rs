@@ -449,6 +449,7 @@ fn counts(progress: &Progress) -> MigrationProgress {
         pace: progress.pacing.map(|p| p.pace.name().to_owned()),
         window: progress.pacing.map(|p| u32::try_from(p.window.size).unwrap_or(u32::MAX)),
         holding_back: progress.pacing.and_then(|p| p.window.restraint).map(|r| r.name().to_owned()),
+        foreground: progress.pacing.and_then(|p| p.steered).map(|seen| seen.to_string()),
     }
 }
 
@@ -458,6 +459,7 @@ fn at_rest(mut status: StorageVersionMigrationStatus) -> StorageVersionMigration
     if let Some(progress) = status.progress.as_mut() {
         progress.window = None;
         progress.holding_back = None;
+        progress.foreground = None;
     }
     status
 }
@@ -563,7 +565,10 @@ mod tests {
         let unreported = running(None, &target, &progress(0), now()).progress.unwrap_or_default();
         assert_eq!((unreported.pace, unreported.window), (None, None), "not known yet");
         let window = Holding { size: 6, restraint: Some(Restraint::Latency) };
-        let held = Progress { pacing: Some(Pacing { pace: Pace::Gentle, window }), ..progress(0) };
+        let held = Progress {
+            pacing: Some(Pacing { pace: Pace::Gentle, window, steered: None }),
+            ..progress(0)
+        };
         let status = running(None, &target, &held, now());
         let counts = status.progress.clone().unwrap_or_default();
         assert_eq!(

@@ -3,8 +3,8 @@
 //! resources, results, verbs and status code classes, never object names or error text.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
 /// Every series kube-svm exports, in one registry that the admin server renders.
@@ -40,6 +40,12 @@ pub struct Metrics {
     pub write_window_held_back: IntGaugeVec,
     /// `kube_svm_leader`: 1 while this process leads (or election is off), 0 while it waits.
     pub leader: IntGauge,
+    /// The latency of the gentle pace's probe.
+    pub probe_latency: Histogram,
+    /// Object writes per second the gentle pace allows.
+    pub gentle_rate: Gauge,
+    /// The latency the probe may reach before the gentle rate is cut.
+    pub probe_budget: Gauge,
     build_info: IntGaugeVec,
 }
 
@@ -162,6 +168,28 @@ impl Metrics {
                 "kube_svm_leader",
                 "1 when this process leads (or leader election is off), 0 while it waits.",
             )?,
+            probe_latency: {
+                let buckets = prometheus::exponential_buckets(0.001, 2.0, 12)?;
+                let metric = Histogram::with_opts(
+                    HistogramOpts::new(
+                        "kube_svm_probe_latency_seconds",
+                        "Latency of the gentle pace's probe: a small read of kube-svm's own, sent as another client would while gentle migrations write.",
+                    )
+                    .buckets(buckets),
+                )?;
+                registry.register(Box::new(metric.clone()))?;
+                metric
+            },
+            gentle_rate: float_gauge(
+                &registry,
+                "kube_svm_gentle_rate_objects_per_second",
+                "Object writes per second the gentle pace allows now, shared by this process's gentle migrations.",
+            )?,
+            probe_budget: float_gauge(
+                &registry,
+                "kube_svm_probe_budget_seconds",
+                "The latency the gentle pace's probe may reach (its p99) before the rate is cut; 0 until measured.",
+            )?,
             build_info: {
                 let metric = IntGaugeVec::new(
                     Opts::new(
@@ -211,6 +239,12 @@ impl Metrics {
 
 fn gauge(registry: &Registry, name: &str, help: &str) -> Result<IntGauge, prometheus::Error> {
     let metric = IntGauge::new(name, help)?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+fn float_gauge(registry: &Registry, name: &str, help: &str) -> Result<Gauge, prometheus::Error> {
+    let metric = Gauge::new(name, help)?;
     registry.register(Box::new(metric.clone()))?;
     Ok(metric)
 }

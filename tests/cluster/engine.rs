@@ -68,6 +68,7 @@ async fn migrate_during<F: Future<Output = ()>>(
         resume: Progress::default(),
         fence: kube_svm::apiserver::fence::Fence::open(),
         clean_managed_fields: None,
+        budget: None,
     };
     let cancel = CancellationToken::new();
     let (finished, ()) = tokio::join!(engine.run(job, &report, &cancel), during(updates));
@@ -142,6 +143,7 @@ async fn migrates_through_the_status_subresource() {
         resume: Progress::default(),
         fence: kube_svm::apiserver::fence::Fence::open(),
         clean_managed_fields: None,
+        budget: None,
     };
     let finished = engine.run(job, &report, &CancellationToken::new()).await.expect("runs");
     let Finished::Completed(progress) = finished else { panic!("not cancelled") };

@@ -5,9 +5,10 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use kube::Api;
-use kube_svm::api::StorageVersionMigration;
+use kube_svm::api::{Phase, StorageVersionMigration};
 
 use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds};
+use crate::support::migrations::{create_migration, is_terminal, phase_is, progress, wait_for};
 use crate::support::process::KubeSvm;
 use crate::support::{ControlPlane, Scenario};
 
@@ -236,4 +237,48 @@ async fn an_outage_is_said_once_and_its_end_once() {
     for line in logs.lines().filter(|l| l.contains("client error (Connect)")) {
         assert_eq!(line.matches("client error (Connect)").count(), 1, "repeated: {line}");
     }
+}
+
+/// With `--foreground-budget`, the gentle pace steers by a probe sent as another client would:
+/// a running migration says what the probe sees against its budget and the rate it allows, the
+/// probe's latency and the rate are exported, and every object is migrated (in etcd) all the
+/// same. Once the migration has ended, the status no longer speaks of the probe.
+#[tokio::test]
+async fn a_gentle_pace_steered_by_its_probe_says_what_it_sees() {
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
+    let port =
+        TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
+    let address = format!("--metrics-bind-address=127.0.0.1:{port}");
+    let args = [
+        "controller",
+        "--leader-elect=false",
+        &address,
+        "--foreground-budget=3x",
+        "--checkpoint-interval=0",
+        "--page-size=50",
+    ];
+    let controller = KubeSvm::start(&control_plane, "controller", &args).await;
+    let admin =
+        Admin { base: format!("http://127.0.0.1:{port}"), http: crate::support::http_client() };
+    admin.wait_for("/readyz", 200, &controller).await;
+
+    let widgets = WidgetCrd::stale(&client, "probe", 300).await;
+    create_migration(&client, "steered", &widgets.group, "widgets").await;
+    let speaks = |m: &StorageVersionMigration| {
+        let progress = m.status.as_ref().and_then(|s| s.progress.as_ref());
+        let foreground = progress.and_then(|p| p.foreground.clone()).unwrap_or_default();
+        foreground.contains("probe p99 ") && foreground.contains("objects/s")
+    };
+    let timeout = Duration::from_secs(180);
+    let running =
+        wait_for(&client, "steered", timeout, &[&controller], |m| speaks(m) || is_terminal(m))
+            .await;
+    assert!(speaks(&running), "a running gentle migration says what it steers by: {running:?}");
+    let done =
+        wait_for(&client, "steered", timeout, &[&controller], phase_is(Phase::Succeeded)).await;
+    assert_eq!(progress(&done).foreground, None, "an ended migration: {:?}", done.status);
+    assert_eq!(progress(&done).rewritten, 300, "{:?}", done.status);
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 300).await;
+    assert!(admin.value("kube_svm_probe_latency_seconds_count").await > 0.0);
+    assert!(admin.value("kube_svm_gentle_rate_objects_per_second").await >= 2.0);
 }

@@ -1,0 +1,430 @@
+//! The gentle pace, steered by what the apiserver's other clients feel rather than by
+//! kube-svm's own writes: at one write in flight, kube-svm's own latency hardly moves while
+//! every other client of a small apiserver waits.
+//!
+//! A probe task, outside the write window, reads a small object now and then as any client
+//! would ([`PROBE_OBJECT`]), and its latency is the signal. Gentle writes pass through
+//! [`Foreground::admit`], which spaces them at the rate the law in `steering` allows and now and
+//! then holds them all back for a quiet window, in which the probe measures its baseline. One
+//! `Foreground` serves every gentle migration of the process: they share the rate, so two
+//! migrations at once press the apiserver no harder than one.
+
+mod steering;
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use kube::Client;
+use tokio::time::Instant;
+use tracing::{debug, info};
+
+use crate::api::Budget;
+use crate::ops::metrics::Metrics;
+use steering::{Change, Steering, percentile};
+
+/// The object the probe reads: a ConfigMap of this name in kube-svm's namespace. It need not
+/// exist: the apiserver answers a read of a missing object from etcd all the same (a quorum
+/// read, as a client's plain GET is), and needs no permission but `get` on it.
+pub const PROBE_OBJECT: &str = "kube-svm-probe";
+
+/// Time between two probes, on average (jittered, so the probe never keeps step with writes).
+const PROBE_EVERY: Duration = Duration::from_millis(100);
+
+/// Time between two probes in a quiet window.
+const QUIET_PROBE_EVERY: Duration = Duration::from_millis(50);
+
+/// A probe unanswered this long counts as this slow.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often the gentle writes pause for a quiet window, and for how long (the first window, before
+/// the first write, is shorter): about 4% of the time.
+const QUIET_EVERY: Duration = Duration::from_secs(60);
+const QUIET_FOR: Duration = Duration::from_millis(2500);
+const FIRST_QUIET_FOR: Duration = Duration::from_millis(1500);
+
+/// The start of a quiet window that is not counted: writes in flight finish meanwhile.
+const QUIET_SETTLE: Duration = Duration::from_millis(500);
+
+/// How often the law looks at the probe.
+const LOOK_EVERY: Duration = Duration::from_secs(2);
+
+/// Probe samples kept, at most this old.
+const KEEP: Duration = Duration::from_secs(30);
+
+/// With no gentle write for this long, the probe rests.
+const IDLE_AFTER: Duration = Duration::from_secs(10);
+
+/// A migration's own budget counts this long after its last write.
+const BUDGET_MEMORY: Duration = Duration::from_secs(10);
+
+/// What the gentle pace last saw, for the status and `kube-svm status`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Steered {
+    /// Writes per second allowed.
+    pub rate: f64,
+    /// The probe's p99 since the rate last changed, when measured.
+    pub probe_p99: Option<Duration>,
+    /// The latency it may reach.
+    pub limit: Option<Duration>,
+    /// Its quiet baseline.
+    pub baseline: Option<Duration>,
+    /// The budget the limit comes from.
+    pub budget: Option<Budget>,
+}
+
+// The rate is never NaN: it starts finite and is only multiplied and bounded.
+impl Eq for Steered {}
+
+impl fmt::Display for Steered {
+    /// `probe p99 7.1ms within its budget of 12.0ms (3x its quiet 4.0ms); 24.0 objects/s`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = |d: Duration| format!("{:.1}ms", d.as_secs_f64() * 1000.0);
+        match self.probe_p99 {
+            Some(p99) => write!(f, "probe p99 {}", ms(p99))?,
+            None => write!(f, "probe p99 not measured yet")?,
+        }
+        match (self.limit, self.budget) {
+            (Some(limit), Some(Budget::Relative(times))) => {
+                let quiet = self.baseline.map_or_else(|| "?".to_owned(), ms);
+                write!(f, ", budget {} ({times}x its quiet {quiet})", ms(limit))?;
+            }
+            (Some(limit), _) => write!(f, ", budget {}", ms(limit))?,
+            (None, _) => write!(f, ", budget not measured yet")?,
+        }
+        write!(f, "; {:.1} objects/s", self.rate)
+    }
+}
+
+/// The gentle pace's gate, and the probe behind it.
+pub struct Foreground {
+    client: Client,
+    /// The probe's request path.
+    path: String,
+    /// The budget of a migration that gives none.
+    budget: Budget,
+    state: Mutex<State>,
+    probing: AtomicBool,
+    metrics: Arc<Metrics>,
+}
+
+struct State {
+    steering: Steering,
+    /// No write goes before this.
+    next_slot: Instant,
+    /// The current or the last quiet window.
+    quiet_from: Instant,
+    quiet_until: Instant,
+    /// The next quiet window; `None` before the first write.
+    next_quiet: Option<Instant>,
+    /// Probe latencies outside quiet windows, by when they were answered.
+    samples: VecDeque<(Instant, Duration)>,
+    /// Probe latencies of the quiet window under way, past its settling.
+    quiet: Vec<Duration>,
+    /// Whether writes waited on the rate since the law last looked.
+    waited: bool,
+    last_write: Option<Instant>,
+    last_look: Instant,
+    /// The strictest budget asked for by a migration writing lately.
+    strictest: Option<(Budget, Instant)>,
+    seen: Steered,
+}
+
+impl Foreground {
+    /// A gate probing through `client` (a client of its own, so the probe waits in no queue of
+    /// kube-svm's writes) the ConfigMap [`PROBE_OBJECT`] in `namespace`, against `budget`.
+    pub fn new(client: Client, namespace: &str, budget: Budget, metrics: Arc<Metrics>) -> Self {
+        let now = Instant::now();
+        Foreground {
+            client,
+            path: format!("/api/v1/namespaces/{namespace}/configmaps/{PROBE_OBJECT}"),
+            budget,
+            state: Mutex::new(State {
+                steering: Steering::new(now),
+                next_slot: now,
+                quiet_from: now,
+                quiet_until: now,
+                next_quiet: None,
+                samples: VecDeque::new(),
+                quiet: Vec::new(),
+                waited: false,
+                last_write: None,
+                last_look: now,
+                strictest: None,
+                seen: Steered { rate: steering::START_RATE, ..Steered::default() },
+            }),
+            probing: AtomicBool::new(false),
+            metrics,
+        }
+    }
+
+    /// Waits until a gentle write may go: after any quiet window under way, at the rate
+    /// allowed. `budget` is the migration's own, if it gives one.
+    pub async fn admit(self: &Arc<Self>, budget: Option<Budget>) {
+        self.start_probing();
+        loop {
+            let (until, admitted) = self.lock().admit(Instant::now(), budget);
+            tokio::time::sleep_until(until).await;
+            if admitted {
+                return;
+            }
+        }
+    }
+
+    /// What the gentle pace last saw.
+    pub fn seen(&self) -> Steered {
+        self.lock().seen
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A poisoned lock only means another task panicked mid-update; the state is still valid.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn start_probing(self: &Arc<Self>) {
+        if !self.probing.swap(true, Ordering::Relaxed) {
+            tokio::spawn(probe(Arc::downgrade(self)));
+        }
+    }
+
+    /// One probe: its latency, or `None` when no answer came (the connection failed).
+    async fn probe_once(&self) -> Option<Duration> {
+        let request = http::Request::get(&self.path).body(Vec::new()).ok()?;
+        let sent = Instant::now();
+        let answered = tokio::time::timeout(PROBE_TIMEOUT, async {
+            let response = self.client.send(request.map(kube::client::Body::from)).await.ok()?;
+            // The latency a client feels includes reading the answer.
+            response.into_body().collect_bytes().await.ok()
+        })
+        .await;
+        match answered {
+            Ok(Some(_)) => Some(sent.elapsed()),
+            Ok(None) => None,
+            Err(_) => Some(PROBE_TIMEOUT),
+        }
+    }
+
+    /// Records one probe sent at `sent`, taking `latency`, and lets the law look.
+    fn record(&self, sent: Instant, latency: Duration) {
+        self.metrics.probe_latency.observe(latency.as_secs_f64());
+        let mut state = self.lock();
+        state.record(sent, latency, self.budget);
+        self.metrics.gentle_rate.set(state.seen.rate);
+        self.metrics.probe_budget.set(state.seen.limit.map_or(0.0, |l| l.as_secs_f64()));
+    }
+}
+
+impl State {
+    /// The admission of one write at `now`: when to wake, and whether the write may then go.
+    fn admit(&mut self, now: Instant, budget: Option<Budget>) -> (Instant, bool) {
+        self.last_write = Some(now);
+        if let Some(budget) = budget {
+            self.strictest = match self.strictest {
+                Some((held, at)) if now.duration_since(at) < BUDGET_MEMORY => {
+                    let baseline = self.steering.baseline();
+                    Some((held.stricter(budget, baseline), now))
+                }
+                _ => Some((budget, now)),
+            };
+        }
+        if now < self.quiet_until {
+            return (self.quiet_until, false);
+        }
+        if self.next_quiet.is_none_or(|next| now >= next) {
+            let length = match self.next_quiet {
+                None => FIRST_QUIET_FOR,
+                Some(_) => QUIET_FOR,
+            };
+            (self.quiet_from, self.quiet_until) = (now, now + length);
+            self.next_quiet = Some(self.quiet_until + QUIET_EVERY);
+            self.quiet.clear();
+            return (self.quiet_until, false);
+        }
+        let slot = self.next_slot.max(now);
+        self.next_slot = slot + Duration::from_secs_f64(1.0 / self.steering.rate());
+        self.waited |= slot > now;
+        (slot, true)
+    }
+
+    /// When the probe should next go, or `None` while no gentle write goes.
+    fn next_probe(&self, now: Instant) -> Option<Duration> {
+        let quiet = now < self.quiet_until;
+        let writing = self.last_write.is_some_and(|at| now.duration_since(at) < IDLE_AFTER);
+        if !quiet && !writing {
+            return None;
+        }
+        let every = if quiet { QUIET_PROBE_EVERY } else { PROBE_EVERY };
+        Some(every.mul_f64(0.5 + fastrand::f64()))
+    }
+
+    fn record(&mut self, sent: Instant, latency: Duration, default: Budget) {
+        let answered = sent + latency;
+        let (settled, until) = (self.quiet_from + QUIET_SETTLE, self.quiet_until);
+        if sent >= settled && answered <= until {
+            self.quiet.push(latency);
+        } else if answered < self.quiet_from || sent > until {
+            self.samples.push_back((answered, latency));
+        }
+        while self.samples.front().is_some_and(|(at, _)| answered.duration_since(*at) > KEEP) {
+            self.samples.pop_front();
+        }
+        if answered > until && !self.quiet.is_empty() {
+            self.steering.quiet_sample(percentile(&self.quiet, 0.9));
+            self.quiet.clear();
+        }
+        if answered.duration_since(self.last_look) >= LOOK_EVERY {
+            self.look(answered, default);
+        }
+    }
+
+    /// The law's look at the probe samples since the rate last changed.
+    fn look(&mut self, now: Instant, default: Budget) {
+        self.last_look = now;
+        let budget = match self.strictest {
+            Some((budget, at)) if now.duration_since(at) < BUDGET_MEMORY => budget,
+            _ => default,
+        };
+        let since = self.steering.changed();
+        let recent: Vec<Duration> =
+            self.samples.iter().filter(|(at, _)| *at > since).map(|(_, l)| *l).collect();
+        let change = self.steering.steer(now, &recent, budget, self.waited);
+        self.waited = false;
+        let baseline = self.steering.baseline();
+        self.seen = Steered {
+            rate: self.steering.rate(),
+            probe_p99: (!recent.is_empty()).then(|| percentile(&recent, 0.99)),
+            limit: budget.limit(baseline),
+            baseline,
+            budget: Some(budget),
+        };
+        match change {
+            Change::Cut { from, to } => info!(from, to, seen = %self.seen, "gentle rate cut"),
+            Change::Grew { from, to } => debug!(from, to, seen = %self.seen, "gentle rate grew"),
+            Change::Held => {}
+        }
+    }
+}
+
+/// The probe task: probes while gentle writes go (and in quiet windows), rests otherwise, and
+/// ends with its gate.
+async fn probe(gate: Weak<Foreground>) {
+    loop {
+        let Some(foreground) = gate.upgrade() else { return };
+        let next = foreground.lock().next_probe(Instant::now());
+        let Some(wait) = next else {
+            drop(foreground);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        };
+        tokio::time::sleep(wait).await;
+        let sent = Instant::now();
+        if let Some(latency) = foreground.probe_once().await {
+            foreground.record(sent, latency);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(now: Instant) -> State {
+        State {
+            steering: Steering::new(now),
+            next_slot: now,
+            quiet_from: now,
+            quiet_until: now,
+            next_quiet: None,
+            samples: VecDeque::new(),
+            quiet: Vec::new(),
+            waited: false,
+            last_write: None,
+            last_look: now,
+            strictest: None,
+            seen: Steered::default(),
+        }
+    }
+
+    #[test]
+    fn the_first_write_waits_for_a_quiet_window_and_then_writes_go_at_the_rate() {
+        let now = Instant::now();
+        let mut state = state(now);
+        assert_eq!(state.admit(now, None), (now + FIRST_QUIET_FOR, false));
+        let after = now + FIRST_QUIET_FOR;
+        assert_eq!(state.admit(after, None), (after, true));
+        let spacing = Duration::from_secs_f64(1.0 / steering::START_RATE);
+        assert_eq!(state.admit(after, None), (after + spacing, true));
+        assert!(state.waited, "the second write waited on the rate");
+    }
+
+    #[test]
+    fn quiet_windows_come_back_and_hold_every_write() {
+        let now = Instant::now();
+        let mut state = state(now);
+        state.admit(now, None);
+        let next = now + FIRST_QUIET_FOR + QUIET_EVERY;
+        assert_eq!(state.admit(next, None), (next + QUIET_FOR, false));
+        assert_eq!(state.admit(next + QUIET_FOR / 2, None), (next + QUIET_FOR, false));
+    }
+
+    #[test]
+    fn a_quiet_window_s_settled_probes_make_the_baseline_and_the_rest_the_signal() {
+        let now = Instant::now();
+        let mut state = state(now);
+        state.admit(now, None);
+        let ms = Duration::from_millis;
+        // Unsettled: not counted anywhere.
+        state.record(now + ms(100), ms(30), Budget::default());
+        for i in 0..10 {
+            state.record(now + QUIET_SETTLE + ms(50 * i), ms(4), Budget::default());
+        }
+        assert_eq!(state.steering.baseline(), None, "the window is still under way");
+        let after = now + FIRST_QUIET_FOR + ms(10);
+        state.record(after, ms(9), Budget::default());
+        assert_eq!(state.steering.baseline(), Some(ms(4)));
+        assert_eq!(state.samples.iter().map(|(_, l)| *l).collect::<Vec<_>>(), [ms(9)]);
+    }
+
+    #[test]
+    fn the_probe_rests_when_no_gentle_write_goes() {
+        let now = Instant::now();
+        let mut state = state(now);
+        assert_eq!(state.next_probe(now), None);
+        state.admit(now, None);
+        assert!(state.next_probe(now).is_some_and(|wait| wait <= QUIET_PROBE_EVERY * 2));
+        assert!(state.next_probe(now + FIRST_QUIET_FOR + IDLE_AFTER * 2).is_none());
+    }
+
+    #[test]
+    fn a_migration_s_stricter_budget_steers_while_it_writes() {
+        let now = Instant::now();
+        let mut state = state(now);
+        state.steering.quiet_sample(Duration::from_millis(4));
+        let fixed = Budget::Fixed(Duration::from_millis(6));
+        state.admit(now, Some(fixed));
+        state.look(now, Budget::default());
+        assert_eq!(state.seen.limit, Some(Duration::from_millis(6)));
+        state.look(now + BUDGET_MEMORY * 2, Budget::default());
+        assert_eq!(state.seen.limit, Some(Duration::from_millis(12)), "forgotten once it stops");
+    }
+
+    #[test]
+    fn what_it_saw_reads_as_a_sentence() {
+        let ms = Duration::from_millis;
+        let seen = Steered {
+            rate: 24.0,
+            probe_p99: Some(ms(7)),
+            limit: Some(ms(12)),
+            baseline: Some(ms(4)),
+            budget: Some(Budget::Relative(3.0)),
+        };
+        assert_eq!(
+            seen.to_string(),
+            "probe p99 7.0ms, budget 12.0ms (3x its quiet 4.0ms); 24.0 objects/s"
+        );
+        let fixed = Steered { budget: Some(Budget::Fixed(ms(25))), limit: Some(ms(25)), ..seen };
+        assert_eq!(fixed.to_string(), "probe p99 7.0ms, budget 25.0ms; 24.0 objects/s");
+    }
+}

@@ -1,0 +1,280 @@
+//! The gentle pace's law: a rate of writes per second, steered by a probe's latency against a
+//! budget measured from the probe's own quiet baseline.
+//!
+//! - **Baseline.** Now and then the gentle writes pause for a moment (a quiet window); the
+//!   probe's p90 in that window is one quiet sample, and the baseline is the least of the last
+//!   [`QUIET_SAMPLES`]. So kube-svm's own load never drags it up, and a slow drift of the
+//!   cluster (a larger etcd, another tenant) is followed within minutes, both ways.
+//! - **Budget.** How slow the probe may get: a multiple of the baseline (`3x`, the default) or a
+//!   fixed latency (`25ms`).
+//! - **Rate.** The probe's p99 since the last change past the budget: the rate is cut to
+//!   [`DECREASE`] of itself at once, and the rate that hurt is remembered. Well within the budget
+//!   and with writes waiting on the rate: it grows by [`INCREASE`], at most once per
+//!   [`HOLD`], never past [`BAD_RATE_MARGIN`] of a remembered bad rate; the memory fades by
+//!   [`BAD_RATE_FADE`] every [`BAD_RATE_AGE`].
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::api::Budget;
+
+/// Quiet samples the baseline is the least of (LEDBAT keeps ten per-minute minima).
+pub const QUIET_SAMPLES: usize = 10;
+
+/// The rate a run starts at, in objects per second.
+pub const START_RATE: f64 = 20.0;
+
+/// The slowest the rate gets, so a run always finishes.
+pub const MIN_RATE: f64 = 2.0;
+
+/// The rate after a cut, as a fraction of the rate before it.
+const DECREASE: f64 = 0.7;
+
+/// The rate after an increase, as a multiple of the rate before it.
+const INCREASE: f64 = 1.2;
+
+/// The least time between two changes of the rate, so the effect of one is seen before the next.
+pub const HOLD: Duration = Duration::from_secs(10);
+
+/// Probe samples since the last change needed before the rate may change again.
+const MIN_SAMPLES: usize = 30;
+
+/// The probe's p99 below this fraction of the budget leaves room to grow.
+const ROOM: f64 = 0.7;
+
+/// An increase stops this far below a rate that hurt.
+const BAD_RATE_MARGIN: f64 = 0.9;
+
+/// How often a remembered bad rate fades, and by how much.
+const BAD_RATE_AGE: Duration = Duration::from_secs(180);
+const BAD_RATE_FADE: f64 = 1.1;
+
+/// What the law decided on one look.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Change {
+    /// The probe passed the budget: the rate was cut.
+    Cut { from: f64, to: f64 },
+    /// Room under the budget, and writes waited on the rate: it grew.
+    Grew { from: f64, to: f64 },
+    /// Nothing to do, or too soon to tell.
+    Held,
+}
+
+/// The law's state.
+#[derive(Debug)]
+pub struct Steering {
+    rate: f64,
+    /// The probe's p90 in each recent quiet window, newest last.
+    quiet: VecDeque<Duration>,
+    /// A rate that hurt, and when it was remembered.
+    bad: Option<(f64, Instant)>,
+    /// When the rate last changed (or the run began).
+    changed: Instant,
+}
+
+impl Steering {
+    pub fn new(now: Instant) -> Steering {
+        Steering { rate: START_RATE, quiet: VecDeque::new(), bad: None, changed: now }
+    }
+
+    /// Objects per second the gentle writes may reach now.
+    pub fn rate(&self) -> f64 {
+        self.rate
+    }
+
+    /// When the rate last changed: probe samples from before it say nothing of the rate now.
+    pub fn changed(&self) -> Instant {
+        self.changed
+    }
+
+    /// The quiet baseline: the least of the recent quiet samples.
+    pub fn baseline(&self) -> Option<Duration> {
+        self.quiet.iter().min().copied()
+    }
+
+    /// Records the probe's p90 in a quiet window.
+    pub fn quiet_sample(&mut self, p90: Duration) {
+        self.quiet.push_back(p90);
+        while self.quiet.len() > QUIET_SAMPLES {
+            self.quiet.pop_front();
+        }
+    }
+
+    /// One look at the probe: `samples`, the latencies seen since the last change (outside quiet
+    /// windows); `waiting`, whether writes waited on the rate meanwhile.
+    pub fn steer(
+        &mut self,
+        now: Instant,
+        samples: &[Duration],
+        budget: Budget,
+        waiting: bool,
+    ) -> Change {
+        let Some(limit) = budget.limit(self.baseline()) else { return Change::Held };
+        if samples.len() < MIN_SAMPLES {
+            return Change::Held;
+        }
+        let p99 = percentile(samples, 0.99);
+        let from = self.rate;
+        if p99 > limit {
+            self.rate = (from * DECREASE).max(MIN_RATE);
+            self.bad = Some((from, now));
+            self.changed = now;
+            return Change::Cut { from, to: self.rate };
+        }
+        let room = p99.as_secs_f64() < limit.as_secs_f64() * ROOM;
+        if !room || !waiting || now.duration_since(self.changed) < HOLD {
+            return Change::Held;
+        }
+        let ceiling = self.bad_rate(now).map_or(f64::INFINITY, |bad| bad * BAD_RATE_MARGIN);
+        let to = (from * INCREASE).min(ceiling).max(from);
+        if to <= from {
+            return Change::Held;
+        }
+        self.rate = to;
+        self.changed = now;
+        Change::Grew { from, to }
+    }
+
+    /// The remembered bad rate, faded by its age.
+    fn bad_rate(&self, now: Instant) -> Option<f64> {
+        let (rate, at) = self.bad?;
+        let ages = now.duration_since(at).as_secs_f64() / BAD_RATE_AGE.as_secs_f64();
+        Some(rate * BAD_RATE_FADE.powf(ages.floor()))
+    }
+}
+
+/// The `q` quantile (0 to 1) of `samples`, nearest rank; zero for none.
+pub fn percentile(samples: &[Duration], q: f64) -> Duration {
+    if samples.is_empty() {
+        return Duration::ZERO;
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn steady(latency: u64) -> Vec<Duration> {
+        vec![ms(latency); MIN_SAMPLES]
+    }
+
+    fn with_baseline(now: Instant, baseline: u64) -> Steering {
+        let mut steering = Steering::new(now);
+        steering.quiet_sample(ms(baseline));
+        steering
+    }
+
+    #[test]
+    fn the_baseline_is_the_least_of_the_last_quiet_samples_and_forgets_old_ones() {
+        let mut steering = Steering::new(Instant::now());
+        assert_eq!(steering.baseline(), None);
+        steering.quiet_sample(ms(3));
+        for _ in 0..QUIET_SAMPLES - 1 {
+            steering.quiet_sample(ms(5));
+        }
+        assert_eq!(steering.baseline(), Some(ms(3)));
+        steering.quiet_sample(ms(6));
+        assert_eq!(steering.baseline(), Some(ms(5)), "the oldest sample is forgotten");
+    }
+
+    #[test]
+    fn nothing_changes_without_a_baseline_or_enough_samples() {
+        let now = Instant::now();
+        let mut steering = Steering::new(now);
+        let later = now + HOLD * 2;
+        assert_eq!(steering.steer(later, &steady(100), Budget::default(), true), Change::Held);
+        steering.quiet_sample(ms(4));
+        let few = vec![ms(100); MIN_SAMPLES - 1];
+        assert_eq!(steering.steer(later, &few, Budget::default(), true), Change::Held);
+        assert_eq!(steering.rate(), START_RATE);
+    }
+
+    #[test]
+    fn past_the_budget_the_rate_is_cut_at_once_and_never_below_the_minimum() {
+        let now = Instant::now();
+        let mut steering = with_baseline(now, 4);
+        let change = steering.steer(now, &steady(13), Budget::default(), false);
+        assert_eq!(change, Change::Cut { from: START_RATE, to: START_RATE * DECREASE });
+        for _ in 0..30 {
+            steering.steer(now, &steady(50), Budget::default(), false);
+        }
+        assert_eq!(steering.rate(), MIN_RATE);
+    }
+
+    #[test]
+    fn one_slow_probe_in_a_hundred_is_the_budget_s_business() {
+        let now = Instant::now();
+        let mut steering = with_baseline(now, 4);
+        let mut samples = vec![ms(5); 98];
+        samples.extend([ms(40), ms(40)]);
+        assert!(matches!(
+            steering.steer(now, &samples, Budget::default(), true),
+            Change::Cut { .. }
+        ));
+    }
+
+    #[test]
+    fn with_room_and_writes_waiting_it_grows_once_per_hold() {
+        let now = Instant::now();
+        let mut steering = with_baseline(now, 4);
+        let fast = steady(5);
+        assert_eq!(steering.steer(now + HOLD / 2, &fast, Budget::default(), true), Change::Held);
+        let grown = steering.steer(now + HOLD, &fast, Budget::default(), true);
+        assert_eq!(grown, Change::Grew { from: START_RATE, to: START_RATE * INCREASE });
+        let soon = now + HOLD + HOLD / 2;
+        assert_eq!(steering.steer(soon, &fast, Budget::default(), true), Change::Held);
+    }
+
+    #[test]
+    fn it_does_not_grow_when_writes_do_not_wait_on_it_or_the_probe_is_near_the_budget() {
+        let now = Instant::now() + HOLD;
+        let mut steering = with_baseline(now - HOLD, 4);
+        assert_eq!(steering.steer(now, &steady(5), Budget::default(), false), Change::Held);
+        assert_eq!(steering.steer(now, &steady(10), Budget::default(), true), Change::Held);
+    }
+
+    #[test]
+    fn a_rate_that_hurt_is_not_reached_again_until_its_memory_fades() {
+        let start = Instant::now();
+        let mut steering = with_baseline(start, 4);
+        steering.steer(start, &steady(20), Budget::default(), true);
+        let mut now = start;
+        for _ in 0..10 {
+            now += HOLD;
+            steering.steer(now, &steady(5), Budget::default(), true);
+        }
+        assert!((steering.rate() - START_RATE * BAD_RATE_MARGIN).abs() < 1e-9, "{steering:?}");
+        for _ in 0..40 {
+            now += HOLD;
+            steering.steer(now, &steady(5), Budget::default(), true);
+        }
+        assert!(steering.rate() > START_RATE, "the memory fades: {steering:?}");
+    }
+
+    #[test]
+    fn a_fixed_budget_needs_no_baseline() {
+        let now = Instant::now();
+        let mut steering = Steering::new(now);
+        let change = steering.steer(now, &steady(30), Budget::Fixed(ms(25)), true);
+        assert!(matches!(change, Change::Cut { .. }), "{change:?}");
+    }
+
+    #[test]
+    fn percentiles_take_the_nearest_rank() {
+        let samples: Vec<Duration> = (1..=100).map(ms).collect();
+        assert_eq!(percentile(&samples, 0.99), ms(99));
+        assert_eq!(percentile(&samples, 0.9), ms(90));
+        assert_eq!(percentile(&[], 0.9), Duration::ZERO);
+        assert_eq!(percentile(&[ms(7)], 0.99), ms(7));
+    }
+}
