@@ -167,7 +167,8 @@ impl Foreground {
         loop {
             let (until, admitted) = self.lock().admit(Instant::now(), budget);
             tokio::time::sleep_until(until).await;
-            if admitted {
+            // A slot taken before a quiet window began is given up: the window stays quiet.
+            if admitted && !self.lock().quiet_at(Instant::now()) {
                 return;
             }
         }
@@ -246,6 +247,11 @@ impl State {
         self.next_slot = slot + Duration::from_secs_f64(1.0 / self.steering.rate());
         self.waited |= slot > now;
         (slot, true)
+    }
+
+    /// Whether `now` falls in a quiet window.
+    fn quiet_at(&self, now: Instant) -> bool {
+        self.quiet_from <= now && now < self.quiet_until
     }
 
     /// When the probe should next go, or `None` while no gentle write goes.
@@ -367,6 +373,7 @@ mod tests {
         let next = now + FIRST_QUIET_FOR + QUIET_EVERY;
         assert_eq!(state.admit(next, None), (next + QUIET_FOR, false));
         assert_eq!(state.admit(next + QUIET_FOR / 2, None), (next + QUIET_FOR, false));
+        assert!(state.quiet_at(next + QUIET_FOR / 2) && !state.quiet_at(next + QUIET_FOR));
     }
 
     #[test]

@@ -38,8 +38,9 @@ const INCREASE: f64 = 1.2;
 /// The least time between two changes of the rate, so the effect of one is seen before the next.
 pub const HOLD: Duration = Duration::from_secs(10);
 
-/// Probe samples since the last change needed before the rate may change again.
-const MIN_SAMPLES: usize = 30;
+/// Probe samples since the last change needed before the rate may change again: about 5 s of
+/// probing, so that a cut has taken effect before the next is judged.
+const MIN_SAMPLES: usize = 50;
 
 /// The probe's p99 below this fraction of the budget leaves room to grow.
 const ROOM: f64 = 0.7;
