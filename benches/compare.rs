@@ -27,7 +27,8 @@
 //! over its write window and its gentle latency band: the curve of objects/s against the
 //! foreground's p99. The table goes to `docs/bench.md`, the numbers to `docs/bench.json`
 //! (`hack/plot.py` draws `docs/bench.png` from them). `BENCH_CONTENDERS` (comma-separated names)
-//! runs a subset; `BENCH_SWEEP=0` skips the sweep, `BENCH_SWEEP=windows` or `bands` runs half of
+//! runs a subset (`kube-svm-controller-probe` runs once per budget of `BENCH_FOREGROUND_BUDGETS`,
+//! default `3x`); `BENCH_SWEEP=0` skips the sweep, `BENCH_SWEEP=windows` or `bands` runs half of
 //! it, any other text the settings whose name contains it; `BENCH_REPORT=/tmp/x` writes `/tmp/x.md` and `/tmp/x.json` instead. Throughput drifts as
 //! etcd's history grows: the limit is measured at the start and again at the end, and ratios are
 //! quoted against their mean.
@@ -92,7 +93,9 @@ fn env_number(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
+/// Whether `contender` runs: a row named `<contender> <setting>` runs with its contender.
 fn selected(contender: &str) -> bool {
+    let contender = contender.split(' ').next().unwrap_or(contender);
     match std::env::var("BENCH_CONTENDERS") {
         Ok(list) if !list.trim().is_empty() => list.split(',').any(|c| c.trim() == contender),
         _ => true,
@@ -967,25 +970,28 @@ async fn main() {
         )
         .await;
     if selected("kube-svm-controller-probe") {
-        // A controller of its own, its gentle pace steered by the probe against the default
-        // budget; the default controller comes back after it.
+        // A controller of its own per budget (`BENCH_FOREGROUND_BUDGETS`, comma-separated,
+        // default `3x`), its gentle pace steered by the probe; the default controller comes back
+        // after them.
         bench.controller = None;
         let args = ["controller", "--leader-elect=false", "--crd-trigger=false"];
-        let budget = std::env::var("BENCH_FOREGROUND_BUDGET").unwrap_or_else(|_| "3x".into());
-        let flag = format!("--foreground-budget={budget}");
-        let probe_args: Vec<&str> = args.iter().copied().chain([flag.as_str()]).collect();
-        let controller = KubeSvm::start(&bench.control_plane, "bench-probe", &probe_args).await;
-        bench.controller = Some(controller);
-        bench
-            .measure(
-                "kube-svm-controller-probe",
-                &format!("gentle, steered by its probe: --foreground-budget={budget}, end to end"),
-                true,
-                SETTLE,
-                |ctx| kube_svm_controller(ctx, None),
-            )
-            .await;
-        bench.controller = None;
+        let budgets = std::env::var("BENCH_FOREGROUND_BUDGETS").unwrap_or_else(|_| "3x".into());
+        for budget in budgets.split(',').map(str::trim).filter(|b| !b.is_empty()) {
+            let flag = format!("--foreground-budget={budget}");
+            let probe_args: Vec<&str> = args.iter().copied().chain([flag.as_str()]).collect();
+            let controller = KubeSvm::start(&bench.control_plane, "bench-probe", &probe_args).await;
+            bench.controller = Some(controller);
+            bench
+                .measure(
+                    &format!("kube-svm-controller-probe {budget}"),
+                    &format!("gentle, steered by its probe: {flag}, end to end"),
+                    true,
+                    SETTLE,
+                    |ctx| kube_svm_controller(ctx, None),
+                )
+                .await;
+            bench.controller = None;
+        }
         if controller_contenders.iter().any(|c| selected(c)) {
             let controller = KubeSvm::start(&bench.control_plane, "bench-controller", &args).await;
             bench.controller = Some(controller);
