@@ -223,7 +223,8 @@ async fn a_narrowed_resource_list_limits_what_kube_svm_can_migrate() {
 
 /// With `flowControl.enabled`, the apiserver puts the chart's ServiceAccount's requests into the
 /// chart's priority level, of 3 seats on a default apiserver (600 seats; the default levels' 245
-/// shares and its 1), and its Lease requests into the cluster's leader-election level.
+/// shares and its 1), its Lease requests into the cluster's leader-election level, and the gentle
+/// pace's probe into `workload-low`, where ordinary workloads wait.
 #[tokio::test]
 async fn flow_control_gives_kube_svm_a_priority_level_of_its_own() {
     use k8s_openapi::api::flowcontrol::v1::PriorityLevelConfiguration;
@@ -236,7 +237,7 @@ async fn flow_control_gives_kube_svm_a_priority_level_of_its_own() {
     let kubeconfig = control_plane.impersonating_kubeconfig(&release, &namespace, &[]).await;
     let args = ["--set", "flowControl.enabled=true", "--show-only", "templates/flowcontrol.yaml"];
     let rendered = objects(&render(&release, &namespace, &args));
-    assert_eq!(rendered.len(), 3, "a priority level and two flow schemas");
+    assert_eq!(rendered.len(), 4, "a priority level and three flow schemas");
     apply(&admin, &rendered, false).await.expect("the flow control objects apply");
     let levels: kube::Api<PriorityLevelConfiguration> = kube::Api::all(admin.clone());
     let uid = |name: &str| {
@@ -250,6 +251,7 @@ async fn flow_control_gives_kube_svm_a_priority_level_of_its_own() {
         .and_then(|o| o.metadata.name.clone())
         .expect("a priority level");
     let (own, leader_election) = (uid(&name).await, uid("leader-election").await);
+    let workload_low = uid("workload-low").await;
 
     let config = Config::from_custom_kubeconfig(
         Kubeconfig::read_from(&kubeconfig).expect("readable"),
@@ -269,15 +271,19 @@ async fn flow_control_gives_kube_svm_a_priority_level_of_its_own() {
         }
     };
     let leases = format!("/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/kube-svm");
+    let probe =
+        format!("/api/v1/namespaces/{namespace}/configmaps/{}", kube_svm::engine::PROBE_OBJECT);
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let migrations =
             level_of("/apis/migration.k8s.io/v1alpha1/storageversionmigrations".into()).await;
         let lease = level_of(leases.clone()).await;
-        if (migrations.as_ref(), lease.as_ref()) == (own.as_ref(), leader_election.as_ref()) {
+        let probed = level_of(probe.clone()).await;
+        let found = (migrations.as_ref(), lease.as_ref(), probed.as_ref());
+        if found == (own.as_ref(), leader_election.as_ref(), workload_low.as_ref()) {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "never classified: {migrations:?} {lease:?}");
+        assert!(std::time::Instant::now() < deadline, "never classified: {found:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
