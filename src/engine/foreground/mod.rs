@@ -106,6 +106,8 @@ pub struct Foreground {
     /// The budget of a migration that gives none.
     budget: Budget,
     state: Mutex<State>,
+    /// Writes waiting for a slot queue here, first come first served.
+    turn: tokio::sync::Mutex<()>,
     probing: AtomicBool,
     metrics: Arc<Metrics>,
 }
@@ -155,6 +157,7 @@ impl Foreground {
                 strictest: None,
                 seen: Steered { rate: steering::START_RATE, ..Steered::default() },
             }),
+            turn: tokio::sync::Mutex::new(()),
             probing: AtomicBool::new(false),
             metrics,
         }
@@ -164,6 +167,9 @@ impl Foreground {
     /// allowed. `budget` is the migration's own, if it gives one.
     pub async fn admit(self: &Arc<Self>, budget: Option<Budget>) {
         self.start_probing();
+        // One write at a time takes its slot, in turn: no slot is reserved ahead of the one
+        // due, so a change of the rate applies from the next write on.
+        let _turn = self.turn.lock().await;
         loop {
             let (until, admitted) = self.lock().admit(Instant::now(), budget);
             tokio::time::sleep_until(until).await;
