@@ -378,11 +378,16 @@ impl Engine {
         metrics: Arc<Metrics>,
     ) -> Result<Engine, kube::Error> {
         config.default_retry = false;
-        // The probe has a connection of its own, as another client would.
-        let probe = Client::try_from(config.clone())?;
-        let foreground = settings.foreground_budget.map(|budget| {
-            Arc::new(Foreground::new(probe, &config.default_namespace, budget, metrics.clone()))
-        });
+        // The probe, when the gentle pace steers by one, has a connection of its own, as
+        // another client would.
+        let foreground = match settings.foreground_budget {
+            Some(budget) => {
+                let probe = Client::try_from(config.clone())?;
+                let namespace = &config.default_namespace;
+                Some(Arc::new(Foreground::new(probe, namespace, budget, metrics.clone())))
+            }
+            None => None,
+        };
         let client = Client::try_from(config)?;
         let request_metrics = Arc::new(request::RequestMetrics::new(&metrics));
         Ok(Engine { client, limiter, settings, metrics, request_metrics, foreground })

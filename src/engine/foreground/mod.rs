@@ -138,25 +138,11 @@ impl Foreground {
     /// A gate probing through `client` (a client of its own, so the probe waits in no queue of
     /// kube-svm's writes) the ConfigMap [`PROBE_OBJECT`] in `namespace`, against `budget`.
     pub fn new(client: Client, namespace: &str, budget: Budget, metrics: Arc<Metrics>) -> Self {
-        let now = Instant::now();
         Foreground {
             client,
             path: format!("/api/v1/namespaces/{namespace}/configmaps/{PROBE_OBJECT}"),
             budget,
-            state: Mutex::new(State {
-                steering: Steering::new(now),
-                next_slot: now,
-                quiet_from: now,
-                quiet_until: now,
-                next_quiet: None,
-                samples: VecDeque::new(),
-                quiet: Vec::new(),
-                waited: false,
-                last_write: None,
-                last_look: now,
-                strictest: None,
-                seen: Steered { rate: steering::START_RATE, ..Steered::default() },
-            }),
+            state: Mutex::new(State::new(Instant::now())),
             turn: tokio::sync::Mutex::new(()),
             probing: AtomicBool::new(false),
             metrics,
@@ -224,14 +210,38 @@ impl Foreground {
 }
 
 impl State {
+    /// Before the first write: no quiet window yet, the starting rate.
+    fn new(now: Instant) -> State {
+        State {
+            steering: Steering::new(now),
+            next_slot: now,
+            quiet_from: now,
+            quiet_until: now,
+            next_quiet: None,
+            samples: VecDeque::new(),
+            quiet: Vec::new(),
+            waited: false,
+            last_write: None,
+            last_look: now,
+            strictest: None,
+            seen: Steered { rate: steering::START_RATE, ..Steered::default() },
+        }
+    }
+
     /// The admission of one write at `now`: when to wake, and whether the write may then go.
     fn admit(&mut self, now: Instant, budget: Option<Budget>) -> (Instant, bool) {
         self.last_write = Some(now);
         if let Some(budget) = budget {
+            // A stricter budget held lately stays, without being renewed by a looser one: it
+            // lapses once its own migration has not written for a while.
+            let baseline = self.steering.baseline();
             self.strictest = match self.strictest {
-                Some((held, at)) if now.duration_since(at) < BUDGET_MEMORY => {
-                    let baseline = self.steering.baseline();
-                    Some((held.stricter(budget, baseline), now))
+                Some((held, at))
+                    if now.duration_since(at) < BUDGET_MEMORY
+                        && budget.stricter(held, baseline) == held
+                        && held != budget =>
+                {
+                    Some((held, at))
                 }
                 _ => Some((budget, now)),
             };
@@ -343,20 +353,7 @@ mod tests {
     use super::*;
 
     fn state(now: Instant) -> State {
-        State {
-            steering: Steering::new(now),
-            next_slot: now,
-            quiet_from: now,
-            quiet_until: now,
-            next_quiet: None,
-            samples: VecDeque::new(),
-            quiet: Vec::new(),
-            waited: false,
-            last_write: None,
-            last_look: now,
-            strictest: None,
-            seen: Steered::default(),
-        }
+        State::new(now)
     }
 
     #[test]
@@ -421,6 +418,25 @@ mod tests {
         assert_eq!(state.seen.limit, Some(Duration::from_millis(6)));
         state.look(now + BUDGET_MEMORY * 2, Budget::default());
         assert_eq!(state.seen.limit, Some(Duration::from_millis(12)), "forgotten once it stops");
+    }
+
+    #[test]
+    fn a_looser_budget_still_writing_does_not_keep_a_stricter_one_alive() {
+        let now = Instant::now();
+        let mut state = state(now);
+        state.steering.quiet_sample(Duration::from_millis(4));
+        let (strict, loose) = (Budget::Fixed(Duration::from_millis(6)), Budget::Relative(3.0));
+        state.admit(now, Some(strict));
+        let mut later = now;
+        for _ in 0..4 {
+            later += BUDGET_MEMORY / 2;
+            state.admit(later, Some(loose));
+        }
+        state.look(later, Budget::default());
+        assert_eq!(state.seen.limit, Some(Duration::from_millis(12)), "the strict one lapsed");
+        state.admit(later, Some(strict));
+        state.look(later, Budget::default());
+        assert_eq!(state.seen.limit, Some(Duration::from_millis(6)), "and comes back with it");
     }
 
     #[test]
