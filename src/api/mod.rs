@@ -66,6 +66,13 @@ pub const CLEAN_MANAGED_FIELDS_ANNOTATION: &str = "kube-svm.io/clean-managed-fie
 /// `storedVersions` after the migration succeeds.
 pub const ENCODING_CONFIRMED_ANNOTATION: &str = "kube-svm.io/encoding-confirmed";
 
+/// Annotation on a StorageVersionMigration letting the others write first (value `"true"`): it
+/// takes a turn to write only when no migration created by hand or for a storage switch waits
+/// for one. The CRD trigger sets it on the migrations it creates for CRDs it found switched when
+/// it started (the catch-up after an install or an upgrade), so a switch made meanwhile does not
+/// wait for them; remove it to let one go first.
+pub const BACKLOG_ANNOTATION: &str = "kube-svm.io/backlog";
+
 /// Annotation on a StorageVersionMigration asking kube-svm to run it again in place once it has
 /// failed. Its value is a token (`kube-svm retry` writes the time, RFC 3339): the controller
 /// acts once per value, recording the value in `status.retryToken`, so setting the same value

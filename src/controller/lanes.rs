@@ -1,71 +1,77 @@
-//! Which lane a migration writes in, and waiting for its turn there: the discovery trigger's
-//! sweep has turns of its own, so it never holds back the other migrations.
+//! Which lane a migration writes in, and waiting for its turn there: a migration created by
+//! hand or for a storage switch goes first, the CRD trigger's catch-up after a start next, and
+//! the discovery trigger's sweep has turns of its own, so it never holds back the others.
 
 use std::time::Duration;
 
-use tokio::sync::OwnedSemaphorePermit;
-
 use super::Context;
-use crate::api::{GroupResource, Phase, StorageVersionMigration};
+use crate::api::{BACKLOG_ANNOTATION, GroupResource, Phase, StorageVersionMigration};
+use crate::lifecycle::turns::Turn;
 use crate::trigger::TRIGGER_LABEL;
 
 /// How soon a migration waiting for its turn is looked at again.
 pub(super) const WAIT_FOR_TURN: Duration = Duration::from_secs(2);
 
-/// Which turns to write a migration takes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which turns to write a migration takes, first lane first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Lane {
-    /// Every migration but the sweep's: `--concurrency` turns.
+    /// Migrations created by hand, or by the CRD trigger for a switch it saw: the first of the
+    /// `--concurrency` turns.
     Main,
+    /// Migrations marked [`BACKLOG_ANNOTATION`] (the CRD trigger's catch-up after a start): the
+    /// `--concurrency` turns no [`Lane::Main`] migration waits for.
+    Backlog,
     /// The discovery trigger's sweep: [`super::SWEEP_SLOTS`] turns of its own.
     Sweep,
 }
 
-/// The lane of `migration`: the discovery trigger's take the sweep's, unless another migration
-/// of the same resource (an operator's, the CRD trigger's) waits for it to end: then it takes
-/// the main lane, so that migration is not held behind the sweep either. Pure.
+/// The lane `migration` asks for by itself: its trigger and its annotation. Pure.
+fn own_lane(migration: &StorageVersionMigration) -> Lane {
+    let labels = migration.metadata.labels.as_ref();
+    if labels.and_then(|l| l.get(TRIGGER_LABEL)).is_some_and(|v| v == "discovery") {
+        return Lane::Sweep;
+    }
+    let annotations = migration.metadata.annotations.as_ref();
+    match annotations.and_then(|a| a.get(BACKLOG_ANNOTATION)).is_some_and(|v| v == "true") {
+        true => Lane::Backlog,
+        false => Lane::Main,
+    }
+}
+
+/// The lane of `migration`: its own, unless another migration of the same resource in a lane
+/// before it waits for it to end (at most one migration of a resource runs at a time): then
+/// that lane, so the other is not held behind a later lane through it. Pure.
 pub(super) fn lane<'a>(
     migration: &StorageVersionMigration,
     others: impl IntoIterator<Item = &'a StorageVersionMigration>,
 ) -> Lane {
-    let swept = |m: &StorageVersionMigration| {
-        let labels = m.metadata.labels.as_ref();
-        labels.and_then(|l| l.get(TRIGGER_LABEL)).is_some_and(|v| v == "discovery")
-    };
-    if !swept(migration) {
-        return Lane::Main;
-    }
+    let own = own_lane(migration);
     let resource = group_resource(migration);
     let name = migration.metadata.name.as_deref();
-    let waiting = others.into_iter().any(|other| {
+    let waiting = others.into_iter().filter(|other| {
         other.metadata.name.as_deref() != name
             && group_resource(other) == resource
-            && !swept(other)
             && !Phase::of(other).is_terminal()
             && other.metadata.deletion_timestamp.is_none()
     });
-    if waiting { Lane::Main } else { Lane::Sweep }
+    waiting.map(own_lane).fold(own, Lane::min)
 }
 
-/// Waits for `migration`'s turn to write in its lane ([`lane`], looked at again while waiting).
-pub(super) async fn turn(
-    context: &Context,
-    migration: &StorageVersionMigration,
-) -> OwnedSemaphorePermit {
+/// Waits for `migration`'s turn to write in its lane ([`lane`], looked at again while waiting:
+/// a later lane may be lifted by a migration that comes to wait for it).
+pub(super) async fn turn(context: &Context, migration: &StorageVersionMigration) -> Turn {
+    let arrival = context.turns.arrival();
     loop {
         let state = context.store.state();
         let lane = lane(migration, state.iter().map(|m| m.as_ref()));
-        let slots = match lane {
-            Lane::Main => context.slots.clone(),
-            Lane::Sweep => context.sweep_slots.clone(),
+        let (turns, rank) = match lane {
+            Lane::Main => (&context.turns, 0),
+            Lane::Backlog => (&context.turns, 1),
+            Lane::Sweep => (&context.sweep_turns, 0),
         };
         tokio::select! {
-            permit = slots.acquire_owned() => match permit {
-                Ok(permit) => return permit,
-                // Never closed; should it be, wait rather than spin.
-                Err(_) => tokio::time::sleep(WAIT_FOR_TURN).await,
-            },
-            () = tokio::time::sleep(WAIT_FOR_TURN), if lane == Lane::Sweep => {}
+            turn = turns.take((rank, arrival)) => return turn,
+            () = tokio::time::sleep(WAIT_FOR_TURN), if lane != Lane::Main => {}
         }
     }
 }
@@ -118,5 +124,21 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(lane(&swept, [&ended]), Lane::Sweep);
+    }
+
+    #[test]
+    fn the_catch_up_writes_after_switches_seen_since_and_lifts_what_it_waits_for() {
+        let mut caught_up = migration("widgets-v2-1", "widgets", Some("crd"));
+        caught_up.metadata.annotations =
+            Some([(BACKLOG_ANNOTATION.to_owned(), "true".to_owned())].into());
+        assert_eq!(lane(&caught_up, [&caught_up]), Lane::Backlog);
+        let operator = migration("by-hand", "widgets", None);
+        assert_eq!(lane(&caught_up, [&operator]), Lane::Main, "one by hand waits for it");
+        assert_eq!(lane(&operator, [&caught_up]), Lane::Main);
+        // A sweep that the catch-up of its resource waits for writes in the catch-up's lane.
+        let swept = migration("widgets-abc", "widgets", Some("discovery"));
+        assert_eq!(lane(&swept, [&caught_up]), Lane::Backlog);
+        assert_eq!(lane(&swept, [&caught_up, &operator]), Lane::Main);
+        assert!(Lane::Main < Lane::Backlog && Lane::Backlog < Lane::Sweep, "the order of turns");
     }
 }

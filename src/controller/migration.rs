@@ -181,7 +181,7 @@ impl lifecycle::Host for Host<'_> {
         checkpoint(self.context, &mut self.writer, current, target, updates).await
     }
 
-    async fn turn(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    async fn turn(&self) -> Option<crate::lifecycle::turns::Turn> {
         let permit = super::lanes::turn(self.context, self.migration).await;
         self.preparing.lock().unwrap_or_else(|p| p.into_inner()).take();
         Some(permit)

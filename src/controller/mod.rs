@@ -3,6 +3,8 @@
 //! - [`reconcile`](self::reconcile): decides when a migration may start (one per resource, oldest
 //!   first, a bounded number at once, discovery failures retried later without holding a slot)
 //!   and starts it;
+//! - `lanes`: whose turn it is to write: by hand or for a switch first, then the catch-up, the
+//!   discovery trigger's sweep beside them;
 //! - `migration`: one running migration: the [`lifecycle`](crate::lifecycle), shared with
 //!   `kube-svm migrate`, with the controller as its host (status, Events, metrics);
 //! - `retry`: a Failed migration run again in place, once per value of its retry annotation;
@@ -42,6 +44,7 @@ use crate::apiserver::fence::Fence;
 use crate::engine::Engine;
 use crate::evidence::encoding::{EncodingPolicy, Observer};
 use crate::lifecycle::cluster::Cluster;
+use crate::lifecycle::turns::Turns;
 use crate::ops::server::Health;
 
 /// How often the controller's loop reports that it is alive.
@@ -127,15 +130,14 @@ pub(crate) struct Context {
     settings: Settings,
     /// Migrations running in this process, by name.
     running: Mutex<HashMap<String, GroupResource>>,
-    /// Turns to write ([`reconcile::turn`]): `--concurrency` for every migration but the
-    /// discovery trigger's sweep, which has [`SWEEP_SLOTS`] of its own.
-    slots: Arc<Semaphore>,
-    sweep_slots: Arc<Semaphore>,
-    /// Migrations that may gather evidence at once, before their turn to write: the sweep's
-    /// and everyone else's apart, so that a sweep waiting for its lane never keeps another
-    /// migration from starting.
-    preparing: Arc<Semaphore>,
-    preparing_sweep: Arc<Semaphore>,
+    /// Turns to write ([`lanes::turn`]): `--concurrency` for every migration but the
+    /// discovery trigger's sweep, the main lane's first; the sweep has [`SWEEP_SLOTS`] of its own.
+    turns: Arc<Turns>,
+    sweep_turns: Arc<Turns>,
+    /// Migrations that may gather evidence at once, before their turn to write, in each lane
+    /// apart (main, backlog, sweep), so that a later lane waiting for its turns never keeps a
+    /// migration of an earlier one from starting.
+    preparing: [Arc<Semaphore>; 3],
     tasks: TaskTracker,
     /// Fires when the controller stops taking work; running migrations checkpoint and end.
     stopping: CancellationToken,
@@ -206,10 +208,9 @@ pub async fn run(run: Run) -> Stopped {
     let context = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         store: controller.store(),
-        slots: Arc::new(Semaphore::new(settings.concurrency.max(1))),
-        sweep_slots: Arc::new(Semaphore::new(SWEEP_SLOTS)),
-        preparing: Arc::new(Semaphore::new(PREPARING)),
-        preparing_sweep: Arc::new(Semaphore::new(PREPARING)),
+        turns: Turns::new(settings.concurrency),
+        sweep_turns: Turns::new(SWEEP_SLOTS),
+        preparing: std::array::from_fn(|_| Arc::new(Semaphore::new(PREPARING))),
         running: Mutex::new(HashMap::new()),
         tasks: TaskTracker::new(),
         stopping: stopping.clone(),

@@ -1,6 +1,7 @@
 //! Deciding when a migration starts: never twice, at most one per resource (the oldest first), at
-//! most [`super::PREPARING`] gathering evidence at once, and when it writes: at most
-//! `concurrency` at once, the discovery trigger's sweep in a lane of its own ([`turn`]). Terminal migrations are never run again, save a Failed one asked
+//! most [`super::PREPARING`] gathering evidence at once in each lane, and when it writes: at most
+//! `concurrency` at once, the catch-up after those made by hand or for a switch, the discovery
+//! trigger's sweep in a lane of its own ([`super::lanes`]). Terminal migrations are never run again, save a Failed one asked
 //! to by its retry annotation (`retry`), which then starts as a new one. A migration whose
 //! discovery failed waits for its next try without holding a slot, and fails after a few.
 
@@ -14,7 +15,7 @@ use tokio::time::Instant;
 use tracing::{debug, error, instrument};
 
 use super::Context;
-use super::lanes::{Lane, WAIT_FOR_TURN, group_resource, lane};
+use super::lanes::{WAIT_FOR_TURN, group_resource, lane};
 use super::migration::{self, Requeue};
 use crate::api::{Phase, StorageVersionMigration};
 
@@ -106,11 +107,8 @@ pub(super) async fn reconcile(
             debug!("waiting for an earlier migration of the same resource");
             return Ok(Action::requeue(WAIT_FOR_TURN));
         }
-        let preparing = match lane(&migration, context.store.state().iter().map(|m| m.as_ref())) {
-            Lane::Main => &context.preparing,
-            Lane::Sweep => &context.preparing_sweep,
-        };
-        let Ok(preparing) = preparing.clone().try_acquire_owned() else {
+        let lane = lane(&migration, context.store.state().iter().map(|m| m.as_ref()));
+        let Ok(preparing) = context.preparing[lane as usize].clone().try_acquire_owned() else {
             debug!("waiting for room to prepare");
             return Ok(Action::requeue(WAIT_FOR_TURN));
         };

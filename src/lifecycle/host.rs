@@ -2,7 +2,7 @@
 //! in, and the words they share (when a status is recorded, what the operator is told, how a
 //! migration ends).
 
-use tokio::sync::{OwnedSemaphorePermit, watch};
+use tokio::sync::watch;
 
 use crate::api::{
     MigrationCondition, MigrationTarget, StorageVersionMigration, StorageVersionMigrationStatus,
@@ -142,9 +142,9 @@ pub trait Host {
     fn tell(&self, notice: Notice<'_>) -> impl Future<Output = ()>;
 
     /// Waits for this migration's turn to write, once its evidence is in (the encoding check may
-    /// wait a settle period, and waiting for evidence holds no slot); the permit is held while
+    /// wait a settle period, and waiting for evidence holds no slot); the turn is held while
     /// the engine writes. `None`: no other migration shares the writes (`kube-svm migrate`).
-    fn turn(&self) -> impl Future<Output = Option<OwnedSemaphorePermit>> {
+    fn turn(&self) -> impl Future<Output = Option<super::turns::Turn>> {
         async { None }
     }
 

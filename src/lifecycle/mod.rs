@@ -20,7 +20,8 @@
 //! The steps' requests: [`cluster`] (what they need of the process), [`steps`] (conversion
 //! preflight, the target, the `StorageMigrating` mark), [`guard`] and [`crd_watch`] (whether the
 //! target still holds, and the [`change::Change`] when it does not), [`prune`] (settling
-//! `storedVersions`), [`resume`] (which checkpoint may be resumed).
+//! `storedVersions`), [`resume`] (which checkpoint may be resumed), [`turns`] (whose turn it is
+//! to write, when migrations share them).
 
 pub mod change;
 pub mod cluster;
@@ -32,6 +33,7 @@ pub mod resume;
 mod run;
 pub mod status;
 pub mod steps;
+pub mod turns;
 
 use std::sync::Mutex;
 

@@ -5,8 +5,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{Api, Client, ResourceExt};
-use kube_svm::api::Phase;
-use kube_svm::api::StorageVersionMigration;
+use kube_svm::api::{BACKLOG_ANNOTATION, Phase, StorageVersionMigration};
 use kube_svm::evidence::encoding;
 use kube_svm::rules::encoding::Encoding;
 use kube_svm::trigger::crd::OPT_OUT_ANNOTATION;
@@ -388,4 +387,73 @@ async fn a_crd_created_again_through_the_same_history_is_migrated_again() {
     assert_eq!(Phase::of(&done), Phase::Succeeded, "{:?}", done.status);
     widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 30).await;
     assert_eq!(stored_versions(&client, &widgets).await, ["v2"]);
+}
+
+/// A storage switch made while the controller works through the CRDs it found switched when it
+/// started (the catch-up, annotated `kube-svm.io/backlog`) takes the next turn to write: it is
+/// pruned while the catch-up still runs, not after all of it.
+#[tokio::test]
+async fn a_switch_made_during_the_catch_up_writes_before_it() {
+    const FOUND: usize = 4;
+    const OBJECTS: usize = 400;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
+    let found: Vec<WidgetCrd> =
+        (0..FOUND).map(|i| WidgetCrd::new(&format!("found{i}"), false)).collect();
+    for widgets in &found {
+        widgets.create(&client, "v1").await;
+        widgets.seed(&client, "v1", &[None], OBJECTS).await;
+        widgets.set_storage_version(&client, "v2").await;
+    }
+    let late = WidgetCrd::new("late", false);
+    late.create(&client, "v1").await;
+    late.seed(&client, "v1", &[None], 20).await;
+    // One turn to write, so that the order of the turns shows.
+    let args = [
+        "controller",
+        "--leader-elect=false",
+        "--crd-trigger=true",
+        "--storage-version-settle=1",
+        "--concurrency=1",
+    ];
+    let controller = KubeSvm::start(&control_plane, "controller", &args).await;
+    let mut caught_up = Vec::new();
+    for widgets in &found {
+        caught_up.push(wait_for_triggered(&client, widgets, 1, &controller).await.name_any());
+    }
+    let api: Api<StorageVersionMigration> = Api::all(client.clone());
+    let terminal = || async {
+        let mut terminal = 0;
+        for name in &caught_up {
+            let migration = api.get(name).await.expect("exists");
+            terminal += usize::from(Phase::of(&migration).is_terminal());
+        }
+        terminal
+    };
+    // The catch-up is under way: one of it has ended.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while terminal().await == 0 {
+        assert!(Instant::now() < deadline, "the catch-up never began\n{}", controller.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    late.set_storage_version(&client, "v2").await;
+    let switched = wait_for_triggered(&client, &late, 1, &controller).await;
+    let done = wait_terminal(&client, &switched.name_any(), &controller).await;
+    let behind = FOUND - terminal().await;
+    assert_eq!(Phase::of(&done), Phase::Succeeded, "{:?}", done.status);
+    assert_eq!(stored_versions(&client, &late).await, ["v2"]);
+    late.assert_all_stored_as(&control_plane.etcd(), "v2", 20).await;
+    assert!(behind > 0, "the switch waited for all of the catch-up\n{}", controller.logs());
+
+    // Only the catch-up is marked, and it all ends pruned too.
+    let backlog = |m: &StorageVersionMigration| {
+        m.annotations().get(BACKLOG_ANNOTATION).map(String::as_str) == Some("true")
+    };
+    assert!(!backlog(&done), "{:?}", done.metadata.annotations);
+    for (widgets, name) in found.iter().zip(&caught_up) {
+        let done = wait_terminal(&client, name, &controller).await;
+        assert!(backlog(&done), "{:?}", done.metadata.annotations);
+        assert_eq!(Phase::of(&done), Phase::Succeeded, "{:?}", done.status);
+        assert_eq!(stored_versions(&client, widgets).await, ["v2"]);
+        widgets.assert_all_stored_as(&control_plane.etcd(), "v2", OBJECTS).await;
+    }
 }

@@ -10,6 +10,10 @@
 //! doubles with each retry ([`retry_wait`]), a bounded number of times ([`MAX_RETRIES`]). The
 //! wait is counted from the failure's recorded time and the retries recorded in status, so a
 //! restarted controller keeps the same schedule.
+//!
+//! A migration for a CRD as this process first saw it (switched before the controller started:
+//! the catch-up after an install or an upgrade) is marked `kube-svm.io/backlog`, so that a switch
+//! made since, and a migration created by hand, take their turn to write before it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -31,8 +35,8 @@ mod names;
 pub use super::TRIGGER_LABEL;
 use super::{Clients, Requests, is_conflict};
 use crate::api::{
-    CLEAN_MANAGED_FIELDS_ANNOTATION, GroupVersionResource, Phase, StorageVersionMigration,
-    StorageVersionMigrationSpec,
+    BACKLOG_ANNOTATION, CLEAN_MANAGED_FIELDS_ANNOTATION, GroupVersionResource, Phase,
+    StorageVersionMigration, StorageVersionMigrationSpec,
 };
 use crate::apiserver::fence::Fence;
 use crate::apiserver::fence::RequestError;
@@ -268,6 +272,9 @@ struct Context {
     told: std::sync::Mutex<std::collections::HashMap<String, i64>>,
     /// Since when versions have been seen unserved.
     unserved_since: UnservedSince,
+    /// The generation each CRD (by uid) had when this process first saw it: a migration for
+    /// that generation is the catch-up ([`BACKLOG_ANNOTATION`]).
+    first_seen: std::sync::Mutex<std::collections::HashMap<String, i64>>,
 }
 
 /// Runs until `stop` fires; creates nothing once `fence` closes.
@@ -297,6 +304,7 @@ pub async fn run(clients: Clients, settings: Settings, fence: Fence, stop: Cance
                 settings,
                 told: Default::default(),
                 unserved_since: UnservedSince::default(),
+                first_seen: Default::default(),
             }),
         )
         .for_each(|result| async move {
@@ -316,6 +324,12 @@ async fn reconcile(
     crd: Arc<CustomResourceDefinition>,
     context: Arc<Context>,
 ) -> Result<Action, Error> {
+    let caught_up = {
+        let uid = crd.metadata.uid.clone().unwrap_or_default();
+        let generation = crd.metadata.generation.unwrap_or_default();
+        let mut first_seen = context.first_seen.lock().unwrap_or_else(|p| p.into_inner());
+        *first_seen.entry(uid).or_insert(generation) == generation
+    };
     // The discovery trigger polls when a CRD is new or its spec changed (a storage switch, a
     // version served or not): not for every status write or migration checkpoint.
     if let Some(poke) = &context.settings.poke {
@@ -385,6 +399,10 @@ async fn reconcile(
     if clean_managed_fields {
         annotations.insert(CLEAN_MANAGED_FIELDS_ANNOTATION.to_owned(), "true".to_owned());
     }
+    // Found so when this process started: the switches seen since write first.
+    if caught_up {
+        annotations.insert(BACKLOG_ANNOTATION.to_owned(), "true".to_owned());
+    }
     let migration = StorageVersionMigration {
         metadata: ObjectMeta {
             name: Some(name.clone()),
@@ -400,6 +418,7 @@ async fn reconcile(
             crd = crd.name_any(),
             migration = name,
             clean_managed_fields,
+            backlog = caught_up,
             "created a migration for the CRD"
         ),
         Err(error) if is_conflict(&error) => {
