@@ -141,15 +141,18 @@ async fn main() {
         let run = sweep(&control_plane, &client, &binary, discovery, swept, late, version).await;
         prove(&etcd, &widgets, version, objects).await;
         eprintln!(
-            "sweep: {name}: {:.1} s, the late CRD pruned {:.1} s after its switch",
-            run.0, run.1
+            "sweep: {name}: {:.1} s, the CRDs switched before it pruned after {:.1} s, the late CRD pruned {:.1} s after its switch",
+            run.seconds, run.crds_pruned, run.late_pruned
         );
         rows.push(Row {
             contender: name.clone(),
-            seconds: run.0,
+            seconds: run.seconds,
             note: format!(
-                "{} StorageStates converged; the CRD switched mid-sweep pruned {:.1} s after its switch",
-                run.2, run.1
+                "{} StorageStates converged; the {} CRDs switched before the start pruned after {:.1} s; the CRD switched mid-sweep pruned {:.1} s after its switch",
+                run.converged,
+                swept.len(),
+                run.crds_pruned,
+                run.late_pruned
             ),
         });
     }
@@ -229,10 +232,21 @@ async fn bare_client(client: &Client, widgets: &[WidgetCrd], version: &str) -> f
     started.elapsed().as_secs_f64()
 }
 
+/// What one sweep took.
+struct Run {
+    /// From the controller's start to every StorageState converged and every CRD pruned.
+    seconds: f64,
+    /// From the controller's start to every CRD switched before it pruned.
+    crds_pruned: f64,
+    /// From the late CRD's switch to its prune.
+    late_pruned: f64,
+    /// StorageStates converged at the end.
+    converged: usize,
+}
+
 /// Runs `kube-svm controller` (`binary`) with both triggers from a cluster with no StorageState
 /// until every StorageState converged and every CRD in `swept` and `late` is pruned to
-/// `[version]`; `late` is switched once the first StorageState converged. Seconds in all, seconds
-/// from the late switch to its prune, and StorageStates converged.
+/// `[version]`; `late` is switched once the first StorageState converged.
 async fn sweep(
     control_plane: &ControlPlane,
     client: &Client,
@@ -241,7 +255,7 @@ async fn sweep(
     swept: &[WidgetCrd],
     late: &WidgetCrd,
     version: &str,
-) -> (f64, f64, usize) {
+) -> Run {
     // Without the discovery trigger no StorageState is kept: the CRDs' prune is the end.
     let expected = match discovery {
         true => migratable_resources(client).await,
@@ -251,6 +265,7 @@ async fn sweep(
     let mut controller = Controller::start(control_plane, binary, discovery).await;
     let mut late_switched: Option<Instant> = None;
     let mut late_pruned: Option<f64> = None;
+    let mut crds_pruned: Option<f64> = None;
     loop {
         assert!(started.elapsed() < GIVE_UP, "the sweep did not end within {GIVE_UP:?}");
         let (converged, total) = storage_states(client).await;
@@ -260,6 +275,9 @@ async fn sweep(
             late_switched = Some(Instant::now());
         }
         let pruned = pruned(client, swept, version).await;
+        if pruned == swept.len() && crds_pruned.is_none() {
+            crds_pruned = Some(started.elapsed().as_secs_f64());
+        }
         if let (Some(at), None) = (late_switched, late_pruned)
             && pruned_one(client, late, version).await
         {
@@ -269,7 +287,12 @@ async fn sweep(
         {
             let seconds = started.elapsed().as_secs_f64();
             controller.stop();
-            return (seconds, late_pruned.unwrap_or_default(), converged);
+            return Run {
+                seconds,
+                crds_pruned: crds_pruned.unwrap_or(seconds),
+                late_pruned: late_pruned.unwrap_or_default(),
+                converged,
+            };
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }

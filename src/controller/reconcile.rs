@@ -26,8 +26,7 @@ pub const DISCOVERY_ATTEMPTS: u32 = 6;
 
 /// Wait before the try after `failures` failed ones: 5 s, doubling, at most a minute.
 fn retry_delay(failures: u32) -> Duration {
-    let doubled = Duration::from_secs(5).saturating_mul(1 << failures.saturating_sub(1).min(8));
-    doubled.min(Duration::from_secs(60))
+    crate::rules::backoff::doubling(failures, Duration::from_secs(5), Duration::from_secs(60))
 }
 
 /// Wait before looking again whether the in-tree migrator's migration of the same resource has

@@ -104,8 +104,10 @@ impl StatusWriter {
         patience: Duration,
     ) -> Result<(), Error> {
         let deadline = Instant::now() + patience;
-        let mut backoff = FIRST_BACKOFF;
+        let mut failures = 0;
         loop {
+            failures += 1;
+            let backoff = crate::rules::backoff::doubling(failures, FIRST_BACKOFF, MAX_BACKOFF);
             match self.write(status).await {
                 Err(error) if error.is_transient() && Instant::now() + backoff < deadline => {
                     warn!(
@@ -114,7 +116,6 @@ impl StatusWriter {
                         "status write failed; trying again"
                     );
                     tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
                 result => return result,
             }

@@ -71,14 +71,16 @@ impl Engine {
         let budget = self.settings.outage_timeout.saturating_sub(*waited);
         warn!(waited = ?*waited, ?budget, "the apiserver is not ready; pausing requests");
         let started = Instant::now();
-        let mut interval = FIRST_PROBE_INTERVAL;
+        let mut probes = 0;
         loop {
+            probes += 1;
+            let interval =
+                crate::rules::backoff::doubling(probes, FIRST_PROBE_INTERVAL, MAX_PROBE_INTERVAL);
             if started.elapsed() >= budget {
                 *waited += started.elapsed();
                 return Verdict::GaveUp { waited: *waited };
             }
             tokio::time::sleep(interval.min(budget.saturating_sub(started.elapsed()))).await;
-            interval = (interval * 2).min(MAX_PROBE_INTERVAL);
             if self.apiserver_ready().await {
                 *waited += started.elapsed();
                 state.recovered_at = Some(Instant::now());

@@ -61,8 +61,7 @@ impl Backoff {
     }
 
     fn exponential(&self, attempt: u32, jitter: f64) -> Duration {
-        let factor = 2u32.saturating_pow(attempt.saturating_sub(1));
-        let ceiling = self.base.saturating_mul(factor).min(self.cap);
+        let ceiling = crate::rules::backoff::doubling(attempt, self.base, self.cap);
         // Full jitter in [ceiling / 2, ceiling): never hammer, never stall.
         ceiling.mul_f64(0.5 + jitter.clamp(0.0, 1.0) / 2.0)
     }

@@ -6,7 +6,9 @@
 //! - [`managed_fields`]: which `managedFields` entries name a version no longer served, and what
 //!   an object keeps of them.
 //! - [`storage_hash`]: the storage version hash the apiserver publishes in discovery.
+//! - [`backoff`]: how long to wait before trying again what keeps failing.
 
+pub mod backoff;
 pub mod encoding;
 pub mod managed_fields;
 pub mod storage_hash;

@@ -239,7 +239,8 @@ async fn poll(
         let proof =
             |m: &StorageVersionMigration| storage_state::proof(m, resource, &current, Some(since));
         let (failures, last_failure) = storage_state::failures(&of_resource, |m| proof(m).is_ok());
-        let retry = super::retry_after(failures, follow_up(settings), settings.interval);
+        let retry =
+            crate::rules::backoff::doubling(failures, follow_up(settings), settings.interval);
         let since_failure =
             last_failure.map(|ended| Timestamp::now().duration_since(ended).unsigned_abs());
         let retry_in = since_failure.and_then(|elapsed| retry.checked_sub(elapsed));

@@ -39,13 +39,6 @@ impl Requests<'_> {
     }
 }
 
-/// How long after its last failure something that keeps failing is tried again: `first` after
-/// one failure, doubling with each further one, at most `longest`. Both triggers back off so.
-pub fn retry_after(failures: u32, first: Duration, longest: Duration) -> Duration {
-    let doublings = failures.saturating_sub(1).min(16);
-    first.saturating_mul(1 << doublings).min(longest)
-}
-
 /// Whether `error` is an answer with HTTP `code`.
 fn is_conflict(error: &RequestError) -> bool {
     matches!(error, RequestError::Api(error) if crate::apiserver::answers::is_conflict(error))

@@ -305,8 +305,6 @@ pub fn last_ended<'a>(
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-    use crate::trigger::retry_after;
-
     use super::*;
     use crate::api::{
         MigrationTarget, StorageVersionMigrationSpec,
@@ -535,11 +533,6 @@ mod tests {
 
     #[test]
     fn failing_resources_are_tried_again_less_and_less_often() {
-        let first = Duration::from_secs(10);
-        let longest = Duration::from_secs(600);
-        assert_eq!(retry_after(1, first, longest), first);
-        assert_eq!(retry_after(3, first, longest), Duration::from_secs(40));
-        assert_eq!(retry_after(30, first, longest), longest);
         let ended = |phase: &str, at: i64| {
             let mut m = migration("B", phase, true, at - 1);
             if let Some(status) = m.status.as_mut() {

@@ -82,7 +82,7 @@ pub enum Retry {
 /// next retry: `first`, doubling with each retry, at most [`RETRY_CAP`] (or `first`, when
 /// longer).
 pub fn retry_wait(retries: u32, first: Duration) -> Duration {
-    super::retry_after(retries.saturating_add(1), first, RETRY_CAP.max(first))
+    crate::rules::backoff::doubling(retries.saturating_add(1), first, RETRY_CAP.max(first))
 }
 
 /// Whether, and when, to retry `migration` at `now`, from what its status records (when it
