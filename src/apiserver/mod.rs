@@ -5,8 +5,12 @@
 //! - [`fence`]: whether this process may still write, and for how long.
 //! - [`reachability`]: saying once that the apiserver is unreachable, and once that it is back.
 //! - [`in_tree`]: the in-tree migrator's `storagemigration.k8s.io/v1` migrations, to coexist.
+//! - `fake` (tests only): a `kube::Client` whose requests a test answers and records, for unit
+//!   tests of orchestration without a control plane.
 
 pub mod answers;
+#[cfg(test)]
+pub mod fake;
 pub mod fence;
 pub mod in_tree;
 pub mod reachability;

@@ -640,4 +640,144 @@ mod tests {
         assert_eq!(needed_migration(&crd("v2", &["v1", "v2"], Some("false")), true), None);
         assert!(needed_migration(&crd("v2", &["v1", "v2"], Some("true")), true).is_some());
     }
+
+    /// The trigger's reconcile against a fake apiserver that lists `migrations` and accepts
+    /// every write.
+    mod reconciled {
+        use serde_json::{Value, json};
+
+        use super::*;
+        use crate::apiserver::fake::{self, Requests};
+
+        const MIGRATIONS: &str = "/apis/migration.k8s.io/v1alpha1/storageversionmigrations";
+
+        fn trigger(
+            migrations: Vec<StorageVersionMigration>,
+            create: bool,
+        ) -> (Arc<Context>, Requests) {
+            let items: Vec<Value> =
+                migrations.iter().map(|m| serde_json::to_value(m).unwrap()).collect();
+            let (client, requests) = fake::client(move |sent| {
+                match (sent.method.as_str(), sent.path.as_str()) {
+                    ("GET", MIGRATIONS) => fake::list(
+                        "migration.k8s.io/v1alpha1",
+                        "StorageVersionMigration",
+                        items.clone(),
+                    ),
+                    ("POST", MIGRATIONS) => (201, sent.body.clone()),
+                    ("PATCH", path) if path.starts_with(MIGRATIONS) => {
+                        let name = path.rsplit('/').next().unwrap_or_default();
+                        (
+                            200,
+                            json!({ "metadata": { "name": name }, "spec": {
+                            "resource": { "group": "example.com", "version": "v2", "resource": "widgets" } } }),
+                        )
+                    }
+                    _ => fake::not_found(sent),
+                }
+            });
+            let settings = Settings {
+                create,
+                observer: Observer::default(),
+                encoding: EncodingPolicy {
+                    settle: Duration::from_secs(3600),
+                    wait: Duration::from_secs(3600),
+                },
+                poke: None,
+                request_timeout: Duration::from_secs(10),
+                clean_managed_fields: false,
+                clean_after: Duration::from_secs(86_400),
+                retry_delay: Duration::from_secs(60),
+            };
+            let context = Context {
+                client,
+                config: fake::config(),
+                fence: Fence::open(),
+                settings,
+                told: Default::default(),
+                unserved_since: UnservedSince::default(),
+                first_seen: Default::default(),
+            };
+            (Arc::new(context), requests)
+        }
+
+        /// The CRD `u1` at `generation`, stored as `stored`.
+        fn at(generation: i64, storage: &str, stored: &[&str]) -> Arc<CustomResourceDefinition> {
+            let mut crd = crd(storage, stored, None);
+            crd.metadata.uid = Some("u1".into());
+            crd.metadata.generation = Some(generation);
+            Arc::new(crd)
+        }
+
+        /// The migrations created so far.
+        fn created_by(requests: &Requests) -> Vec<StorageVersionMigration> {
+            let writes = requests.writes().into_iter();
+            let posts = writes.filter(|w| w.method == "POST" && w.path == MIGRATIONS);
+            posts.map(|w| serde_json::from_value(w.body).unwrap()).collect()
+        }
+
+        fn backlog(migration: &StorageVersionMigration) -> Option<&str> {
+            migration.annotations().get(BACKLOG_ANNOTATION).map(String::as_str)
+        }
+
+        #[tokio::test]
+        async fn what_it_found_switched_is_the_catch_up_and_a_switch_seen_since_is_not() {
+            let (context, requests) = trigger(Vec::new(), true);
+            reconcile(at(4, "v2", &["v1", "v2"]), context.clone()).await.unwrap();
+            let created = created_by(&requests);
+            let [first] = created.as_slice() else { panic!("one migration: {created:?}") };
+            assert_eq!(first.name_any(), "widgets.example.com-v2-4");
+            assert_eq!(backlog(first), Some("true"), "found so at the start");
+            assert_eq!(first.labels().get(TRIGGER_LABEL).map(String::as_str), Some("crd"));
+            assert_eq!(first.annotations().get(CRD_UID_ANNOTATION).map(String::as_str), Some("u1"));
+
+            // Pruned since; then switched back while the trigger watched.
+            let (context, requests) = trigger(Vec::new(), true);
+            reconcile(at(4, "v2", &["v2"]), context.clone()).await.unwrap();
+            assert!(requests.writes().is_empty(), "nothing stale, nothing written");
+            reconcile(at(5, "v1", &["v2", "v1"]), context).await.unwrap();
+            let created = created_by(&requests);
+            let [switched] = created.as_slice() else { panic!("one migration: {created:?}") };
+            assert_eq!(switched.name_any(), "widgets.example.com-v1-5");
+            assert_eq!(backlog(switched), None, "a switch seen since writes first");
+        }
+
+        #[tokio::test]
+        async fn an_unfinished_migration_of_the_resource_holds_it_back() {
+            let mut pending = failed(0, None);
+            pending.status = None;
+            pending.metadata.name = Some("by-hand".into());
+            pending.spec.resource = GroupVersionResource {
+                group: "example.com".into(),
+                version: "v1".into(),
+                resource: "widgets".into(),
+            };
+            let (context, requests) = trigger(vec![pending], true);
+            reconcile(at(4, "v2", &["v1", "v2"]), context).await.unwrap();
+            assert!(requests.writes().is_empty(), "{:?}", requests.writes());
+        }
+
+        #[tokio::test]
+        async fn its_own_failed_migration_is_retried_in_place_not_created_again() {
+            let mut own = failed(0, Some("crd"));
+            own.metadata.name = Some("widgets.example.com-v2-4".into());
+            own.metadata.annotations =
+                Some([(CRD_UID_ANNOTATION.to_owned(), "u1".to_owned())].into());
+            let (context, requests) = trigger(vec![own], true);
+            reconcile(at(4, "v2", &["v1", "v2"]), context).await.unwrap();
+            let writes = requests.writes();
+            let [retry] = writes.as_slice() else { panic!("one write: {writes:?}") };
+            assert_eq!(retry.method, "PATCH");
+            assert!(retry.path.ends_with("/widgets.example.com-v2-4"), "{retry:?}");
+            let token = &retry.body["metadata"]["annotations"][crate::api::RETRY_ANNOTATION];
+            assert!(token.is_string(), "the retry annotation is set: {retry:?}");
+        }
+
+        #[tokio::test]
+        async fn without_create_it_writes_nothing() {
+            let (context, requests) = trigger(Vec::new(), false);
+            reconcile(at(4, "v2", &["v1", "v2"]), context).await.unwrap();
+            assert!(requests.writes().is_empty(), "{:?}", requests.writes());
+        }
+    }
 }
