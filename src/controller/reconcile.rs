@@ -5,6 +5,7 @@
 //! to by its retry annotation (`retry`), which then starts as a new one. A migration whose
 //! discovery failed waits for its next try without holding a slot, and fails after a few.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,9 +16,9 @@ use tokio::time::Instant;
 use tracing::{debug, error, instrument};
 
 use super::Context;
-use super::lanes::{WAIT_FOR_TURN, group_resource, lane};
+use super::lanes::{Lane, WAIT_FOR_TURN, group_resource, lane};
 use super::migration::{self, Requeue};
-use crate::api::{Phase, StorageVersionMigration};
+use crate::api::{GroupResource, Phase, StorageVersionMigration};
 
 /// Tries a migration gets by default when discovery (or its CRD) cannot be read, before it
 /// fails: with [`retry_delay`], about two and a half minutes, long enough for an aggregated
@@ -99,14 +100,22 @@ pub(super) async fn reconcile(
     let (failures, unrecorded) = retrying.as_ref().map_or((0, 0), |r| (r.failures, r.unrecorded));
     {
         let mut running = context.running();
-        if running.contains_key(&name) {
-            return Ok(Action::await_change());
-        }
-        if running.values().any(|other| *other == resource) || older_waiting(&context, &migration) {
-            debug!("waiting for an earlier migration of the same resource");
-            return Ok(Action::requeue(WAIT_FOR_TURN));
-        }
-        let lane = lane(&migration, context.store.state().iter().map(|m| m.as_ref()));
+        let lane = {
+            let retries = context.retries();
+            let parked = |other: &StorageVersionMigration| {
+                let uid = other.metadata.uid.as_deref().unwrap_or_default();
+                retries.get(uid).is_some_and(|r| r.given_up_at.is_some())
+            };
+            let state = context.store.state();
+            match admit(&migration, state.iter().map(|m| m.as_ref()), &running, parked) {
+                Admission::Running => return Ok(Action::await_change()),
+                Admission::WaitForResource => {
+                    debug!("waiting for an earlier migration of the same resource");
+                    return Ok(Action::requeue(WAIT_FOR_TURN));
+                }
+                Admission::Prepare(lane) => lane,
+            }
+        };
         let Ok(preparing) = context.preparing[lane as usize].clone().try_acquire_owned() else {
             debug!("waiting for room to prepare");
             return Ok(Action::requeue(WAIT_FOR_TURN));
@@ -181,22 +190,43 @@ pub(super) fn error_policy(
     Action::requeue(WAIT_FOR_TURN)
 }
 
-/// Whether an older, unfinished migration of the same resource is waiting: it goes first.
-fn older_waiting(context: &Context, migration: &StorageVersionMigration) -> bool {
+/// What admission says of a migration that has not ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Admission {
+    /// It runs in this process already.
+    Running,
+    /// Another migration of the same resource runs, or an older one has not ended: it goes
+    /// first (at most one migration of a resource at a time, the oldest first).
+    WaitForResource,
+    /// It may gather its evidence, then write in this lane.
+    Prepare(Lane),
+}
+
+/// Admission of `migration`, given the migrations the controller knows (`all`), those running
+/// in this process by name, and the ones left alone until they change (`parked`, skipped:
+/// they hold no one back). Pure.
+fn admit<'a>(
+    migration: &StorageVersionMigration,
+    all: impl Iterator<Item = &'a StorageVersionMigration> + Clone,
+    running: &HashMap<String, GroupResource>,
+    parked: impl Fn(&StorageVersionMigration) -> bool,
+) -> Admission {
+    if running.contains_key(&migration.name_any()) {
+        return Admission::Running;
+    }
     let resource = group_resource(migration);
     let key = order_key(migration);
-    let retries = context.retries();
-    let parked = |other: &StorageVersionMigration| {
-        let uid = other.metadata.uid.as_deref().unwrap_or_default();
-        retries.get(uid).is_some_and(|r| r.given_up_at.is_some())
-    };
-    context.store.state().iter().any(|other| {
+    let older_waiting = all.clone().any(|other| {
         group_resource(other) == resource
             && !Phase::of(other).is_terminal()
             && other.metadata.deletion_timestamp.is_none()
             && !parked(other)
             && order_key(other) < key
-    })
+    });
+    if running.values().any(|other| *other == resource) || older_waiting {
+        return Admission::WaitForResource;
+    }
+    Admission::Prepare(lane(migration, all))
 }
 
 /// Creation time, then name: a total order, oldest first.
@@ -232,6 +262,60 @@ mod tests {
         let last = retry(Requeue::AfterUnrecorded, 0, UNRECORDED_ATTEMPTS - 1, now, version);
         let last = last.expect("parked");
         assert_eq!(last.given_up_at.as_deref(), Some("42"), "left alone at this version");
+    }
+
+    fn migration(name: &str, resource: &str, created: i64) -> StorageVersionMigration {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let spec = crate::api::StorageVersionMigrationSpec {
+            resource: crate::api::GroupVersionResource {
+                group: "example.com".into(),
+                version: "v1".into(),
+                resource: resource.into(),
+            },
+            continue_token: None,
+        };
+        let mut migration = StorageVersionMigration::new(name, spec);
+        let at = k8s_openapi::jiff::Timestamp::from_second(created).unwrap();
+        migration.metadata.creation_timestamp = Some(Time(at));
+        migration.metadata.uid = Some(format!("uid-{name}"));
+        migration
+    }
+
+    #[test]
+    fn one_migration_of_a_resource_at_a_time_the_oldest_first() {
+        let (older, newer) = (migration("a", "widgets", 10), migration("b", "widgets", 20));
+        let other = migration("c", "gadgets", 5);
+        let all = [&older, &newer, &other];
+        let none = HashMap::new();
+        let admit = |m, running: &HashMap<String, GroupResource>, parked: &[&str]| {
+            let parked = |o: &StorageVersionMigration| parked.contains(&o.name_any().as_str());
+            admit(m, all.iter().copied(), running, parked)
+        };
+        assert_eq!(admit(&older, &none, &[]), Admission::Prepare(Lane::Main));
+        assert_eq!(admit(&newer, &none, &[]), Admission::WaitForResource, "the older goes first");
+        assert_eq!(admit(&other, &none, &[]), Admission::Prepare(Lane::Main), "another resource");
+        // Same creation second: the name orders them.
+        let twin = migration("a2", "widgets", 10);
+        let with_twin = [&older, &twin];
+        let admitted = super::admit(&twin, with_twin.iter().copied(), &none, |_| false);
+        assert_eq!(admitted, Admission::WaitForResource);
+        // One left alone until it changes holds no one back; nor does one being deleted.
+        assert_eq!(admit(&newer, &none, &["a"]), Admission::Prepare(Lane::Main));
+        let mut deleting = older.clone();
+        deleting.metadata.deletion_timestamp = older.metadata.creation_timestamp.clone();
+        let after_delete = [&deleting, &newer];
+        let admitted = super::admit(&newer, after_delete.iter().copied(), &none, |_| false);
+        assert_eq!(admitted, Admission::Prepare(Lane::Main));
+        let mut ended = older.clone();
+        ended.status = crate::api::in_state(crate::api::conditions::SUCCEEDED).status;
+        let after_end = [&ended, &newer];
+        let admitted = super::admit(&newer, after_end.iter().copied(), &none, |_| false);
+        assert_eq!(admitted, Admission::Prepare(Lane::Main), "one that ended holds no one back");
+        // Running here: not started twice; and its resource waits for it, whatever the age.
+        let running = HashMap::from([("b".to_owned(), group_resource(&newer))]);
+        assert_eq!(admit(&newer, &running, &[]), Admission::Running);
+        assert_eq!(admit(&older, &running, &[]), Admission::WaitForResource);
+        assert_eq!(admit(&other, &running, &[]), Admission::Prepare(Lane::Main));
     }
 
     #[test]

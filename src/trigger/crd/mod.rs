@@ -1,6 +1,6 @@
 //! The CRD trigger: when a CustomResourceDefinition's `status.storedVersions` holds anything but
-//! its storage version, create a migration for it, unless one is pending or running for that
-//! resource or the CRD opts out. Watch-driven: a storage version switch is seen within seconds.
+//! its storage version, create a migration for it, unless one (other than the discovery
+//! trigger's) is pending or running for that resource or the CRD opts out. Watch-driven: a storage version switch is seen within seconds.
 //!
 //! Migrations are named `<plural>.<group>-<storage version>-<generation>` (shortened, with a
 //! hash of the full name, when that is longer than a name may be): the same CRD state never gets
@@ -373,10 +373,13 @@ async fn reconcile(
     let api: Api<StorageVersionMigration> = Api::all(context.client.clone());
     let requests = Requests { fence: &context.fence, timeout: context.settings.request_timeout };
     let existing = requests.send(api.list(&Default::default())).await.map_err(Error::List)?;
+    // The discovery trigger's sweep does not hold a switch back: the migration created here
+    // waits for the sweep's of the same resource, which writes in this one's lane meanwhile.
     let busy = existing.items.iter().any(|m| {
         m.spec.resource.group == target.group
             && m.spec.resource.resource == target.resource
             && !Phase::of(m).is_terminal()
+            && m.labels().get(TRIGGER_LABEL).is_none_or(|by| by != "discovery")
     });
     if busy {
         return Ok(requeue(Action::await_change()));
@@ -755,6 +758,22 @@ mod tests {
             let (context, requests) = trigger(vec![pending], true);
             reconcile(at(4, "v2", &["v1", "v2"]), context).await.unwrap();
             assert!(requests.writes().is_empty(), "{:?}", requests.writes());
+        }
+
+        #[tokio::test]
+        async fn the_discovery_triggers_sweep_does_not_hold_it_back() {
+            let mut swept = failed(0, Some("discovery"));
+            swept.status = crate::api::in_state(crate::api::conditions::RUNNING).status;
+            swept.metadata.name = Some("widgets.example.com-abc".into());
+            swept.spec.resource = GroupVersionResource {
+                group: "example.com".into(),
+                version: "v1".into(),
+                resource: "widgets".into(),
+            };
+            let (context, requests) = trigger(vec![swept], true);
+            reconcile(at(4, "v2", &["v1", "v2"]), context).await.unwrap();
+            let created = created_by(&requests);
+            assert_eq!(created.len(), 1, "{created:?}");
         }
 
         #[tokio::test]
