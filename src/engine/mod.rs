@@ -389,8 +389,21 @@ impl Engine {
             None => None,
         };
         let client = Client::try_from(config)?;
+        let mut engine = Engine::with_client(client, limiter, settings, metrics);
+        engine.foreground = foreground;
+        Ok(engine)
+    }
+
+    /// An engine talking through `client` as it is (its retries included), with no probe of
+    /// its own: for a client made elsewhere, such as a test's fake apiserver.
+    pub fn with_client(
+        client: Client,
+        limiter: Arc<RateLimiter>,
+        settings: Settings,
+        metrics: Arc<Metrics>,
+    ) -> Engine {
         let request_metrics = Arc::new(request::RequestMetrics::new(&metrics));
-        Ok(Engine { client, limiter, settings, metrics, request_metrics, foreground })
+        Engine { client, limiter, settings, metrics, request_metrics, foreground: None }
     }
 
     /// The settings the engine runs every migration with.

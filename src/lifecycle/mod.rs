@@ -426,3 +426,277 @@ pub async fn unmark(cluster: &Cluster<'_>, marked: &Mutex<Option<Resource>>, by:
         *marked.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 }
+
+/// The lifecycle against a fake apiserver serving one resource that no CRD backs
+/// (`widgets.example.com/v1`, three objects), with a recording host: what it records, tells and
+/// writes, in seconds.
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::api::StorageVersionMigration;
+    use crate::apiserver::fake::{self, Requests};
+    use crate::apiserver::fence::Fence;
+    use crate::engine::rate_limit::RateLimiter;
+    use crate::evidence::encoding::{EncodingPolicy, Observer};
+    use crate::ops::metrics::Metrics;
+
+    const OBJECTS: &str = "/apis/example.com/v1/widgets";
+
+    /// What the fake host was asked to do.
+    #[derive(Clone, Default)]
+    struct Seen {
+        recorded: Arc<Mutex<Vec<(Moment, StorageVersionMigrationStatus)>>>,
+        told: Arc<Mutex<Vec<String>>>,
+        confirming: Arc<tokio::sync::Notify>,
+    }
+
+    impl Seen {
+        fn moments(&self) -> Vec<Moment> {
+            self.recorded.lock().unwrap().iter().map(|(moment, _)| *moment).collect()
+        }
+    }
+
+    /// A host that records in memory, and refuses the record of `refused` as `refusal` says.
+    struct Recording {
+        migration: StorageVersionMigration,
+        seen: Seen,
+        refused: Option<(Moment, fn() -> Unrecorded)>,
+    }
+
+    impl Host for Recording {
+        fn migration(&self) -> &StorageVersionMigration {
+            &self.migration
+        }
+
+        fn write_to_status(&self, _resource: &Resource) -> bool {
+            false
+        }
+
+        fn cleans_managed_fields(&self) -> bool {
+            false
+        }
+
+        async fn record(
+            &mut self,
+            status: &StorageVersionMigrationStatus,
+            moment: Moment,
+        ) -> Result<(), Unrecorded> {
+            self.seen.recorded.lock().unwrap().push((moment, status.clone()));
+            match self.refused {
+                Some((refused, refusal)) if refused == moment => Err(refusal()),
+                _ => Ok(()),
+            }
+        }
+
+        async fn follow(
+            &mut self,
+            _current: &mut StorageVersionMigrationStatus,
+            _target: &MigrationTarget,
+            _updates: tokio::sync::watch::Receiver<Progress>,
+        ) -> Unrecorded {
+            std::future::pending().await
+        }
+
+        async fn tell(&self, notice: Notice<'_>) {
+            let name = format!("{notice:?}");
+            let kind = name.split([' ', '(', '{']).next().unwrap_or_default().to_owned();
+            self.seen.told.lock().unwrap().push(kind);
+            if matches!(notice, Notice::Confirming { .. }) {
+                self.seen.confirming.notify_one();
+            }
+        }
+
+        async fn unresolved(&mut self, failure: Unresolved) -> End {
+            self.seen.told.lock().unwrap().push(format!("Unresolved {}", failure.transient));
+            End::Later(LaterBecause::Discovery)
+        }
+    }
+
+    /// The fake apiserver: discovery publishes `resources` in `example.com/v1`; no CRD; the
+    /// widgets list three objects, and every write of one is taken.
+    fn apiserver(resources: Value) -> (kube::Client, Requests) {
+        fake::client(move |sent| match (sent.method.as_str(), sent.path.as_str()) {
+            ("GET", "/apis/example.com/v1") => (
+                200,
+                json!({
+                    "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "example.com/v1",
+                    "resources": resources.clone(),
+                }),
+            ),
+            ("GET", OBJECTS) => {
+                let item = |i: u32| {
+                    json!({
+                        "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                        "metadata": { "name": format!("w-{i}"), "namespace": "default",
+                                      "resourceVersion": format!("{}", 10 + i), "uid": format!("u{i}") },
+                    })
+                };
+                (
+                    200,
+                    json!({
+                        "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+                        "metadata": { "resourceVersion": "20" }, "items": [item(0), item(1), item(2)],
+                    }),
+                )
+            }
+            ("PATCH", path)
+                if path.starts_with("/apis/example.com/v1/namespaces/default/widgets/") =>
+            {
+                let name = path.rsplit('/').next().unwrap_or_default();
+                (
+                    200,
+                    json!({
+                        "apiVersion": "example.com/v1", "kind": "Widget",
+                        "metadata": { "name": name, "namespace": "default", "resourceVersion": "99" },
+                    }),
+                )
+            }
+            _ => fake::not_found(sent),
+        })
+    }
+
+    fn widgets() -> Value {
+        json!([{
+            "name": "widgets", "singularName": "widget", "namespaced": true, "kind": "Widget",
+            "verbs": ["get", "list", "patch", "update"], "storageVersionHash": "h1",
+        }])
+    }
+
+    fn migration() -> StorageVersionMigration {
+        let spec = crate::api::StorageVersionMigrationSpec {
+            resource: GroupVersionResource {
+                group: "example.com".into(),
+                version: "v1".into(),
+                resource: "widgets".into(),
+            },
+            continue_token: None,
+        };
+        StorageVersionMigration::new("widgets", spec)
+    }
+
+    /// Runs a lifecycle of [`migration`] to its end against `client`, with `settle` as the
+    /// encoding check's settle period and longest wait; `stop` fires its cancel.
+    async fn run(
+        client: kube::Client,
+        host: Recording,
+        settle: Duration,
+        stop: &CancellationToken,
+    ) -> End {
+        let config = fake::config();
+        let (fence, observer) = (Fence::open(), Observer::default());
+        let cluster = Cluster {
+            client: &client,
+            config: &config,
+            fence: &fence,
+            request_timeout: Duration::from_secs(10),
+            encoding: EncodingPolicy { settle, wait: settle },
+            observer: &observer,
+        };
+        let limiter = Arc::new(RateLimiter::new(0.0, 0));
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let engine = Engine::with_client(client.clone(), limiter, Default::default(), metrics);
+        let marked = Mutex::new(None);
+        let mut lifecycle = Lifecycle {
+            cluster,
+            engine: &engine,
+            host,
+            cancel: stop,
+            marked: &marked,
+            by: "test".into(),
+        };
+        lifecycle.run().await
+    }
+
+    fn host(refused: Option<(Moment, fn() -> Unrecorded)>) -> (Recording, Seen) {
+        let seen = Seen::default();
+        (Recording { migration: migration(), seen: seen.clone(), refused }, seen)
+    }
+
+    #[tokio::test]
+    async fn an_unwritable_start_writes_no_object_and_is_taken_up_later() {
+        let (client, requests) = apiserver(widgets());
+        let refusal: fn() -> Unrecorded = || Unrecorded::Later("refused".into());
+        let (host, seen) = host(Some((Moment::Start, refusal)));
+        let end = run(client, host, Duration::ZERO, &CancellationToken::new()).await;
+        assert!(matches!(end, End::Later(LaterBecause::Unrecorded)), "{end:?}");
+        assert_eq!(seen.moments(), [Moment::Start]);
+        assert!(requests.writes().is_empty(), "{:?}", requests.writes());
+    }
+
+    #[tokio::test]
+    async fn a_start_that_may_not_be_written_stops_it() {
+        let (client, requests) = apiserver(widgets());
+        let refusal: fn() -> Unrecorded = || Unrecorded::Stop("deleted".into());
+        let (host, seen) = host(Some((Moment::Start, refusal)));
+        let end = run(client, host, Duration::ZERO, &CancellationToken::new()).await;
+        assert!(matches!(&end, End::Stopped { why, .. } if why == "deleted"), "{end:?}");
+        assert_eq!(seen.moments(), [Moment::Start]);
+        assert!(requests.writes().is_empty(), "{:?}", requests.writes());
+    }
+
+    #[tokio::test]
+    async fn a_stop_during_the_encoding_check_records_and_writes_nothing() {
+        let (client, requests) = apiserver(widgets());
+        let (host, seen) = host(None);
+        let stop = CancellationToken::new();
+        let confirming = seen.confirming.clone();
+        let stopper = stop.clone();
+        tokio::spawn(async move {
+            confirming.notified().await;
+            stopper.cancel();
+        });
+        let end = run(client, host, Duration::from_secs(3600), &stop);
+        let end = tokio::time::timeout(Duration::from_secs(60), end).await.expect("it stops");
+        assert!(
+            matches!(&end, End::Stopped { why, .. } if why == "stopped before the first write"),
+            "{end:?}"
+        );
+        assert!(seen.moments().is_empty(), "nothing recorded");
+        assert!(requests.writes().is_empty(), "{:?}", requests.writes());
+    }
+
+    #[tokio::test]
+    async fn a_resource_discovery_does_not_serve_is_unresolved_for_good() {
+        let (client, requests) = apiserver(json!([]));
+        let (host, seen) = host(None);
+        let end = run(client, host, Duration::ZERO, &CancellationToken::new()).await;
+        assert!(matches!(end, End::Later(LaterBecause::Discovery)), "{end:?}");
+        assert_eq!(*seen.told.lock().unwrap(), ["Unresolved false"]);
+        assert!(requests.writes().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_run_writes_every_object_once_and_records_its_start_and_end() {
+        let (client, requests) = apiserver(widgets());
+        let (host, seen) = host(None);
+        let end = run(client, host, Duration::ZERO, &CancellationToken::new()).await;
+        let End::Finished(done) = end else { panic!("finished: {end:?}") };
+        let first = done.conditions.first().map(|c| (c.type_.as_str(), c.status.as_str()));
+        assert_eq!(first, Some(("Succeeded", "True")), "{done:?}");
+        let written: Vec<String> = requests.writes().into_iter().map(|w| w.path).collect();
+        let expected: Vec<String> = (0..3)
+            .map(|i| format!("/apis/example.com/v1/namespaces/default/widgets/w-{i}"))
+            .collect();
+        assert_eq!(written, expected);
+        assert_eq!(seen.moments(), [Moment::Start, Moment::End]);
+        let target = done.target.clone().unwrap_or_default();
+        assert_eq!(target.encoding_confirmed, Some(false), "no sample could be taken: {target:?}");
+    }
+
+    #[tokio::test]
+    async fn an_unwritable_end_is_taken_up_later_after_the_writes() {
+        let (client, requests) = apiserver(widgets());
+        let refusal: fn() -> Unrecorded = || Unrecorded::Later("refused".into());
+        let (host, seen) = host(Some((Moment::End, refusal)));
+        let end = run(client, host, Duration::ZERO, &CancellationToken::new()).await;
+        assert!(matches!(end, End::Later(LaterBecause::Unrecorded)), "{end:?}");
+        assert_eq!(seen.moments(), [Moment::Start, Moment::End]);
+        assert_eq!(requests.writes().len(), 3);
+        assert!(!seen.told.lock().unwrap().iter().any(|t| t == "Ended"), "no end told");
+    }
+}
