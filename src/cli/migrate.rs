@@ -38,7 +38,7 @@ use crate::lifecycle::{
     self, End, Lifecycle, Moment, Notice, Unrecorded, Unresolved, status as computed,
 };
 use crate::ops::metrics::Metrics;
-use crate::rules::stored_versions::CrdState;
+use crate::rules::crd::CrdState;
 
 /// How often `--wait-for-others` looks whether the other migration ended.
 const OTHERS_POLL: std::time::Duration = std::time::Duration::from_secs(2);

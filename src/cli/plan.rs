@@ -19,7 +19,7 @@ use crate::api::{GroupResource, GroupVersionResource, StorageState, StorageVersi
 use crate::census::{self, EtcdReader, Scope};
 use crate::engine::{ResolveError, Resource};
 use crate::removal::plan::{self, Entry, Plan};
-use crate::rules::stored_versions::CrdState;
+use crate::rules::crd::CrdState;
 
 #[derive(Args, Debug)]
 pub struct PlanArgs {

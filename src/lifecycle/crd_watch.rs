@@ -23,7 +23,7 @@ use crate::api::MigrationTarget;
 use crate::api::conditions::reasons;
 use crate::apiserver::fence::bounded;
 use crate::engine::Resource;
-use crate::rules::stored_versions::CrdState;
+use crate::rules::crd::{CrdChange, CrdState};
 
 /// Wait before a watch that failed (to open, or midway) is opened again.
 const REOPEN_AFTER: Duration = Duration::from_secs(2);
@@ -100,21 +100,25 @@ impl Followed {
 
     /// One state of the CRD, seen in order after the last. Pure.
     fn see(&mut self, resource: &Resource, crd: &CustomResourceDefinition) -> Seen {
-        if self.uid.is_some() && crd.metadata.uid != self.uid {
-            let why = format!(
-                "the CRD of {resource} was deleted and created again while the migration ran"
-            );
-            return Seen::Changed(change(reasons::RESOURCE_NOT_SERVED, why));
-        }
-        let storage_now = CrdState::of(crd).map(|s| s.storage_version);
-        if storage_now.as_deref() != Some(self.storage_version.as_str()) {
-            let why = format!(
-                "the storage version of {resource} changed from {} to {} (generation {})",
-                self.storage_version,
-                storage_now.as_deref().unwrap_or("none"),
-                crd.metadata.generation.unwrap_or_default(),
-            );
-            return Seen::Changed(change(reasons::STORAGE_VERSION_CHANGED, why));
+        let now = CrdState::read(crd);
+        match CrdChange::between(&self.state(), Some(&now)) {
+            // Followed change by change: an edit that kept the storage version stores nothing
+            // elsewhere.
+            None | Some(CrdChange::Edited { .. }) => {}
+            Some(CrdChange::Deleted | CrdChange::Replaced) => {
+                let why = format!(
+                    "the CRD of {resource} was deleted and created again while the migration ran"
+                );
+                return Seen::Changed(change(reasons::RESOURCE_NOT_SERVED, why));
+            }
+            Some(CrdChange::StorageSwitched { from, to }) => {
+                let to = if to.is_empty() { "none".to_owned() } else { to };
+                let why = format!(
+                    "the storage version of {resource} changed from {from} to {to} (generation {})",
+                    now.generation,
+                );
+                return Seen::Changed(change(reasons::STORAGE_VERSION_CHANGED, why));
+            }
         }
         let served_again: Vec<&str> = crd
             .spec
@@ -139,15 +143,25 @@ impl Followed {
     /// A read of the CRD after the watch's history expired: nothing was missed only if no spec
     /// change happened since the last state seen (the generation did not move). Pure.
     fn resync(&mut self, resource: &Resource, crd: &CustomResourceDefinition) -> Seen {
-        let generation = crd.metadata.generation.unwrap_or_default();
-        if generation != self.generation {
+        if let Some(CrdChange::Edited { from, to }) =
+            CrdChange::between(&self.state(), Some(&CrdState::read(crd)))
+        {
             let why = format!(
-                "the CRD of {resource} changed while its changes could not all be seen (generation {} then {generation}): its storage version may have been switched and switched back",
-                self.generation
+                "the CRD of {resource} changed while its changes could not all be seen (generation {from} then {to}): its storage version may have been switched and switched back"
             );
             return Seen::Changed(change(reasons::STORAGE_VERSION_CHANGED, why));
         }
         self.see(resource, crd)
+    }
+
+    /// The CRD as followed so far.
+    fn state(&self) -> CrdState {
+        CrdState {
+            uid: self.uid.clone(),
+            generation: self.generation,
+            storage_version: self.storage_version.clone(),
+            stored_versions: Vec::new(),
+        }
     }
 
     /// Follows the CRD until it changes in a way that can affect what is stored.

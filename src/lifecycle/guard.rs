@@ -11,7 +11,7 @@ use crate::api::conditions::reasons;
 use crate::api::{GroupVersionResource, MigrationTarget};
 use crate::engine::{ResolveError, Resource};
 use crate::evidence::encoding;
-use crate::rules::stored_versions::CrdState;
+use crate::rules::crd::{CrdChange, CrdState};
 
 use super::change::{Change, Then};
 use super::cluster::{Cluster, crd_of};
@@ -34,34 +34,31 @@ pub fn crd_change(
     target: &MigrationTarget,
     now: Option<&CustomResourceDefinition>,
 ) -> Option<Change> {
-    let (Some(generation), Some(storage)) = (target.crd_generation, &target.storage_version) else {
-        return None;
-    };
-    let Some(crd) = now else {
-        let why = format!("the CRD of {resource} was deleted while the migration ran");
-        return Some(Change::new(reasons::RESOURCE_NOT_SERVED, why));
-    };
-    // A target recorded before the uid was (an older kube-svm) is left to the prune's own check.
-    if target.crd_uid.is_some() && crd.metadata.uid != target.crd_uid {
-        let why =
-            format!("the CRD of {resource} was deleted and created again while the migration ran");
-        return Some(Change::new(reasons::RESOURCE_NOT_SERVED, why));
-    }
-    let state = CrdState::of(crd);
-    let storage_now = state.as_ref().map(|s| s.storage_version.as_str());
-    if storage_now != Some(storage.as_str()) {
-        let why = format!(
-            "the storage version of {resource} changed from {storage} to {}",
-            storage_now.unwrap_or("none")
-        );
-        return Some(Change::new(reasons::STORAGE_VERSION_CHANGED, why));
-    }
-    let generation_now = state.map_or(generation, |s| s.generation);
-    (generation_now != generation).then(|| {
-        let why = format!(
-            "the CRD of {resource} changed (generation {generation} then {generation_now}): its storage version may have been switched and switched back"
-        );
-        Change::new(reasons::STORAGE_VERSION_CHANGED, why)
+    let recorded = CrdState::recorded(target)?;
+    let now = now.map(CrdState::read);
+    // A target recorded without the uid is left to the prune's own check, which refuses it.
+    Some(match CrdChange::between(&recorded, now.as_ref())? {
+        CrdChange::Deleted => {
+            let why = format!("the CRD of {resource} was deleted while the migration ran");
+            Change::new(reasons::RESOURCE_NOT_SERVED, why)
+        }
+        CrdChange::Replaced => {
+            let why = format!(
+                "the CRD of {resource} was deleted and created again while the migration ran"
+            );
+            Change::new(reasons::RESOURCE_NOT_SERVED, why)
+        }
+        CrdChange::StorageSwitched { from, to } => {
+            let to = if to.is_empty() { "none".to_owned() } else { to };
+            let why = format!("the storage version of {resource} changed from {from} to {to}");
+            Change::new(reasons::STORAGE_VERSION_CHANGED, why)
+        }
+        CrdChange::Edited { from, to } => {
+            let why = format!(
+                "the CRD of {resource} changed (generation {from} then {to}): its storage version may have been switched and switched back"
+            );
+            Change::new(reasons::STORAGE_VERSION_CHANGED, why)
+        }
     })
 }
 
@@ -75,17 +72,10 @@ pub(super) async fn crd_moves(
     loop {
         tokio::time::sleep(GUARD_INTERVAL).await;
         let Ok(crd) = crd_of(cluster, resource).await else { continue };
-        let now = crd.as_ref().and_then(CrdState::of);
-        let moved = now
-            .as_ref()
-            .is_none_or(|now| now.generation != state.generation || now.uid != state.uid);
-        if moved {
-            let generation =
-                now.map_or_else(|| "none".to_owned(), |now| now.generation.to_string());
-            return format!(
-                "the CRD of {resource} changed during the encoding check (generation {} then {generation})",
-                state.generation
-            );
+        let now = crd.as_ref().map(CrdState::read);
+        // Any change at all: the check was for the CRD as it was.
+        if let Some(change) = CrdChange::between(state, now.as_ref()) {
+            return format!("the CRD of {resource} changed during the encoding check ({change})");
         }
     }
 }

@@ -51,7 +51,7 @@ use crate::rules::managed_fields::Served;
 use change::{Change, Then};
 use cluster::Cluster;
 pub use host::{End, Host, LaterBecause, Moment, Notice, Unrecorded, Unresolved};
-use status::{CrdNow, Start};
+use status::Start;
 
 /// How long evidence gathered before waiting for a turn to write is taken as it is; after a
 /// longer wait it is looked at again (the encoding checks' own freshness, a few seconds).
@@ -121,7 +121,7 @@ impl<H: Host> Lifecycle<'_, H> {
             Err(end) => return end,
         };
         let hash = resource.storage_version_hash.as_deref();
-        let crd_now = crd.as_ref().map(CrdNow::of);
+        let crd_now = crd.as_ref().map(crate::rules::crd::CrdState::read);
         let mut start = status::start_point(self.host.migration(), hash, crd_now.as_ref());
         if start.keeps_target
             && let Some(why) = self.stale_checkpoint(&resource, &start).await
@@ -327,7 +327,7 @@ impl<H: Host> Lifecycle<'_, H> {
         if let Some(known) = status::known_target(last, start) {
             return known;
         }
-        let storage = match crd.and_then(crate::rules::stored_versions::CrdState::of) {
+        let storage = match crd.and_then(crate::rules::crd::CrdState::of) {
             Some(state) => state.storage_version,
             None => format!(
                 "storage version hash {}",

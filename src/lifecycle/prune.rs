@@ -13,8 +13,9 @@ use kube::{Api, Client};
 use crate::api::conditions::{STATUS_FALSE, STATUS_TRUE, STORED_VERSIONS_PRUNED, stored_versions};
 use crate::api::{MigrationCondition, MigrationTarget};
 use crate::engine::Resource;
+use crate::rules::crd::CrdState;
 use crate::rules::encoding::Encoding;
-use crate::rules::stored_versions::{CrdState, Decision, Run, decide};
+use crate::rules::stored_versions::{Decision, Run, decide};
 
 use super::cluster::{Cluster, crd_of};
 use super::crd_watch::Followed;

@@ -1,7 +1,6 @@
 //! Computing a migration's status from engine progress, and where a migration starts. Pure: the
 //! lifecycle records what these functions return.
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
@@ -12,6 +11,7 @@ use crate::api::{
     RETRY_ANNOTATION, StorageVersionMigration, StorageVersionMigrationStatus, cut,
 };
 use crate::engine::{self, Progress};
+use crate::rules::crd::{CrdChange, CrdState};
 use crate::rules::stored_versions::Run;
 
 /// Failures named in a Failed condition's message.
@@ -112,25 +112,6 @@ pub fn kept_changing(
     failed(previous, change.reason, message, now)
 }
 
-/// What a CRD-backed resource's CRD is now, as far as resuming a checkpoint goes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CrdNow {
-    /// `metadata.uid`: tells the CRD from one deleted and created again under its name.
-    pub uid: Option<String>,
-    /// `metadata.generation`: a checkpoint taken under another generation is not resumed.
-    pub generation: i64,
-}
-
-impl CrdNow {
-    /// The uid and generation of `crd` as read.
-    pub fn of(crd: &CustomResourceDefinition) -> CrdNow {
-        CrdNow {
-            uid: crd.metadata.uid.clone(),
-            generation: crd.metadata.generation.unwrap_or_default(),
-        }
-    }
-}
-
 /// Where `migration` starts, given the storage version hash discovery publishes now and, for a
 /// CRD-backed resource, its CRD now. It resumes from its own checkpoint when that was taken
 /// under the same storage version and the same CRD generation (any change of the CRD since,
@@ -140,7 +121,7 @@ impl CrdNow {
 pub fn start_point(
     migration: &StorageVersionMigration,
     current_hash: Option<&str>,
-    crd: Option<&CrdNow>,
+    crd: Option<&CrdState>,
 ) -> Start {
     let status = migration.status.clone().unwrap_or_default();
     let recorded = status.target.clone().unwrap_or_default();
@@ -148,12 +129,11 @@ pub fn start_point(
     let checkpoint = status.checkpoint.map(|c| c.continue_token).filter(|t| !t.is_empty());
     let running = Phase::of(migration) == Phase::Running;
     let restarts = status.restarts.unwrap_or(0);
-    let crd_changed = match (recorded.crd_generation, crd) {
-        (Some(generation), Some(now)) => (generation != now.generation
-            || recorded.crd_uid != now.uid)
-            .then(|| format!("generation {generation} then {}", now.generation)),
-        (Some(generation), None) => Some(format!("generation {generation}, then no CRD")),
-        (None, _) => None,
+    // Any change of the CRD since voids the checkpoint, and so does a record without its uid.
+    let crd_changed = match CrdState::recorded(&recorded) {
+        None => None,
+        Some(then) if !then.identified() => Some("the checkpoint did not record its uid".into()),
+        Some(then) => CrdChange::between(&then, crd).map(|change| change.to_string()),
     };
     let same_target = recorded_hash == current_hash && crd_changed.is_none();
     if let (true, Some(continue_token), true) = (running, &checkpoint, same_target) {
@@ -510,12 +490,13 @@ mod tests {
             storage_version_hash: Some("new".into()),
             storage_version: Some("v2".into()),
             crd_generation: Some(3),
+            crd_uid: Some("u1".into()),
             ..MigrationTarget::default()
         };
         let mut checkpointed = running(None, &recorded, &progress(0), now());
         let checkpoint = Checkpoint { continue_token: "t".into(), time: None };
         checkpointed.checkpoint = Some(checkpoint);
-        let crd = CrdNow { uid: None, generation: 3 };
+        let crd = crd_now("u1", 3);
         let resumed = start_point(&migration(Some(checkpointed.clone())), Some("new"), Some(&crd));
         assert!(resumed.keeps_target);
         let kept = known_target(Some(&checkpointed), &resumed);
@@ -634,6 +615,16 @@ mod tests {
         assert_eq!(second.checkpoint.unwrap().time, Some(Time(later)));
     }
 
+    /// The CRD `uid` at `generation`, storing in v2.
+    fn crd_now(uid: &str, generation: i64) -> CrdState {
+        CrdState {
+            uid: Some(uid.into()),
+            generation,
+            storage_version: "v2".into(),
+            stored_versions: Vec::new(),
+        }
+    }
+
     fn target(hash: &str) -> MigrationTarget {
         MigrationTarget { storage_version_hash: Some(hash.into()), ..MigrationTarget::default() }
     }
@@ -700,18 +691,26 @@ mod tests {
         if let Some(target) = migration.status.as_mut().and_then(|s| s.target.as_mut()) {
             target.crd_generation = Some(4);
             target.crd_uid = Some("u1".into());
+            target.storage_version = Some("v2".into());
         }
-        let same = CrdNow { uid: Some("u1".into()), generation: 4 };
+        let same = crd_now("u1", 4);
         assert!(start_point(&migration, Some("h2"), Some(&same)).keeps_target);
         // v2 -> v1 -> v2 while no controller ran: the same hash, a newer generation.
-        let flipped = CrdNow { uid: Some("u1".into()), generation: 6 };
+        let flipped = crd_now("u1", 6);
         let start = start_point(&migration, Some("h2"), Some(&flipped));
         assert_eq!((start.progress, start.listed_from_start), (Progress::default(), true));
         assert_eq!((start.keeps_target, start.event), (false, events::RESTARTED));
         assert!(start.note.contains("generation 4 then 6"), "{}", start.note);
-        let replaced = CrdNow { uid: Some("u2".into()), generation: 4 };
+        let replaced = crd_now("u2", 4);
         assert!(!start_point(&migration, Some("h2"), Some(&replaced)).keeps_target);
         assert!(!start_point(&migration, Some("h2"), None).keeps_target, "the CRD is gone");
+        // A checkpoint that did not record the CRD's uid cannot tell a CRD created again.
+        if let Some(target) = migration.status.as_mut().and_then(|s| s.target.as_mut()) {
+            target.crd_uid = None;
+        }
+        let start = start_point(&migration, Some("h2"), Some(&same));
+        assert!(!start.keeps_target);
+        assert!(start.note.contains("did not record its uid"), "{}", start.note);
     }
 
     #[test]

@@ -18,9 +18,9 @@ use crate::apiserver::fence::{RequestError, bounded};
 use crate::engine::Resource;
 use crate::evidence::conversion;
 use crate::evidence::encoding::{self};
+use crate::rules::crd::CrdState;
 use crate::rules::encoding::Encoding;
 use crate::rules::storage_hash::storage_version_hash;
-use crate::rules::stored_versions::CrdState;
 
 use super::cluster::{Cluster, crd_name};
 use super::crd_watch::Followed;

@@ -6,8 +6,8 @@ use serde::Serialize;
 
 use crate::api::{Phase, StorageVersionMigration};
 use crate::census::ResourceCensus;
+use crate::rules::crd::CrdState;
 use crate::rules::storage_hash::storage_version_hash;
-use crate::rules::stored_versions::CrdState;
 
 /// `kube-svm plan`'s exit code when something needs migrating (0: nothing does; 1: an error).
 pub const EXIT_NEEDS_MIGRATION: u8 = 3;

@@ -10,8 +10,7 @@
 
 use std::fmt;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-
+use super::crd::{CrdChange, CrdState};
 use super::encoding::Encoding;
 use crate::api::conditions::stored_versions as reasons;
 
@@ -24,46 +23,6 @@ pub struct Run {
     pub failed: u64,
     /// Whether it listed the resource from its first object.
     pub listed_from_start: bool,
-}
-
-/// A CRD's state, as far as pruning is concerned.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CrdState {
-    /// `metadata.uid`: tells a CRD from one deleted and created again under its name.
-    pub uid: Option<String>,
-    /// `metadata.generation`: moves on any change to the CRD's spec, a storage switch included.
-    pub generation: i64,
-    /// The version marked `storage: true` in `spec.versions`: what the apiservers write in.
-    pub storage_version: String,
-    /// `status.storedVersions`: every version objects may be stored in; empty until the
-    /// apiserver sets it.
-    pub stored_versions: Vec<String>,
-}
-
-impl CrdState {
-    /// Whether the CRD is stale: its `storedVersions` names a version other than its storage
-    /// version, so objects may be stored in it and a migration is needed before it can be
-    /// removed. A CRD whose `storedVersions` the apiserver has not set yet is not: nothing was
-    /// stored in another version. The one answer every part of kube-svm uses (the CRD trigger,
-    /// `plan`, `migrate --all-stale`, the prune).
-    pub fn is_stale(&self) -> bool {
-        self.stored_versions.iter().any(|version| *version != self.storage_version)
-    }
-
-    /// The state of `crd`; `None` when no version is marked as the storage version.
-    pub fn of(crd: &CustomResourceDefinition) -> Option<CrdState> {
-        let storage_version = crd.spec.versions.iter().find(|v| v.storage)?.name.clone();
-        Some(CrdState {
-            uid: crd.metadata.uid.clone(),
-            generation: crd.metadata.generation.unwrap_or_default(),
-            storage_version,
-            stored_versions: crd
-                .status
-                .as_ref()
-                .and_then(|s| s.stored_versions.clone())
-                .unwrap_or_default(),
-        })
-    }
 }
 
 /// What to do with `storedVersions`.
@@ -175,20 +134,22 @@ pub fn decide(run: &Run, started: &CrdState, now: &CrdState, encoding: &Encoding
     if !run.listed_from_start {
         return Decision::Keep(Refusal::PartialListing);
     }
-    if started.uid.is_none() || started.uid != now.uid {
+    // Pruning needs proof that this is the CRD the run started with: a record without its uid
+    // cannot give it.
+    if !started.identified() {
         return Decision::Keep(Refusal::CrdReplaced);
     }
-    if started.generation != now.generation {
-        return Decision::Keep(Refusal::GenerationChanged {
-            started: started.generation,
-            now: now.generation,
-        });
-    }
-    if started.storage_version != now.storage_version {
-        return Decision::Keep(Refusal::StorageVersionChanged {
-            started: started.storage_version.clone(),
-            now: now.storage_version.clone(),
-        });
+    match CrdChange::between(started, Some(now)) {
+        None => {}
+        Some(CrdChange::Deleted | CrdChange::Replaced) => {
+            return Decision::Keep(Refusal::CrdReplaced);
+        }
+        Some(CrdChange::StorageSwitched { from, to }) => {
+            return Decision::Keep(Refusal::StorageVersionChanged { started: from, now: to });
+        }
+        Some(CrdChange::Edited { from, to }) => {
+            return Decision::Keep(Refusal::GenerationChanged { started: from, now: to });
+        }
     }
     if let Encoding::Unconfirmed(seen) = encoding {
         return Decision::Keep(Refusal::EncodingUnconfirmed(seen.clone()));

@@ -41,7 +41,7 @@ use crate::api::{
 use crate::apiserver::fence::Fence;
 use crate::apiserver::fence::RequestError;
 use crate::evidence::encoding::{Check, EncodingPolicy, Expected, Observer};
-use crate::rules::stored_versions::CrdState;
+use crate::rules::crd::CrdState;
 pub use names::{CRD_UID_ANNOTATION, cleaning_name, created_for, migration_name, recreated_name};
 
 /// Annotation on a CRD: `"false"` keeps kube-svm from migrating it on its own.
