@@ -1,6 +1,6 @@
 //! The CRD trigger: when a CustomResourceDefinition's `status.storedVersions` holds anything but
-//! its storage version, create a migration for it, unless one (other than the discovery
-//! trigger's) is pending or running for that resource or the CRD opts out. Watch-driven: a storage version switch is seen within seconds.
+//! its storage version, create a migration for it, unless one is pending or running for that
+//! resource (the discovery trigger's holds back only the catch-up, below) or the CRD opts out. Watch-driven: a storage version switch is seen within seconds.
 //!
 //! Migrations are named `<plural>.<group>-<storage version>-<generation>` (shortened, with a
 //! hash of the full name, when that is longer than a name may be): the same CRD state never gets
@@ -373,13 +373,16 @@ async fn reconcile(
     let api: Api<StorageVersionMigration> = Api::all(context.client.clone());
     let requests = Requests { fence: &context.fence, timeout: context.settings.request_timeout };
     let existing = requests.send(api.list(&Default::default())).await.map_err(Error::List)?;
-    // The discovery trigger's sweep does not hold a switch back: the migration created here
-    // waits for the sweep's of the same resource, which writes in this one's lane meanwhile.
+    // The discovery trigger's sweep does not hold back a switch seen since the start: the
+    // migration created here waits for the sweep's of the same resource, which writes in this
+    // one's lane meanwhile. The catch-up leaves a resource to the sweep's, which proves the
+    // same, rather than rewrite it twice.
     let busy = existing.items.iter().any(|m| {
+        let swept = m.labels().get(TRIGGER_LABEL).is_some_and(|by| by == "discovery");
         m.spec.resource.group == target.group
             && m.spec.resource.resource == target.resource
             && !Phase::of(m).is_terminal()
-            && m.labels().get(TRIGGER_LABEL).is_none_or(|by| by != "discovery")
+            && (caught_up || !swept)
     });
     if busy {
         return Ok(requeue(Action::await_change()));
@@ -761,7 +764,7 @@ mod tests {
         }
 
         #[tokio::test]
-        async fn the_discovery_triggers_sweep_does_not_hold_it_back() {
+        async fn the_discovery_triggers_sweep_holds_back_only_the_catch_up() {
             let mut swept = failed(0, Some("discovery"));
             swept.status = crate::api::in_state(crate::api::conditions::RUNNING).status;
             swept.metadata.name = Some("widgets.example.com-abc".into());
@@ -771,9 +774,14 @@ mod tests {
                 resource: "widgets".into(),
             };
             let (context, requests) = trigger(vec![swept], true);
-            reconcile(at(4, "v2", &["v1", "v2"]), context).await.unwrap();
+            // Found so at the start: the sweep's migration proves the same.
+            reconcile(at(4, "v2", &["v1", "v2"]), context.clone()).await.unwrap();
+            assert!(requests.writes().is_empty(), "{:?}", requests.writes());
+            // Switched since: it does not wait for the sweep.
+            reconcile(at(5, "v1", &["v1", "v2"]), context).await.unwrap();
             let created = created_by(&requests);
             assert_eq!(created.len(), 1, "{created:?}");
+            assert_eq!(backlog(&created[0]), None);
         }
 
         #[tokio::test]
