@@ -117,9 +117,9 @@ pub async fn run(
                 None
             }
         };
-        // A hash waiting to be trusted, or a migration the trigger waits on, is looked at
-        // again soon; a failing resource when its retry is due.
-        let soon = guard.pending().then(|| follow_up(&settings));
+        // A hash waiting to be trusted is looked at again as often as its trust asks, a
+        // migration the trigger waits on soon, a failing resource when its retry is due.
+        let soon = guard.next_poll(MIN_FOLLOW_UP);
         let wait = [due, soon].into_iter().flatten().fold(settings.interval, Duration::min);
         tokio::select! {
             () = stop.cancelled() => return,

@@ -19,6 +19,8 @@ pub struct Guard {
     trusted: HashMap<GroupResource, String>,
     /// A different hash seen on every poll since the instant given, and on how many polls.
     candidates: HashMap<GroupResource, (String, Instant, u32)>,
+    /// The agreement last asked for.
+    trust: Option<Trust>,
 }
 
 /// How much agreement a new hash needs before the trigger acts on it.
@@ -44,6 +46,7 @@ impl Guard {
         now: Instant,
         trust: Trust,
     ) -> Option<String> {
+        self.trust = Some(trust);
         let trusted = self.trusted.get(resource).cloned().or(recorded.map(str::to_owned));
         if trusted.as_deref() == Some(seen) {
             self.candidates.remove(resource);
@@ -71,6 +74,15 @@ impl Guard {
     /// Whether a hash is waiting to be trusted: the next poll should come before long.
     pub fn pending(&self) -> bool {
         !self.candidates.is_empty()
+    }
+
+    /// How soon the next poll should come while a hash waits to be trusted: soon enough that
+    /// the polls the trust asks for fit in its window (more apiservers ask for more polls in the
+    /// same time, not for a longer time), but no sooner than `least`. `None` when none waits.
+    pub fn next_poll(&self, least: Duration) -> Option<Duration> {
+        let trust = self.trust.filter(|_| self.pending())?;
+        let spacing = trust.window / trust.polls.saturating_sub(1).max(1);
+        Some(spacing.max(least))
     }
 }
 
@@ -345,6 +357,22 @@ mod tests {
             assert_eq!(guard.observe(&widgets(), "B", None, at(s), three).as_deref(), Some("A"));
         }
         assert_eq!(guard.observe(&widgets(), "B", None, at(12), three).as_deref(), Some("B"));
+    }
+
+    #[test]
+    fn the_polls_a_trust_asks_for_fit_in_its_window() {
+        let mut guard = Guard::default();
+        let least = Duration::from_secs(2);
+        assert_eq!(guard.next_poll(least), None, "nothing waits");
+        let start = Instant::now();
+        guard.observe(&widgets(), "A", None, start, WINDOW);
+        assert_eq!(guard.next_poll(least), Some(Duration::from_secs(10)), "two polls, 10 s apart");
+        let three = Trust { window: Duration::from_secs(10), polls: 12 };
+        guard.observe(&widgets(), "A", None, start, three);
+        assert_eq!(guard.next_poll(least), Some(least), "twelve polls: as often as allowed");
+        let wide = Trust { window: Duration::from_secs(110), polls: 12 };
+        guard.observe(&widgets(), "A", None, start, wide);
+        assert_eq!(guard.next_poll(least), Some(Duration::from_secs(10)));
     }
 
     #[test]
