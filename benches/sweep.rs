@@ -89,12 +89,14 @@ async fn main() {
     install_kube_svm_crds(&client).await;
 
     let setup = Instant::now();
+    let config = control_plane.config().await;
     let widgets: Vec<WidgetCrd> = futures::stream::iter(0..=crds)
         .map(|i| {
-            let client = client.clone();
+            let (client, config) = (client.clone(), config.clone());
             async move {
                 let widgets = WidgetCrd::new(&format!("sweep{i}"), false);
                 widgets.create(&client, "v1").await;
+                served_everywhere(&config, &widgets, apiservers).await;
                 widgets.seed(&client, "v1", &[None], objects).await;
                 widgets
             }
@@ -157,6 +159,24 @@ async fn main() {
         });
     }
     write_report(&rows, widgets.len(), objects, apiservers);
+}
+
+/// Waits until the widgets of `widgets` can be listed through as many new connections in a row
+/// as make it near certain that each of `apiservers` behind the balancer was asked: a CRD just
+/// created is served by one apiserver before the others.
+async fn served_everywhere(config: &kube::Config, widgets: &WidgetCrd, apiservers: usize) {
+    let needed = 4 * apiservers;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut in_a_row = 0;
+    while in_a_row < needed {
+        let client = Client::try_from(config.clone()).expect("a client");
+        let listed = widgets.api(&client, "v1", None).list(&ListParams::default().limit(1)).await;
+        in_a_row = if listed.is_ok() { in_a_row + 1 } else { 0 };
+        assert!(Instant::now() < deadline, "the widgets were never served everywhere");
+        if listed.is_err() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }
 
 /// The kube-svm binary Cargo built.

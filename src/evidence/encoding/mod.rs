@@ -186,6 +186,9 @@ const STORAGE_VERSION_API: &str = "internal.apiserver.k8s.io/v1alpha1";
 /// Least time between two discovery samples.
 const MIN_SAMPLE_INTERVAL: Duration = Duration::from_millis(200);
 
+/// Time between two discovery samples of a check with no settle period.
+const QUICK_SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
+
 /// Most time between two discovery samples: a settle period sees a few samples at least.
 const MAX_SAMPLE_INTERVAL: Duration = Duration::from_secs(2);
 
@@ -230,8 +233,14 @@ impl Check {
         storage_version_hash(&self.group, version, &self.kind) == self.expected_hash()
     }
 
-    /// Time between two samples, so that `samples` of them fit in the settle period.
+    /// Time between two samples, so that `samples` of them fit in the settle period; for a
+    /// check with no settle period (a verdict looked at again: is it still so?), as soon as new
+    /// connections can be had, since how many apiservers the samples reach depends on how many
+    /// new connections there are, not on the time between them.
     fn sample_interval(&self, samples: u32) -> Duration {
+        if self.settle.is_zero() {
+            return QUICK_SAMPLE_INTERVAL;
+        }
         (self.settle / samples.max(1)).clamp(MIN_SAMPLE_INTERVAL, MAX_SAMPLE_INTERVAL)
     }
 }
@@ -545,7 +554,7 @@ mod tests {
 
     #[test]
     fn samples_are_spaced_to_fit_the_settle_period() {
-        assert_eq!(check("g", Duration::ZERO).sample_interval(12), MIN_SAMPLE_INTERVAL);
+        assert_eq!(check("g", Duration::ZERO).sample_interval(12), QUICK_SAMPLE_INTERVAL);
         assert_eq!(check("g", Duration::from_secs(4)).sample_interval(4), Duration::from_secs(1));
         assert_eq!(check("g", Duration::from_secs(60)).sample_interval(2), MAX_SAMPLE_INTERVAL);
     }
