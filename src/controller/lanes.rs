@@ -25,10 +25,15 @@ pub(super) enum Lane {
     Sweep,
 }
 
+/// Whether the discovery trigger created `migration`. Pure.
+pub(super) fn swept(migration: &StorageVersionMigration) -> bool {
+    let labels = migration.metadata.labels.as_ref();
+    labels.and_then(|l| l.get(TRIGGER_LABEL)).is_some_and(|v| v == "discovery")
+}
+
 /// The lane `migration` asks for by itself: its trigger and its annotation. Pure.
 fn own_lane(migration: &StorageVersionMigration) -> Lane {
-    let labels = migration.metadata.labels.as_ref();
-    if labels.and_then(|l| l.get(TRIGGER_LABEL)).is_some_and(|v| v == "discovery") {
+    if swept(migration) {
         return Lane::Sweep;
     }
     let annotations = migration.metadata.annotations.as_ref();

@@ -150,6 +150,8 @@ pub(crate) struct Context {
     /// Asks for every migration to be looked at again, when a task ends: the migration it
     /// leaves unfinished, or the one waiting for its resource or slot, goes next.
     requeue: mpsc::UnboundedSender<()>,
+    /// Wakes the discovery trigger: a CRD changed, or one of its migrations ended.
+    discovery_poke: Arc<tokio::sync::Notify>,
 }
 
 impl Context {
@@ -217,6 +219,7 @@ pub async fn run(run: Run) -> Stopped {
         retries: Mutex::new(HashMap::new()),
         observer: Observer::default(),
         requeue,
+        discovery_poke: Arc::new(tokio::sync::Notify::new()),
         fence,
         client,
         config,
@@ -306,7 +309,7 @@ async fn triggers(context: &Context, watches: Client, stop: CancellationToken) {
         settings.discovery_trigger.map(|interval| crate::trigger::discovery::Settings {
             interval,
             encoding: settings.encoding,
-            poke: Arc::new(tokio::sync::Notify::new()),
+            poke: context.discovery_poke.clone(),
             request_timeout: settings.request_timeout,
             keep_finished: settings.discovery_keep_finished,
         });

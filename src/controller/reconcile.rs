@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tracing::{debug, error, instrument};
 
 use super::Context;
-use super::lanes::{Lane, WAIT_FOR_TURN, group_resource, lane};
+use super::lanes::{Lane, WAIT_FOR_TURN, group_resource, lane, swept};
 use super::migration::{self, Requeue};
 use crate::api::{GroupResource, Phase, StorageVersionMigration};
 
@@ -121,6 +121,7 @@ pub(super) async fn reconcile(
             return Ok(Action::requeue(WAIT_FOR_TURN));
         };
         running.insert(name.clone(), resource);
+        let swept = swept(&migration);
         let task_context = context.clone();
         context.tasks.spawn(async move {
             let requeue = migration::run(&task_context, migration, failures, preparing).await;
@@ -144,6 +145,10 @@ pub(super) async fn reconcile(
                 }
             }
             context.running().remove(&name);
+            // The discovery trigger looks again soon: its StorageState may have converged.
+            if swept {
+                context.discovery_poke.notify_one();
+            }
             // Look again: a migration that did not finish (a status write that kept failing, a
             // discovery retry) is taken up again; a finished one is left alone.
             let _ = context.requeue.unbounded_send(());

@@ -1,6 +1,6 @@
 //! The discovery trigger (`--discovery-trigger`), as kube-storage-version-migrator's: every
-//! `--discovery-interval`, and whenever a CRD changes, read discovery through a fresh
-//! connection; keep one StorageState per migratable resource; and create a migration for every
+//! `--discovery-interval`, whenever a CRD changes or one of its migrations ends (at most every
+//! 2 s), read discovery through a fresh connection; keep one StorageState per migratable resource; and create a migration for every
 //! resource whose objects may be stored under a hash other than the one the apiserver writes
 //! now, unless one is pending or running for it already (whoever created it). The decisions are
 //! in [`super::storage_state`].
@@ -72,7 +72,7 @@ pub struct Settings {
     /// Its settle period: how long a new hash must be shown on every poll before it is acted
     /// on.
     pub encoding: EncodingPolicy,
-    /// Fired when a CRD changes: poll now.
+    /// Fired when a CRD changes or one of its migrations ends: poll soon.
     pub poke: Arc<Notify>,
     /// Longest time one request may go unanswered.
     pub request_timeout: Duration,
@@ -124,7 +124,11 @@ pub async fn run(
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(wait) => {}
-            () = settings.poke.notified() => {}
+            () = settings.poke.notified() => {
+                // Woken by a CRD change or a migration's end: at most a poll every so often,
+                // however many come.
+                tokio::time::sleep(MIN_FOLLOW_UP.saturating_sub(began.elapsed())).await;
+            }
         }
     }
 }
