@@ -315,6 +315,7 @@ async fn triggers(context: &Context, watches: Client, stop: CancellationToken) {
             poke: context.discovery_poke.clone(),
             request_timeout: settings.request_timeout,
             keep_finished: settings.discovery_keep_finished,
+            observer: context.observer.clone(),
         });
     let crd_settings = crate::trigger::crd::Settings {
         create: settings.crd_trigger,

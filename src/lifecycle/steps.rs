@@ -75,15 +75,15 @@ pub async fn target_of(
             ),
         },
         false => {
-            let check = encoding::Check {
-                group: resource.group.clone(),
-                plural: resource.plural.clone(),
-                kind: resource.kind.clone(),
+            let generation = state.as_ref().map_or(0, |s| s.generation);
+            let check = encoding::Check::new(
+                &resource.group,
+                &resource.plural,
+                &resource.kind,
                 expected,
-                generation: state.as_ref().map_or(0, |s| s.generation),
-                settle: cluster.encoding.settle,
-                wait: cluster.encoding.wait,
-            };
+                generation,
+                cluster.encoding,
+            );
             let confirming = cluster.observer.confirm(cluster.client, cluster.config, &check);
             // A CRD whose storage changes during the check makes its verdict moot: no need to
             // wait it out. Other changes to it are followed, and the target records the last.

@@ -5,10 +5,11 @@
 //! now, unless one is pending or running for it already (whoever created it). The decisions are
 //! in [`super::storage_state`].
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
@@ -24,7 +25,7 @@ use crate::api::{
     StorageStateSpec, StorageVersionMigration, StorageVersionMigrationSpec,
 };
 use crate::apiserver::fence::RequestError;
-use crate::evidence::encoding::{self, EncodingPolicy};
+use crate::evidence::encoding::{self, EncodingPolicy, Observer};
 
 /// Annotation on the migrations this trigger creates: the storage version hash it saw when it
 /// created them (the hash a migration really targeted is in `status.target`).
@@ -78,11 +79,14 @@ pub struct Settings {
     pub request_timeout: Duration,
     /// Finished migrations of its own kept per resource; older ones are deleted.
     pub keep_finished: usize,
+    /// Where encoding checks start as soon as a new hash is seen.
+    pub observer: Observer,
 }
 
 /// A resource discovery says can be migrated.
 struct Discovered {
     resource: GroupResource,
+    kind: String,
     /// The version migrations are created for (the group's preferred one).
     version: String,
     hash: String,
@@ -190,12 +194,23 @@ async fn poll(
     let mut look_again = |after: Duration| due = Some(due.map_or(after, |d| d.min(after)));
     // Two intervals, the settle period, and the last poll and this one as long as the slowest.
     let stale_after = settings.interval * 2 + settings.encoding.settle + slowest * 2;
-    for Discovered { resource, version, hash } in &discovered {
+    let crds = crd_names(requests, client).await;
+    for Discovered { resource, kind, version, hash } in &discovered {
         let name = resource.name();
         let state = existing_states.get(&name);
         let status = state.and_then(|s| s.status.as_ref());
         let recorded = status.and_then(|s| s.current_storage_version_hash.as_deref());
-        let Some(current) = guard.observe(resource, hash, recorded, now, trust) else {
+        let trusted = guard.observe(resource, hash, recorded, now, trust);
+        // The encoding check of a new hash starts at the first poll that sees it, not once the
+        // hash is trusted and its migration created: the two wait out their settle periods
+        // together. A CRD's starts at its storage switch, from the CRD watch.
+        if trusted.as_deref() != Some(hash.as_str()) && !crds.contains(&name) {
+            let expected = encoding::Expected::Hash { hash: hash.clone(), served: version.clone() };
+            let GroupResource { group, resource: plural } = resource;
+            let check = encoding::Check::new(group, plural, kind, expected, 0, settings.encoding);
+            settings.observer.observe(client, &clients.config, &check);
+        }
+        let Some(current) = trusted else {
             continue;
         };
         let recorded_since = state
@@ -358,6 +373,7 @@ async fn discover(config: &kube::Config) -> Result<(Vec<Discovered>, Vec<String>
                 let hash = r.storage_version_hash.filter(|_| migratable)?;
                 Some(Discovered {
                     resource: GroupResource { group: group.clone(), resource: r.name },
+                    kind: r.kind,
                     version: version.clone(),
                     hash,
                 })
@@ -365,6 +381,16 @@ async fn discover(config: &kube::Config) -> Result<(Vec<Discovered>, Vec<String>
         })
         .collect();
     Ok((discovered, unexamined))
+}
+
+/// The names of the cluster's CRDs (`<plural>.<group>`, as a StorageState's), read as
+/// metadata only; none when they cannot be read (every new hash then gets a check of its own).
+async fn crd_names(requests: Requests<'_>, client: &Client) -> BTreeSet<String> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    match requests.send(crds.list_metadata(&Default::default())).await {
+        Ok(list) => list.items.into_iter().filter_map(|crd| crd.metadata.name).collect(),
+        Err(_) => BTreeSet::new(),
+    }
 }
 
 /// Writes the StorageState of `resource`: creates it when this poll found none (`read` is

@@ -193,6 +193,27 @@ const QUICK_SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
 const MAX_SAMPLE_INTERVAL: Duration = Duration::from_secs(2);
 
 impl Check {
+    /// A check that the apiservers encode `group`'s `plural` (of `kind`) as `expected`, for the
+    /// CRD's `generation` (0 for a built-in resource), taking as long as `policy` says.
+    pub fn new(
+        group: &str,
+        plural: &str,
+        kind: &str,
+        expected: Expected,
+        generation: i64,
+        policy: EncodingPolicy,
+    ) -> Check {
+        Check {
+            group: group.to_owned(),
+            plural: plural.to_owned(),
+            kind: kind.to_owned(),
+            expected,
+            generation,
+            settle: policy.settle,
+            wait: policy.wait,
+        }
+    }
+
     /// The version of the group discovery is read at.
     fn version(&self) -> &str {
         match &self.expected {

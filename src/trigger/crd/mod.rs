@@ -252,15 +252,14 @@ fn encoding_check(crd: &CustomResourceDefinition, settings: &Settings) -> Option
     if !CrdState::of(crd)?.is_stale() {
         return None;
     }
-    Some(Check {
-        group: crd.spec.group.clone(),
-        plural: crd.spec.names.plural.clone(),
-        kind: crd.spec.names.kind.clone(),
-        expected: Expected::StorageVersion(storage.clone()),
-        generation: crd.metadata.generation.unwrap_or_default(),
-        settle: settings.encoding.settle,
-        wait: settings.encoding.wait,
-    })
+    Some(Check::new(
+        &crd.spec.group,
+        &crd.spec.names.plural,
+        &crd.spec.names.kind,
+        Expected::StorageVersion(storage.clone()),
+        crd.metadata.generation.unwrap_or_default(),
+        settings.encoding,
+    ))
 }
 
 struct Context {
