@@ -111,11 +111,10 @@ pub enum Stopped {
 
 /// Migrations of the discovery trigger's sweep that write at once, in a lane of their own: a
 /// sweep after an install or an upgrade creates one per resource, most of them with nothing to
-/// rewrite, and a migration an operator or the CRD trigger creates never waits for it. Two, as
-/// `--concurrency` is by default: one resource's round trips (its start recorded, its list, the
-/// evidence looked at again) overlap another's, and a sweep presses the apiserver no harder than
-/// the main lane may.
-pub const SWEEP_SLOTS: usize = 2;
+/// rewrite, and a migration an operator or the CRD trigger creates never waits for it. One: a
+/// second (measured) did not end a sweep of a cluster's built-in resources sooner, and slowed the
+/// CRD trigger's migrations beside it on a small apiserver.
+pub const SWEEP_SLOTS: usize = 1;
 
 /// Migrations that gather evidence (resolve, the conversion preflight, the encoding check) at
 /// once, before their turn to write, in each lane: enough for the sweep of a cluster's built-in
