@@ -131,6 +131,10 @@ pub fn start_point(
     let restarts = status.restarts.unwrap_or(0);
     // Any change of the CRD since voids the checkpoint, and so does a record without its uid.
     let crd_changed = match CrdState::recorded(&recorded) {
+        // A CRD's generation recorded without its storage version: nothing to compare with.
+        None if recorded.crd_generation.is_some() => {
+            Some("the checkpoint did not record the storage version".into())
+        }
         None => None,
         Some(then) if !then.identified() => Some("the checkpoint did not record its uid".into()),
         Some(then) => CrdChange::between(&then, crd).map(|change| change.to_string()),
@@ -711,6 +715,13 @@ mod tests {
         let start = start_point(&migration, Some("h2"), Some(&same));
         assert!(!start.keeps_target);
         assert!(start.note.contains("did not record its uid"), "{}", start.note);
+        // Nor one that recorded the CRD's generation but not its storage version.
+        if let Some(target) = migration.status.as_mut().and_then(|s| s.target.as_mut()) {
+            target.crd_uid = Some("u1".into());
+            target.storage_version = None;
+        }
+        let start = start_point(&migration, Some("h2"), Some(&same));
+        assert!(!start.keeps_target, "{}", start.note);
     }
 
     #[test]
