@@ -228,6 +228,7 @@ impl<H: Host> Lifecycle<'_, H> {
         let waiting = std::time::Instant::now();
         let turn = tokio::select! {
             turn = self.host.turn() => turn,
+            never = self.keep_fresh(resource, crd, &target) => match never {},
             () = self.cancel.cancelled() => return Attempt::Ended(self.stopped(start, "stopped while waiting for its turn to write")),
         };
         // Evidence that aged while other migrations wrote is taken again (at once when it still
@@ -343,6 +344,24 @@ impl<H: Host> Lifecycle<'_, H> {
         let confirmed = target.encoding_confirmed;
         self.host.tell(Notice::Encoding { vouched, confirmed, evidence: &evidence }).await;
         target
+    }
+
+    /// Keeps the confirmation that the apiservers encode in `target` fresh while the migration
+    /// waits for its turn to write, from the encoding checks' shared samples, so that the turn
+    /// writes at once. Never ends: it is raced with the wait.
+    async fn keep_fresh(
+        &self,
+        resource: &Resource,
+        crd: Option<&CustomResourceDefinition>,
+        target: &MigrationTarget,
+    ) -> std::convert::Infallible {
+        if target.encoding_confirmed == Some(true)
+            && let Ok(check) = steps::encoding_check(&self.cluster, resource, crd)
+        {
+            let Cluster { client, config, observer, .. } = self.cluster;
+            observer.keep_fresh(client, config, &check).await;
+        }
+        std::future::pending().await
     }
 
     /// The Running status, the CRD's `StorageMigrating` condition, what kind of start it is.

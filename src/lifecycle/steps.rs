@@ -37,6 +37,35 @@ pub async fn conversion_preflight(
     conversion::preflight(cluster.client, crd, Some(&resource.version), timeout).await
 }
 
+/// Why a resource's encoding cannot be checked.
+pub enum Unchecked {
+    /// A CRD names no storage version: there is nothing to check it against.
+    CrdWithoutStorage,
+    /// Discovery publishes no storage version hash for a built-in resource.
+    NoHash,
+}
+
+/// The encoding check a migration of `resource` (served by `crd`, if a CRD serves it) needs: a
+/// CRD's storage version, or the storage version hash discovery published for a built-in one.
+pub fn encoding_check(
+    cluster: &Cluster<'_>,
+    resource: &Resource,
+    crd: Option<&CustomResourceDefinition>,
+) -> Result<encoding::Check, Unchecked> {
+    let state = crd.and_then(CrdState::of);
+    let expected = match (&state, &resource.storage_version_hash) {
+        (Some(state), _) => encoding::Expected::StorageVersion(state.storage_version.clone()),
+        (None, Some(hash)) => {
+            encoding::Expected::Hash { hash: hash.clone(), served: resource.version.clone() }
+        }
+        (None, None) if crd.is_some() => return Err(Unchecked::CrdWithoutStorage),
+        (None, None) => return Err(Unchecked::NoHash),
+    };
+    let generation = state.as_ref().map_or(0, |s| s.generation);
+    let (group, plural, kind) = (&resource.group, &resource.plural, &resource.kind);
+    Ok(encoding::Check::new(group, plural, kind, expected, generation, cluster.encoding))
+}
+
 /// What the migration targets, and whether the apiservers already encode in it (`vouched` when
 /// an operator said so on the migration). For a CRD-backed resource: the CRD's generation, uid
 /// and storage version. For a built-in resource: the storage version hash discovery publishes,
@@ -53,13 +82,10 @@ pub async fn target_of(
     };
     let state = crd.and_then(CrdState::of);
     let mut followed = crd.and_then(Followed::from_crd);
-    let expected = match (&state, &resource.storage_version_hash) {
-        (Some(state), _) => encoding::Expected::StorageVersion(state.storage_version.clone()),
-        (None, Some(hash)) => {
-            encoding::Expected::Hash { hash: hash.clone(), served: resource.version.clone() }
-        }
-        (None, None) if crd.is_some() => return target,
-        (None, None) => {
+    let check = match encoding_check(cluster, resource, crd) {
+        Ok(check) => check,
+        Err(Unchecked::CrdWithoutStorage) => return target,
+        Err(Unchecked::NoHash) => {
             target.encoding_confirmed = Some(false);
             target.encoding_evidence = Some(format!(
                 "discovery publishes no storage version hash for {resource}, so nothing shows how the apiservers encode it"
@@ -75,15 +101,6 @@ pub async fn target_of(
             ),
         },
         false => {
-            let generation = state.as_ref().map_or(0, |s| s.generation);
-            let check = encoding::Check::new(
-                &resource.group,
-                &resource.plural,
-                &resource.kind,
-                expected,
-                generation,
-                cluster.encoding,
-            );
             let confirming = cluster.observer.confirm(cluster.client, cluster.config, &check);
             // A CRD whose storage changes during the check makes its verdict moot: no need to
             // wait it out. Other changes to it are followed, and the target records the last.

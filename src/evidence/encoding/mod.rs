@@ -14,8 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::apiserverinternal::v1alpha1::StorageVersion;
-use kube::{Api, Client};
+use kube::Client;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -79,7 +78,9 @@ const FRESH_FOR: Duration = Duration::from_secs(5);
 
 /// The encoding checks of one process, one per resource and storage version, started as soon as
 /// a storage switch is seen (the CRD trigger sees them within a second) rather than when a
-/// migration starts: a migration created after the settle period has passed starts at once.
+/// migration starts: a migration created after the settle period has passed starts at once,
+/// and one that waits for its turn to write keeps its confirmation fresh from the shared samples
+/// meanwhile ([`Observer::keep_fresh`]), so that its turn writes at once too.
 /// Cheap to clone; clones share the checks.
 #[derive(Clone, Default)]
 pub struct Observer {
@@ -93,8 +94,47 @@ type CheckKey = (String, String, Expected, i64);
 
 #[derive(Clone)]
 struct Observation {
-    /// The verdict once there is one, and when it came.
-    verdict: watch::Receiver<Option<(Encoding, Instant)>>,
+    /// The verdict once there is one, and when it was last known to hold.
+    verdict: Arc<watch::Sender<Option<(Encoding, Instant)>>>,
+}
+
+/// How often a confirmation kept fresh ([`Observer::keep_fresh`]) is sampled again.
+const KEEP_FRESH_INTERVAL: Duration = Duration::from_millis(500);
+
+/// What a confirmation's words say once it has been looked at again, after its first proof.
+const AGAIN: &str = ", then again";
+
+/// What one more sample does to a confirmation kept fresh ([`Observer::keep_fresh`]).
+#[derive(Debug, PartialEq, Eq)]
+enum Kept {
+    /// It disagreed, or failed: keeping stops, the confirmation ages.
+    Stop,
+    /// It agreed, but the confirmation aged before it, and too few samples in a row agree yet
+    /// to renew it.
+    Aged,
+    /// The confirmation holds now, in these words.
+    Fresh(String),
+}
+
+/// What the verdict of the samples in a row (`in_a_row` of them, `settled` once they are
+/// enough) does to a confirmation (`by`, last known to hold `age` ago). Pure.
+fn kept_by(by: &str, settled: Option<Encoding>, age: Duration, in_a_row: u32) -> Kept {
+    match settled {
+        Some(Encoding::Unconfirmed(_)) => Kept::Stop,
+        Some(Encoding::Confirmed { by: again }) => {
+            Kept::Fresh(format!("{}{AGAIN} while waiting to write: {again}", first_proof(by)))
+        }
+        None if age < FRESH_FOR => Kept::Fresh(format!(
+            "{}{AGAIN} while waiting to write, in {in_a_row} samples in a row",
+            first_proof(by)
+        )),
+        None => Kept::Aged,
+    }
+}
+
+/// The first proof of a confirmation, without what looks since then added.
+fn first_proof(by: &str) -> &str {
+    by.split(AGAIN).next().unwrap_or(by)
 }
 
 impl Observer {
@@ -106,8 +146,8 @@ impl Observer {
     /// The verdict on `check`: the background check's, taken again quickly if it is more than a
     /// few seconds old (it must still hold), or a new check's.
     pub async fn confirm(&self, client: &Client, config: &kube::Config, check: &Check) -> Encoding {
-        let verdict = self.observation(client, config, check, false).verdict;
-        let Some((encoding, at)) = settled(verdict).await else {
+        let observation = self.observation(client, config, check, false);
+        let Some((encoding, at)) = settled(observation.verdict.subscribe()).await else {
             return Encoding::Unconfirmed("the encoding check stopped".to_owned());
         };
         let Encoding::Confirmed { by } = encoding else {
@@ -120,16 +160,61 @@ impl Observer {
         // Still so? A short look (two agreeing samples) before trusting it.
         let quick = Check { settle: Duration::ZERO, wait: Duration::ZERO, ..check.clone() };
         match confirm_with(client, config, &quick, &self.rounds).await {
-            Encoding::Confirmed { .. } => Encoding::Confirmed {
-                by: format!("{by}, {:.0} s ago, and again now", at.elapsed().as_secs_f64()),
-            },
+            Encoding::Confirmed { .. } => {
+                let age = at.elapsed().as_secs_f64();
+                let by = format!("{}{AGAIN} {age:.0} s later", first_proof(&by));
+                observation
+                    .verdict
+                    .send_replace(Some((Encoding::Confirmed { by: by.clone() }, Instant::now())));
+                Encoding::Confirmed { by }
+            }
             Encoding::Unconfirmed(_) => self.fresh(client, config, check).await,
         }
     }
 
+    /// Keeps the confirmation of `check` fresh for as long as this runs (while a migration
+    /// waits for its turn to write; dropped when the turn comes), so that the turn writes at
+    /// once rather than after a look of its own. Every round of the shared discovery samples
+    /// that publishes the expected hash extends a confirmation still fresh; one that aged is
+    /// renewed by as many agreeing samples in a row as the apiservers' number asks for, as the
+    /// look at the turn would be. A disagreement, or a sample that fails, stops it: the
+    /// confirmation then ages, and the look at the turn decides. Returns at once when there is
+    /// no confirmation to keep.
+    pub async fn keep_fresh(&self, client: &Client, config: &kube::Config, check: &Check) {
+        let Some(observation) = self.existing(check) else { return };
+        let survey = apiservers::survey(client, &check.group, check.version()).await;
+        let quick = Check { settle: Duration::ZERO, wait: Duration::ZERO, ..check.clone() };
+        let mut settle = Settle::new(&quick, apiservers::sampling(&survey), Instant::now());
+        let mut sampling =
+            self.rounds.join(config, &check.discovery_version(), KEEP_FRESH_INTERVAL);
+        let mut in_a_row = 0u32;
+        loop {
+            let round = sampling.next().await;
+            let sample = sample_of(check, &round);
+            let now = Instant::now();
+            let verdict = settle.observe(sample, now);
+            let kept = observation.verdict.borrow().clone();
+            let Some((Encoding::Confirmed { by }, at)) = kept else { return };
+            in_a_row += 1;
+            match kept_by(&by, verdict, now.saturating_duration_since(at), in_a_row) {
+                Kept::Stop => return,
+                Kept::Aged => {}
+                Kept::Fresh(by) => {
+                    observation.verdict.send_replace(Some((Encoding::Confirmed { by }, now)));
+                }
+            }
+        }
+    }
+
+    /// The observation of `check` kept, if any.
+    fn existing(&self, check: &Check) -> Option<Observation> {
+        let checks = self.checks.lock().unwrap_or_else(|p| p.into_inner());
+        checks.get(&key_of(check)).cloned()
+    }
+
     /// A new check, replacing the one kept, awaited.
     async fn fresh(&self, client: &Client, config: &kube::Config, check: &Check) -> Encoding {
-        let verdict = self.observation(client, config, check, true).verdict;
+        let verdict = self.observation(client, config, check, true).verdict.subscribe();
         match settled(verdict).await {
             Some((encoding, _)) => encoding,
             None => Encoding::Unconfirmed("the encoding check stopped".to_owned()),
@@ -143,13 +228,13 @@ impl Observer {
         check: &Check,
         anew: bool,
     ) -> Observation {
-        let key =
-            (check.group.clone(), check.plural.clone(), check.expected.clone(), check.generation);
+        let key = key_of(check);
         let mut checks = self.checks.lock().unwrap_or_else(|p| p.into_inner());
         if !anew && let Some(existing) = checks.get(&key) {
             return existing.clone();
         }
-        let (report, verdict) = watch::channel(None);
+        let report = Arc::new(watch::Sender::new(None));
+        let observation = Observation { verdict: report.clone() };
         let (client, config, check) = (client.clone(), config.clone(), check.clone());
         let rounds = self.rounds.clone();
         tokio::spawn(async move {
@@ -162,7 +247,6 @@ impl Observer {
             };
             report.send_replace(Some((encoding, Instant::now())));
         });
-        let observation = Observation { verdict };
         // A CRD whose spec churns (a caBundle injected again and again) gets a check per
         // generation: only the newest of each resource is kept (older ones still report to
         // whoever awaits them).
@@ -171,6 +255,10 @@ impl Observer {
         checks.insert(key, observation.clone());
         observation
     }
+}
+
+fn key_of(check: &Check) -> CheckKey {
+    (check.group.clone(), check.plural.clone(), check.expected.clone(), check.generation)
 }
 
 /// The verdict of an observation, once it has one.
@@ -291,19 +379,26 @@ async fn confirm_with(
             settle.resurvey(apiservers::sampling(&survey));
         }
         let round = sampling.next().await;
-        let published = round.hash_of(&check.discovery_version(), &check.plural);
-        let sample = match round.storage_version_api {
-            false => Sample::Discovery(published),
-            true => match from_storage_version_api(client, check).await {
-                StorageVersionApi::Answered(sample) => sample,
-                StorageVersionApi::NotServed => Sample::Discovery(published),
-                // kube-apiserver 1.37 publishes StorageVersions for built-in resources only.
-                StorageVersionApi::NoEntry => Sample::DiscoveryNoEntry(published),
-            },
-        };
+        let sample = sample_of(check, &round);
         if let Some(verdict) = settle.observe(sample, Instant::now()) {
             return verdict;
         }
+    }
+}
+
+/// What `round` says of `check`'s resource: what discovery published, unless the StorageVersion
+/// API is served and answers for it. Pure.
+fn sample_of(check: &Check, round: &Round) -> Sample {
+    let published = round.hash_of(&check.discovery_version(), &check.plural);
+    let group = if check.group.is_empty() { "core" } else { &check.group };
+    match &round.storage_versions {
+        None => Sample::Discovery(published),
+        Some(Err(error)) => Sample::StorageVersionApiError(error.clone()),
+        Some(Ok(versions)) => match versions.get(&format!("{group}.{}", check.plural)) {
+            Some(common) => Sample::StorageVersionApi(common.clone()),
+            // kube-apiserver 1.37 publishes StorageVersions for built-in resources only.
+            None => Sample::DiscoveryNoEntry(published),
+        },
     }
 }
 
@@ -411,39 +506,6 @@ async fn published_hash_now(
         .and_then(|r| r.storage_version_hash))
 }
 
-/// What the StorageVersion API says about a resource.
-enum StorageVersionApi {
-    NotServed,
-    NoEntry,
-    Answered(Sample),
-}
-
-async fn from_storage_version_api(client: &Client, check: &Check) -> StorageVersionApi {
-    if client.list_api_group_resources(STORAGE_VERSION_API).await.is_err() {
-        return StorageVersionApi::NotServed;
-    }
-    let api: Api<StorageVersion> = Api::all(client.clone());
-    let group = if check.group.is_empty() { "core" } else { &check.group };
-    let name = format!("{group}.{}", check.plural);
-    let found = match api.get_opt(&name).await {
-        Ok(Some(found)) => found,
-        Ok(None) => return StorageVersionApi::NoEntry,
-        Err(error) => {
-            return StorageVersionApi::Answered(Sample::StorageVersionApiError(
-                crate::error_chain(&error),
-            ));
-        }
-    };
-    let status = found.status.unwrap_or_default();
-    let all_equal = status
-        .conditions
-        .unwrap_or_default()
-        .iter()
-        .any(|c| c.type_ == "AllEncodingVersionsEqual" && c.status == "True");
-    let common = status.common_encoding_version.filter(|_| all_equal);
-    StorageVersionApi::Answered(Sample::StorageVersionApi(common))
-}
-
 #[cfg(test)]
 mod tests {
     use super::settle::MISS_AT_MOST;
@@ -473,11 +535,54 @@ mod tests {
     }
 
     #[test]
+    fn a_confirmation_is_kept_fresh_only_by_agreement_in_time() {
+        let by = "discovery: 12 samples (checked from 10:00:00), then again 7 s later";
+        let agreed = Encoding::Confirmed { by: "discovery: 12 samples".into() };
+        let quick = Duration::from_millis(500);
+        assert_eq!(
+            kept_by(by, None, quick, 3),
+            Kept::Fresh(
+                "discovery: 12 samples (checked from 10:00:00), then again while waiting to write, in 3 samples in a row".into()
+            ),
+            "an agreeing sample extends a fresh confirmation, its first proof kept once"
+        );
+        assert_eq!(kept_by(by, None, FRESH_FOR, 3), Kept::Aged, "an aged one is not extended");
+        assert_eq!(
+            kept_by(by, Some(agreed), FRESH_FOR * 10, 12),
+            Kept::Fresh(
+                "discovery: 12 samples (checked from 10:00:00), then again while waiting to write: discovery: 12 samples".into()
+            ),
+            "enough samples in a row renew an aged one"
+        );
+        let disagreed = Encoding::Unconfirmed("hash B".into());
+        assert_eq!(kept_by(by, Some(disagreed), quick, 4), Kept::Stop);
+    }
+
+    #[test]
+    fn a_round_answers_through_the_storage_version_api_where_it_has_an_entry() {
+        let check = check("", Duration::from_secs(10));
+        let hashes = HashMap::from([("widgets".to_owned(), Some("H2".to_owned()))]);
+        let mut round = Round {
+            number: 1,
+            storage_versions: None,
+            documents: HashMap::from([("v2".to_owned(), Ok(hashes))]),
+        };
+        assert_eq!(sample_of(&check, &round), Sample::Discovery(Ok(Some("H2".into()))));
+        let common = HashMap::from([("core.widgets".to_owned(), Some("v2".to_owned()))]);
+        round.storage_versions = Some(Ok(common));
+        assert_eq!(sample_of(&check, &round), Sample::StorageVersionApi(Some("v2".into())));
+        round.storage_versions = Some(Ok(HashMap::new()));
+        assert_eq!(sample_of(&check, &round), Sample::DiscoveryNoEntry(Ok(Some("H2".into()))));
+        round.storage_versions = Some(Err("HTTP 503".into()));
+        assert_eq!(sample_of(&check, &round), Sample::StorageVersionApiError("HTTP 503".into()));
+    }
+
+    #[test]
     fn a_round_answers_for_the_group_versions_it_asked() {
         let hashes = HashMap::from([("widgets".to_owned(), Some("H2".to_owned()))]);
         let round = Round {
             number: 3,
-            storage_version_api: false,
+            storage_versions: None,
             documents: HashMap::from([
                 ("example.com/v2".to_owned(), Ok(hashes)),
                 ("other.io/v1".to_owned(), Err("HTTP 503".to_owned())),

@@ -5,14 +5,17 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kube::Client;
+use k8s_openapi::api::apiserverinternal::v1alpha1::{StorageVersion, StorageVersionStatus};
+use kube::api::ListParams;
+use kube::{Api, Client};
 use tokio::sync::watch;
 
 use super::{MAX_SAMPLE_INTERVAL, SAMPLE_TIMEOUT, STORAGE_VERSION_API};
 
 /// Discovery samples shared by every encoding check of a process. A round asks one apiserver,
 /// through one new connection, for the discovery document of every group version a check waits
-/// on (and whether the StorageVersion API is served), so that each check waiting takes the
+/// on (and, where the StorageVersion API is served, every StorageVersion in one list), so that
+/// each check waiting takes the
 /// round as one sample: what an apiserver published, asked through a connection of its own,
 /// exactly as a check of its own would have asked, at the cost of one connection a round for
 /// every check together. A sweep of a whole cluster's resources then costs a few requests a
@@ -39,8 +42,10 @@ struct RoundsState {
 pub struct Round {
     /// Counts rounds, from 1.
     pub number: u64,
-    /// Whether the StorageVersion API is served.
-    pub storage_version_api: bool,
+    /// What the StorageVersion API says, when it is served: each resource's common encoding
+    /// version, by the StorageVersion's name (`group.plural`, `core.plural`), when every
+    /// apiserver encodes in it; or why the list could not be read.
+    pub storage_versions: Option<Result<HashMap<String, Option<String>>, String>>,
     /// Each group version asked for: its resources' storage version hashes, by plural name, or
     /// why it could not be read.
     pub(super) documents: HashMap<String, Result<HashMap<String, Option<String>>, String>>,
@@ -142,9 +147,38 @@ async fn take_round(config: &kube::Config, number: u64, wanted: &[String]) -> Ro
         round.documents.insert(group_version.clone(), answered);
     }
     let served = client.list_api_group_resources(STORAGE_VERSION_API);
-    round.storage_version_api =
-        matches!(tokio::time::timeout(SAMPLE_TIMEOUT, served).await, Ok(Ok(_)));
+    if matches!(tokio::time::timeout(SAMPLE_TIMEOUT, served).await, Ok(Ok(_))) {
+        round.storage_versions = Some(storage_versions(&client).await);
+    }
     round
+}
+
+/// Every StorageVersion's common encoding version, by name: one list answers for every
+/// resource a check waits on.
+async fn storage_versions(client: &Client) -> Result<HashMap<String, Option<String>>, String> {
+    let api: Api<StorageVersion> = Api::all(client.clone());
+    let list = match tokio::time::timeout(SAMPLE_TIMEOUT, api.list(&ListParams::default())).await {
+        Ok(Ok(list)) => list,
+        Ok(Err(error)) => return Err(crate::error_chain(&error)),
+        Err(_) => return Err(format!("no answer within {SAMPLE_TIMEOUT:?}")),
+    };
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|found| Some((found.metadata.name?, common(found.status))))
+        .collect())
+}
+
+/// The common encoding version a StorageVersion's status reports, when every apiserver encodes
+/// in it (its condition `AllEncodingVersionsEqual` is True).
+fn common(status: Option<StorageVersionStatus>) -> Option<String> {
+    let status = status.unwrap_or_default();
+    let all_equal = status
+        .conditions
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.type_ == "AllEncodingVersionsEqual" && c.status == "True");
+    status.common_encoding_version.filter(|_| all_equal)
 }
 
 /// A check's place in the rounds: each round once, none older than the last one taken.
