@@ -170,7 +170,7 @@ struct Row {
 }
 
 /// Latencies of the foreground client's requests over some time.
-#[derive(Clone, Copy, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize)]
 struct Latencies {
     requests: usize,
     /// Requests that failed (they count in the latencies too).
@@ -178,6 +178,8 @@ struct Latencies {
     p50_ms: f64,
     p99_ms: f64,
     max_ms: f64,
+    /// The p99 of each whole minute, and of the last part if it lasted half a minute or more.
+    per_minute_p99_ms: Vec<f64>,
 }
 
 impl Latencies {
@@ -248,24 +250,46 @@ impl Foreground {
     /// The latencies of the requests sent from `from` to `to`.
     fn between(&self, from: Instant, to: Instant) -> Option<Latencies> {
         let requests = self.requests.lock().expect("not poisoned");
-        let within: Vec<&Request> =
-            requests.iter().filter(|r| r.sent >= from && r.sent + r.took <= to).collect();
-        let mut millis: Vec<f64> = within.iter().map(|r| r.took.as_secs_f64() * 1000.0).collect();
+        let within = |from: Instant, to: Instant| -> Vec<Request> {
+            requests.iter().filter(|r| r.sent >= from && r.sent + r.took <= to).copied().collect()
+        };
+        let all = within(from, to);
+        let mut millis = sorted_millis(&all);
         if millis.is_empty() {
             return None;
         }
+        let mut per_minute_p99_ms = Vec::new();
+        let mut start = from;
+        while to.saturating_duration_since(start) >= Duration::from_secs(30) {
+            let end = (start + Duration::from_secs(60)).min(to);
+            let minute = sorted_millis(&within(start, end));
+            if !minute.is_empty() {
+                per_minute_p99_ms.push(nearest_rank(&minute, 0.99));
+            }
+            start = end;
+        }
         millis.sort_by(f64::total_cmp);
-        // Nearest rank.
-        let rank =
-            |p: f64| millis[((p * millis.len() as f64).ceil() as usize).clamp(1, millis.len()) - 1];
         Some(Latencies {
             requests: millis.len(),
-            failed: within.iter().filter(|r| !r.ok).count(),
-            p50_ms: rank(0.50),
-            p99_ms: rank(0.99),
+            failed: all.iter().filter(|r| !r.ok).count(),
+            p50_ms: nearest_rank(&millis, 0.50),
+            p99_ms: nearest_rank(&millis, 0.99),
             max_ms: millis[millis.len() - 1],
+            per_minute_p99_ms,
         })
     }
+}
+
+/// The requests' latencies in milliseconds, sorted.
+fn sorted_millis(requests: &[Request]) -> Vec<f64> {
+    let mut millis: Vec<f64> = requests.iter().map(|r| r.took.as_secs_f64() * 1000.0).collect();
+    millis.sort_by(f64::total_cmp);
+    millis
+}
+
+/// The `p` quantile of `sorted` (not empty), nearest rank.
+fn nearest_rank(sorted: &[f64], p: f64) -> f64 {
+    sorted[((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1]
 }
 
 impl Drop for Foreground {
@@ -398,7 +422,7 @@ impl Bench {
             "{:<38} {:>8.1} objects/s  foreground {}  {:>6.3} requests/object  apiserver {:>5.2} s, etcd {:>5.2} s CPU per 1,000{}",
             row.contender,
             row.objects_per_second,
-            row.foreground.map(|f| f.cells()).unwrap_or_default(),
+            row.foreground.as_ref().map(|f| f.cells()).unwrap_or_default(),
             row.requests_per_object,
             row.apiserver_cpu_per_1000,
             row.etcd_cpu_per_1000,
@@ -414,7 +438,7 @@ impl Bench {
         let foreground = self.foreground.between(from, Instant::now());
         println!(
             "{contender:<38} foreground {}",
-            foreground.map(|f| f.cells()).unwrap_or_default()
+            foreground.as_ref().map(|f| f.cells()).unwrap_or_default()
         );
         self.rows.push(Row {
             contender: contender.to_owned(),
@@ -927,7 +951,7 @@ async fn main() {
         apiserver_cpu_per_1000: 0.0,
         etcd_cpu_per_1000: 0.0,
         peak_rss_mib: None,
-        foreground: idle_before,
+        foreground: idle_before.clone(),
     });
     println!(
         "{:<38} foreground {}",
@@ -1164,7 +1188,7 @@ async fn main() {
             "sweep: {:<28} {rate:>7.1} objects/s, mean write latency {:.1} ms, mean window {mean_window:.1}, in flight {mean_in_flight:.2}, foreground {}",
             setting.name,
             latency * 1000.0,
-            foreground.map(|f| f.cells()).unwrap_or_default()
+            foreground.as_ref().map(|f| f.cells()).unwrap_or_default()
         );
         let gentle = setting.pace == Pace::Gentle;
         sweep.push(Point {
@@ -1202,20 +1226,45 @@ fn write_report(bench: &Bench, sweep: &[Point], bytes: usize) {
         "{} custom resources of about {bytes} bytes over {NAMESPACES} namespaces, one local control plane (2 cores shared by etcd, kube-apiserver, the contender and the foreground client), one run. Ratios against the mean of the two 64-in-flight bare-client runs ({limit:.0} objects/s). The foreground client sends one GET and one merge PATCH of a ConfigMap every 50 ms as a ServiceAccount; its latency is measured while each contender runs.\n",
         bench.objects
     );
-    table.push_str("| contender | objects/s | × limit | foreground p50 / p99 / max (ms) | requests/object | apiserver CPU s / 1,000 | etcd CPU s / 1,000 | peak RSS | note |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    // The budget the probe's default aims at, for the foreground's p99 of each minute.
+    let idle_p99 = bench
+        .rows
+        .iter()
+        .find(|r| r.contender == "idle-before")
+        .and_then(|r| r.foreground.as_ref())
+        .map(|f| f.p99_ms);
+    let minutes = |row: &Row| -> String {
+        let Some(per_minute) = row.foreground.as_ref().map(|f| &f.per_minute_p99_ms) else {
+            return "-".to_owned();
+        };
+        if per_minute.is_empty() || row.objects == 0 {
+            return "-".to_owned();
+        }
+        let cells: Vec<String> = per_minute.iter().map(|p99| format!("{p99:.1}")).collect();
+        let within = match idle_p99 {
+            Some(idle) => {
+                let within = per_minute.iter().filter(|p99| **p99 <= 3.0 * idle).count();
+                format!(" ({within} of {} within 3x idle)", per_minute.len())
+            }
+            None => String::new(),
+        };
+        format!("{}{within}", cells.join(", "))
+    };
+    table.push_str("| contender | objects/s | × limit | foreground p50 / p99 / max (ms) | foreground p99 each minute (ms) | requests/object | apiserver CPU s / 1,000 | etcd CPU s / 1,000 | peak RSS | note |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     let dash = || "-".to_owned();
     for row in &bench.rows {
         let migrates = row.objects > 0;
         let _ = writeln!(
             table,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             row.contender,
             if migrates { format!("{:.0}", row.objects_per_second) } else { dash() },
             match migrates && limit > 0.0 {
                 true => format!("{:.2}", row.objects_per_second / limit),
                 false => dash(),
             },
-            row.foreground.map(|f| f.cells()).unwrap_or_else(dash),
+            row.foreground.as_ref().map(|f| f.cells()).unwrap_or_else(dash),
+            minutes(row),
             if migrates { format!("{:.3}", row.requests_per_object) } else { dash() },
             if migrates { format!("{:.2}", row.apiserver_cpu_per_1000) } else { dash() },
             if migrates { format!("{:.2}", row.etcd_cpu_per_1000) } else { dash() },
@@ -1235,7 +1284,7 @@ fn write_report(bench: &Bench, sweep: &[Point], bytes: usize) {
                     true => format!("{:.2}", point.objects_per_second / limit),
                     false => dash(),
                 },
-                point.foreground.map(|f| f.cells()).unwrap_or_else(dash),
+                point.foreground.as_ref().map(|f| f.cells()).unwrap_or_else(dash),
                 point.mean_write_ms,
                 point.mean_window,
                 point.mean_in_flight,
