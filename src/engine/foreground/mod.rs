@@ -2,8 +2,9 @@
 //! kube-svm's own writes: at one write in flight, kube-svm's own latency hardly moves while
 //! every other client of a small apiserver waits.
 //!
-//! A probe task, outside the write window, reads a small object now and then as any client
-//! would ([`PROBE_OBJECT`]), and its latency is the signal. Gentle writes pass through
+//! A probe task, outside the write window, reads a small object often and writes it now and
+//! then without changing it, as any client would ([`PROBE_OBJECT`]), and its latency is the
+//! signal. Gentle writes pass through
 //! [`Foreground::admit`], which spaces them at the rate the law in `steering` allows and now and
 //! then holds them all back for a quiet window, in which the probe measures its baseline. One
 //! `Foreground` serves every gentle migration of the process: they share the rate, so two
@@ -13,7 +14,7 @@ mod steering;
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -25,10 +26,16 @@ use crate::api::Budget;
 use crate::ops::metrics::Metrics;
 use steering::{Change, Steering, percentile};
 
-/// The object the probe reads: a ConfigMap of this name in kube-svm's namespace. It need not
-/// exist: the apiserver answers a read of a missing object from etcd all the same (a quorum
-/// read, as a client's plain GET is), and needs no permission but `get` on it.
+/// The object the probe reads, and now and then writes without changing it: a ConfigMap of this
+/// name in kube-svm's namespace (the chart creates it, and lets kube-svm `get` and `patch` it).
+/// Where it does not exist or may not be written, the probe only reads: the apiserver answers a
+/// read of a missing object from etcd all the same (a quorum read, as a client's plain GET is).
 pub const PROBE_OBJECT: &str = "kube-svm-probe";
+
+/// One probe in this many is a write: a merge patch that changes nothing, which goes the way of
+/// a client's update (admission, a read of etcd, the patch applied) without storing anything,
+/// so the probe feels what writes wait for, not only reads.
+const WRITE_ONE_IN: u64 = 5;
 
 /// Time between two probes, on average (jittered, so the probe never keeps step with writes).
 const PROBE_EVERY: Duration = Duration::from_millis(100);
@@ -109,6 +116,10 @@ pub struct Foreground {
     /// Writes waiting for a slot queue here, first come first served.
     turn: tokio::sync::Mutex<()>,
     probing: AtomicBool,
+    /// Probes sent so far, which says which is a write.
+    probes: AtomicU64,
+    /// Whether the probe writes too: until a write is refused (no such object, no permission).
+    writes: AtomicBool,
     metrics: Arc<Metrics>,
 }
 
@@ -145,6 +156,8 @@ impl Foreground {
             state: Mutex::new(State::new(Instant::now())),
             turn: tokio::sync::Mutex::new(()),
             probing: AtomicBool::new(false),
+            probes: AtomicU64::new(0),
+            writes: AtomicBool::new(true),
             metrics,
         }
     }
@@ -182,18 +195,38 @@ impl Foreground {
         }
     }
 
-    /// One probe: its latency, or `None` when no answer came (the connection failed).
+    /// One probe, a read or now and then a write: its latency, or `None` when no answer came
+    /// (the connection failed).
     async fn probe_once(&self) -> Option<Duration> {
-        let request = http::Request::get(&self.path).body(Vec::new()).ok()?;
+        let nth = self.probes.fetch_add(1, Ordering::Relaxed);
+        let write = self.writes.load(Ordering::Relaxed) && nth % WRITE_ONE_IN == 0;
+        let request = match write {
+            true => http::Request::patch(&self.path)
+                .header(http::header::CONTENT_TYPE, "application/merge-patch+json")
+                .body(b"{}".to_vec()),
+            false => http::Request::get(&self.path).body(Vec::new()),
+        };
+        let request = request.ok()?;
         let sent = Instant::now();
         let answered = tokio::time::timeout(PROBE_TIMEOUT, async {
             let response = self.client.send(request.map(kube::client::Body::from)).await.ok()?;
+            let code = response.status();
             // The latency a client feels includes reading the answer.
-            response.into_body().collect_bytes().await.ok()
+            response.into_body().collect_bytes().await.ok().map(|_| code)
         })
         .await;
         match answered {
-            Ok(Some(_)) => Some(sent.elapsed()),
+            Ok(Some(code)) => {
+                let refused = matches!(code.as_u16(), 403 | 404);
+                if write && refused && self.writes.swap(false, Ordering::Relaxed) {
+                    info!(
+                        code = code.as_u16(),
+                        object = PROBE_OBJECT,
+                        "the probe reads only: its ConfigMap cannot be written here (the chart creates it and lets kube-svm patch it)"
+                    );
+                }
+                Some(sent.elapsed())
+            }
             Ok(None) => None,
             Err(_) => Some(PROBE_TIMEOUT),
         }

@@ -84,7 +84,7 @@ pub async fn apply(
     Ok(())
 }
 
-/// Installs the chart's ServiceAccount and RBAC (release `release` in `namespace`, with helm
+/// Installs the chart's ServiceAccount, RBAC and the probe's ConfigMap (release `release` in `namespace`, with helm
 /// `args`) and returns the name the ServiceAccount authenticates as.
 pub async fn install_service_account(
     client: &Client,
@@ -94,6 +94,7 @@ pub async fn install_service_account(
 ) -> String {
     let mut all = vec!["--show-only", "templates/serviceaccount.yaml"];
     all.extend(["--show-only", "templates/rbac.yaml"]);
+    all.extend(["--show-only", "templates/probe.yaml"]);
     all.extend(args);
     let namespace_object =
         format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {namespace}\n");
