@@ -11,7 +11,9 @@
 //!   [`DECREASE`] of itself at once, and the rate that hurt is remembered. Well within the budget
 //!   and with writes waiting on the rate: it grows by [`INCREASE`], at most once per
 //!   [`HOLD`], never past [`BAD_RATE_MARGIN`] of a remembered bad rate; the memory fades by
-//!   [`BAD_RATE_FADE`] every [`BAD_RATE_AGE`].
+//!   [`BAD_RATE_FADE`] every [`BAD_RATE_AGE`]. Until a rate has hurt, far within the budget
+//!   (below [`WIDE_ROOM`] of it), it grows by [`FAST_INCREASE`]: a run finds the rate its
+//!   budget allows in a few tens of seconds, not minutes.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -35,8 +37,14 @@ const DECREASE: f64 = 0.7;
 /// The rate after an increase, as a multiple of the rate before it.
 const INCREASE: f64 = 1.2;
 
+/// The rate after an increase far within the budget, before any rate hurt.
+const FAST_INCREASE: f64 = 1.5;
+
+/// The probe's p99 below this fraction of the budget is far within it.
+const WIDE_ROOM: f64 = 0.35;
+
 /// The least time between two changes of the rate, so the effect of one is seen before the next.
-pub const HOLD: Duration = Duration::from_secs(10);
+pub const HOLD: Duration = Duration::from_secs(5);
 
 /// Probe samples since the last change needed before the rate may change again: about 5 s of
 /// probing, so that a cut has taken effect before the next is judged.
@@ -128,8 +136,11 @@ impl Steering {
         if !room || !waiting || now.duration_since(self.changed) < HOLD {
             return Change::Held;
         }
-        let ceiling = self.bad_rate(now).map_or(f64::INFINITY, |bad| bad * BAD_RATE_MARGIN);
-        let to = (from * INCREASE).min(ceiling).max(from);
+        let bad = self.bad_rate(now);
+        let wide = bad.is_none() && p99.as_secs_f64() < limit.as_secs_f64() * WIDE_ROOM;
+        let increase = if wide { FAST_INCREASE } else { INCREASE };
+        let ceiling = bad.map_or(f64::INFINITY, |bad| bad * BAD_RATE_MARGIN);
+        let to = (from * increase).min(ceiling).max(from);
         if to <= from {
             return Change::Held;
         }
@@ -237,6 +248,20 @@ mod tests {
     }
 
     #[test]
+    fn far_within_the_budget_it_grows_faster_until_a_rate_hurts() {
+        let now = Instant::now();
+        let mut steering = with_baseline(now, 10);
+        let idle = steady(10);
+        let grown = steering.steer(now + HOLD, &idle, Budget::default(), true);
+        assert_eq!(grown, Change::Grew { from: START_RATE, to: START_RATE * FAST_INCREASE });
+        let hurt = steering.steer(now + HOLD * 2, &steady(31), Budget::default(), true);
+        assert!(matches!(hurt, Change::Cut { .. }), "{hurt:?}");
+        let from = steering.rate();
+        let grown = steering.steer(now + HOLD * 3, &idle, Budget::default(), true);
+        assert_eq!(grown, Change::Grew { from, to: from * INCREASE }, "once hurt, slowly");
+    }
+
+    #[test]
     fn it_does_not_grow_when_writes_do_not_wait_on_it_or_the_probe_is_near_the_budget() {
         let now = Instant::now() + HOLD;
         let mut steering = with_baseline(now - HOLD, 4);
@@ -255,7 +280,7 @@ mod tests {
             steering.steer(now, &steady(5), Budget::default(), true);
         }
         assert!((steering.rate() - START_RATE * BAD_RATE_MARGIN).abs() < 1e-9, "{steering:?}");
-        for _ in 0..40 {
+        for _ in 0..80 {
             now += HOLD;
             steering.steer(now, &steady(5), Budget::default(), true);
         }
