@@ -199,7 +199,7 @@ impl Foreground {
     /// (the connection failed).
     async fn probe_once(&self) -> Option<Duration> {
         let nth = self.probes.fetch_add(1, Ordering::Relaxed);
-        let write = self.writes.load(Ordering::Relaxed) && nth % WRITE_ONE_IN == 0;
+        let write = self.writes.load(Ordering::Relaxed) && nth.is_multiple_of(WRITE_ONE_IN);
         let request = match write {
             true => http::Request::patch(&self.path)
                 .header(http::header::CONTENT_TYPE, "application/merge-patch+json")
