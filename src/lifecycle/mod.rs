@@ -226,10 +226,15 @@ impl<H: Host> Lifecycle<'_, H> {
             followed.cleaning(crd);
         }
         let waiting = std::time::Instant::now();
-        let turn = tokio::select! {
-            turn = self.host.turn() => turn,
-            never = self.keep_fresh(resource, crd, &target) => match never {},
-            () = self.cancel.cancelled() => return Attempt::Ended(self.stopped(start, "stopped while waiting for its turn to write")),
+        // A resource that stores nothing has nothing to write: its run is one list, and it takes
+        // no turn from those that write (a sweep finds most built-in resources empty).
+        let turn = match steps::stores_nothing(&self.cluster, resource).await {
+            true => None,
+            false => tokio::select! {
+                turn = self.host.turn() => turn,
+                never = self.keep_fresh(resource, crd, &target) => match never {},
+                () = self.cancel.cancelled() => return Attempt::Ended(self.stopped(start, "stopped while waiting for its turn to write")),
+            },
         };
         // Evidence that aged while other migrations wrote is taken again (at once when it still
         // holds: the encoding checks keep their verdicts).
@@ -472,6 +477,8 @@ mod tests {
         recorded: Arc<Mutex<Vec<(Moment, StorageVersionMigrationStatus)>>>,
         told: Arc<Mutex<Vec<String>>>,
         confirming: Arc<tokio::sync::Notify>,
+        /// Turns to write asked for.
+        turns: Arc<std::sync::atomic::AtomicUsize>,
     }
 
     impl Seen {
@@ -498,6 +505,11 @@ mod tests {
 
         fn cleans_managed_fields(&self) -> bool {
             false
+        }
+
+        async fn turn(&self) -> Option<super::turns::Turn> {
+            self.seen.turns.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            None
         }
 
         async fn record(
@@ -539,6 +551,11 @@ mod tests {
     /// The fake apiserver: discovery publishes `resources` in `example.com/v1`; no CRD; the
     /// widgets list three objects, and every write of one is taken.
     fn apiserver(resources: Value) -> (kube::Client, Requests) {
+        apiserver_storing(resources, 3)
+    }
+
+    /// [`apiserver`], the widgets listing `objects` objects.
+    fn apiserver_storing(resources: Value, objects: u32) -> (kube::Client, Requests) {
         fake::client(move |sent| match (sent.method.as_str(), sent.path.as_str()) {
             ("GET", "/apis/example.com/v1") => (
                 200,
@@ -559,7 +576,7 @@ mod tests {
                     200,
                     json!({
                         "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
-                        "metadata": { "resourceVersion": "20" }, "items": [item(0), item(1), item(2)],
+                        "metadata": { "resourceVersion": "20" }, "items": (0..objects).map(item).collect::<Vec<_>>(),
                     }),
                 )
             }
@@ -703,8 +720,22 @@ mod tests {
             .collect();
         assert_eq!(written, expected);
         assert_eq!(seen.moments(), [Moment::Start, Moment::End]);
+        assert_eq!(seen.turns.load(std::sync::atomic::Ordering::Relaxed), 1, "one turn to write");
         let target = done.target.clone().unwrap_or_default();
         assert_eq!(target.encoding_confirmed, Some(false), "no sample could be taken: {target:?}");
+    }
+
+    #[tokio::test]
+    async fn a_resource_that_stores_nothing_takes_no_turn_to_write() {
+        let (client, requests) = apiserver_storing(widgets(), 0);
+        let (host, seen) = host(None);
+        let end = run(client, host, Duration::ZERO, &CancellationToken::new()).await;
+        let End::Finished(done) = end else { panic!("finished: {end:?}") };
+        let first = done.conditions.first().map(|c| (c.type_.as_str(), c.status.as_str()));
+        assert_eq!(first, Some(("Succeeded", "True")), "{done:?}");
+        assert_eq!(seen.moments(), [Moment::Start, Moment::End]);
+        assert_eq!(seen.turns.load(std::sync::atomic::Ordering::Relaxed), 0, "no turn taken");
+        assert!(requests.writes().is_empty(), "{:?}", requests.writes());
     }
 
     #[tokio::test]

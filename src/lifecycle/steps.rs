@@ -140,6 +140,18 @@ pub async fn target_of(
     target
 }
 
+/// Whether nothing of `resource` is stored: a list of at most one object finds none. `false`
+/// when the list fails or its answer is not a list: the run finds out.
+pub async fn stores_nothing(cluster: &Cluster<'_>, resource: &Resource) -> bool {
+    let path = format!("{}?limit=1", resource.collection_path());
+    let Ok(request) = http::Request::get(path).body(Vec::new()) else { return false };
+    let listed = cluster.client.request::<serde_json::Value>(request);
+    match bounded(cluster.fence, cluster.request_timeout, listed).await {
+        Ok(list) => list.get("items").and_then(|items| items.as_array()).is_some_and(Vec::is_empty),
+        Err(_) => false,
+    }
+}
+
 /// Sets the CRD's `StorageMigrating` condition (True while a migration runs). Best effort: the
 /// condition informs, nothing depends on it; failures are logged.
 /// `by` names who migrates, for the condition's message (`StorageVersionMigration NAME`).
