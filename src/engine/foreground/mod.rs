@@ -3,8 +3,8 @@
 //! every other client of a small apiserver waits.
 //!
 //! A probe task, outside the write window, reads a small object often and writes it now and
-//! then without changing it, as any client would ([`PROBE_OBJECT`]), and its latency is the
-//! signal. Gentle writes pass through
+//! then, as any client would ([`PROBE_OBJECT`]), and its latency is the signal. Gentle writes
+//! pass through
 //! [`Foreground::admit`], which spaces them at the rate the law in `steering` allows and now and
 //! then holds them all back for a quiet window, in which the probe measures its baseline. One
 //! `Foreground` serves every gentle migration of the process: they share the rate, so two
@@ -26,16 +26,20 @@ use crate::api::Budget;
 use crate::ops::metrics::Metrics;
 use steering::{Change, Steering, percentile};
 
-/// The object the probe reads, and now and then writes without changing it: a ConfigMap of this
-/// name in kube-svm's namespace (the chart creates it, and lets kube-svm `get` and `patch` it).
+/// The object the probe reads, and now and then writes: a ConfigMap of this name in kube-svm's
+/// namespace (the chart creates it, and lets kube-svm `get` and `patch` it).
 /// Where it does not exist or may not be written, the probe only reads: the apiserver answers a
 /// read of a missing object from etcd all the same (a quorum read, as a client's plain GET is).
 pub const PROBE_OBJECT: &str = "kube-svm-probe";
 
-/// One probe in this many is a write: a merge patch that changes nothing, which goes the way of
-/// a client's update (admission, a read of etcd, the patch applied) without storing anything,
-/// so the probe feels what writes wait for, not only reads.
+/// One probe in this many is a write: a merge patch of the annotation [`PROBE_ANNOTATION`] (the
+/// probe's count), which goes the way of a client's update, etcd's commit included, so the
+/// probe feels what writes wait for, not only reads. A patch that changed nothing would not: the
+/// apiserver stores nothing for it, and a foreground of real writes waited on etcd unseen.
 const WRITE_ONE_IN: u64 = 5;
+
+/// The annotation the probe's writes set on [`PROBE_OBJECT`]: how many probes had been sent.
+pub const PROBE_ANNOTATION: &str = "kube-svm.io/probe";
 
 /// Time between two probes, on average (jittered, so the probe never keeps step with writes).
 const PROBE_EVERY: Duration = Duration::from_millis(100);
@@ -203,7 +207,11 @@ impl Foreground {
         let request = match write {
             true => http::Request::patch(&self.path)
                 .header(http::header::CONTENT_TYPE, "application/merge-patch+json")
-                .body(b"{}".to_vec()),
+                .body(
+                    serde_json::json!({ "metadata": { "annotations": { PROBE_ANNOTATION: nth.to_string() } } })
+                        .to_string()
+                        .into_bytes(),
+                ),
             false => http::Request::get(&self.path).body(Vec::new()),
         };
         let request = request.ok()?;
