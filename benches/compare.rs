@@ -1014,6 +1014,12 @@ async fn main() {
                     |ctx| kube_svm_controller(ctx, None),
                 )
                 .await;
+            // How the rate moved, for whoever tunes the law.
+            if let Some(controller) = &bench.controller {
+                for line in controller.logs().lines().filter(|l| l.contains("gentle rate")) {
+                    println!("  {line}");
+                }
+            }
             bench.controller = None;
         }
         if controller_contenders.iter().any(|c| selected(c)) {

@@ -76,8 +76,8 @@ const BUDGET_MEMORY: Duration = Duration::from_secs(10);
 pub struct Steered {
     /// Writes per second allowed.
     pub rate: f64,
-    /// The probe's p99 since the rate last changed, when measured.
-    pub probe_p99: Option<Duration>,
+    /// The probe's p90 since the rate last changed, when measured.
+    pub probe_p90: Option<Duration>,
     /// The latency it may reach.
     pub limit: Option<Duration>,
     /// Its quiet baseline.
@@ -90,12 +90,12 @@ pub struct Steered {
 impl Eq for Steered {}
 
 impl fmt::Display for Steered {
-    /// `probe p99 7.1ms within its budget of 12.0ms (3x its quiet 4.0ms); 24.0 objects/s`.
+    /// `probe p90 7.1ms within its budget of 12.0ms (3x its quiet 4.0ms); 24.0 objects/s`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = |d: Duration| format!("{:.1}ms", d.as_secs_f64() * 1000.0);
-        match self.probe_p99 {
-            Some(p99) => write!(f, "probe p99 {}", ms(p99))?,
-            None => write!(f, "probe p99 not measured yet")?,
+        match self.probe_p90 {
+            Some(p90) => write!(f, "probe p90 {}", ms(p90))?,
+            None => write!(f, "probe p90 not measured yet")?,
         }
         match (self.limit, self.budget) {
             (Some(limit), Some(Budget::Relative(times))) => {
@@ -357,7 +357,7 @@ impl State {
         let baseline = self.steering.baseline();
         self.seen = Steered {
             rate: self.steering.rate(),
-            probe_p99: (!recent.is_empty()).then(|| percentile(&recent, 0.99)),
+            probe_p90: (!recent.is_empty()).then(|| percentile(&recent, steering::JUDGED)),
             limit: budget.limit(baseline),
             baseline,
             budget: Some(budget),
@@ -485,16 +485,16 @@ mod tests {
         let ms = Duration::from_millis;
         let seen = Steered {
             rate: 24.0,
-            probe_p99: Some(ms(7)),
+            probe_p90: Some(ms(7)),
             limit: Some(ms(12)),
             baseline: Some(ms(4)),
             budget: Some(Budget::Relative(3.0)),
         };
         assert_eq!(
             seen.to_string(),
-            "probe p99 7.0ms, budget 12.0ms (3x its quiet 4.0ms); 24.0 objects/s"
+            "probe p90 7.0ms, budget 12.0ms (3x its quiet 4.0ms); 24.0 objects/s"
         );
         let fixed = Steered { budget: Some(Budget::Fixed(ms(25))), limit: Some(ms(25)), ..seen };
-        assert_eq!(fixed.to_string(), "probe p99 7.0ms, budget 25.0ms; 24.0 objects/s");
+        assert_eq!(fixed.to_string(), "probe p90 7.0ms, budget 25.0ms; 24.0 objects/s");
     }
 }
