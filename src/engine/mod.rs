@@ -162,7 +162,6 @@ impl RunState {
         }
     }
 
-    /// Records that a write succeeded (or had nothing left to do).
     /// Waits until a write may go: at a gentle run's rate, after any quiet window.
     async fn admit(&self) {
         if let Some((foreground, budget)) = &self.gentle {
@@ -170,6 +169,14 @@ impl RunState {
         }
     }
 
+    /// Waits until a list may go: after any quiet window of a gentle run.
+    async fn before_list(&self) {
+        if let Some((foreground, _)) = &self.gentle {
+            foreground.quiet().await;
+        }
+    }
+
+    /// Records that a write succeeded (or had nothing left to do).
     fn write_succeeded(&self) {
         self.failing().succeeded(Instant::now());
     }

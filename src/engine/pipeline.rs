@@ -215,6 +215,7 @@ impl Engine {
         let mut token = first;
         let mut tokens = Tokens::default();
         loop {
+            run.before_list().await;
             let mut page = self.list_page(resource, token.as_deref(), run).await;
             let next = page.as_ref().ok().and_then(|p| p.continue_token.clone());
             if next.as_deref().is_some_and(|next| !tokens.first_time(next)) {

@@ -32,11 +32,13 @@ use steering::{Change, Steering, percentile};
 /// read of a missing object from etcd all the same (a quorum read, as a client's plain GET is).
 pub const PROBE_OBJECT: &str = "kube-svm-probe";
 
-/// One probe in this many is a write: a merge patch of the annotation [`PROBE_ANNOTATION`] (the
+/// One probe in this many is a write (as many as reads, so that the p90 the budget bounds is
+/// that of writes whenever they wait longer, as they do on a loaded etcd; reads are served from
+/// the apiserver's cache and hardly slow down): a merge patch of the annotation [`PROBE_ANNOTATION`] (the
 /// probe's count), which goes the way of a client's update, etcd's commit included, so the
 /// probe feels what writes wait for, not only reads. A patch that changed nothing would not: the
 /// apiserver stores nothing for it, and a foreground of real writes waited on etcd unseen.
-const WRITE_ONE_IN: u64 = 5;
+const WRITE_ONE_IN: u64 = 2;
 
 /// The annotation the probe's writes set on [`PROBE_OBJECT`]: how many probes had been sent.
 pub const PROBE_ANNOTATION: &str = "kube-svm.io/probe";
@@ -53,6 +55,11 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the gentle writes pause for a quiet window, and for how long (the first window, before
 /// the first write, is shorter): about 4% of the time.
 const QUIET_EVERY: Duration = Duration::from_secs(60);
+
+/// The first quiet windows come sooner, this far apart: the first may be loud (the first lists
+/// of a run, a new connection), and the baseline is the least of them.
+const EARLY_QUIET_EVERY: Duration = Duration::from_secs(10);
+const EARLY_QUIET_WINDOWS: u32 = 3;
 const QUIET_FOR: Duration = Duration::from_millis(2500);
 const FIRST_QUIET_FOR: Duration = Duration::from_millis(1500);
 
@@ -136,6 +143,8 @@ struct State {
     quiet_until: Instant,
     /// The next quiet window; `None` before the first write.
     next_quiet: Option<Instant>,
+    /// Quiet windows begun so far.
+    quiet_windows: u32,
     /// Probe latencies outside quiet windows, by when they were answered.
     samples: VecDeque<(Instant, Duration)>,
     /// Probe latencies of the quiet window under way, past its settling.
@@ -181,6 +190,13 @@ impl Foreground {
                 return;
             }
         }
+    }
+
+    /// Waits out a quiet window under way: a run's lists keep quiet in it too, or they would
+    /// be measured as the cluster's own load.
+    pub async fn quiet(&self) {
+        let until = self.lock().quiet_until;
+        tokio::time::sleep_until(until).await;
     }
 
     /// What the gentle pace last saw.
@@ -259,6 +275,7 @@ impl State {
             quiet_from: now,
             quiet_until: now,
             next_quiet: None,
+            quiet_windows: 0,
             samples: VecDeque::new(),
             quiet: Vec::new(),
             waited: false,
@@ -296,7 +313,12 @@ impl State {
                 Some(_) => QUIET_FOR,
             };
             (self.quiet_from, self.quiet_until) = (now, now + length);
-            self.next_quiet = Some(self.quiet_until + QUIET_EVERY);
+            self.quiet_windows += 1;
+            let every = match self.quiet_windows <= EARLY_QUIET_WINDOWS {
+                true => EARLY_QUIET_EVERY,
+                false => QUIET_EVERY,
+            };
+            self.next_quiet = Some(self.quiet_until + every);
             self.quiet.clear();
             return (self.quiet_until, false);
         }
@@ -410,11 +432,19 @@ mod tests {
     }
 
     #[test]
-    fn quiet_windows_come_back_and_hold_every_write() {
+    fn quiet_windows_come_back_soon_at_first_then_every_minute_and_hold_every_write() {
         let now = Instant::now();
         let mut state = state(now);
         state.admit(now, None);
-        let next = now + FIRST_QUIET_FOR + QUIET_EVERY;
+        let mut until = now + FIRST_QUIET_FOR;
+        for _ in 0..EARLY_QUIET_WINDOWS {
+            let next = until + EARLY_QUIET_EVERY;
+            assert_eq!(state.admit(next - Duration::from_millis(1), None).1, true);
+            assert_eq!(state.admit(next, None), (next + QUIET_FOR, false));
+            until = next + QUIET_FOR;
+        }
+        let next = until + QUIET_EVERY;
+        assert_eq!(state.admit(next - Duration::from_millis(1), None).1, true, "a minute");
         assert_eq!(state.admit(next, None), (next + QUIET_FOR, false));
         assert_eq!(state.admit(next + QUIET_FOR / 2, None), (next + QUIET_FOR, false));
         assert!(state.quiet_at(next + QUIET_FOR / 2) && !state.quiet_at(next + QUIET_FOR));
