@@ -53,7 +53,7 @@ impl Figures {
 
     /// `4200 of ~10000 objects (42%), 398 objects/s, ETA 15s`, and while the window is held back
     /// for the cluster's sake `; holding back to 6 writes at once: ...`, and at the gentle pace
-    /// what it steers by (`; probe p90 7.1ms, budget 12.0ms ...`).
+    /// what it steers by (`; probe p99 7.1ms, budget 12.0ms ...`).
     pub fn line(&self) -> String {
         let mut out = match self.total {
             Some(total) if total > 0 => format!(

@@ -98,7 +98,7 @@ pub struct Row {
     /// `latency` or `throttling`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub holding_back: Option<Restraint>,
-    /// What a running gentle migration steers by: its probe's p90 against the budget, and the
+    /// What a running gentle migration steers by: its probe's p99 against the budget, and the
     /// rate of writes allowed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub foreground: Option<String>,

@@ -267,7 +267,7 @@ async fn a_gentle_pace_steered_by_its_probe_says_what_it_sees() {
     let speaks = |m: &StorageVersionMigration| {
         let progress = m.status.as_ref().and_then(|s| s.progress.as_ref());
         let foreground = progress.and_then(|p| p.foreground.clone()).unwrap_or_default();
-        foreground.contains("probe p90 ") && foreground.contains("objects/s")
+        foreground.contains("probe p99 ") && foreground.contains("objects/s")
     };
     let timeout = Duration::from_secs(180);
     let running =

@@ -32,9 +32,8 @@ use steering::{Change, Steering, percentile};
 /// read of a missing object from etcd all the same (a quorum read, as a client's plain GET is).
 pub const PROBE_OBJECT: &str = "kube-svm-probe";
 
-/// One probe in this many is a write (as many as reads, so that the p90 the budget bounds is
-/// that of writes whenever they wait longer, as they do on a loaded etcd; reads are served from
-/// the apiserver's cache and hardly slow down): a merge patch of the annotation [`PROBE_ANNOTATION`] (the
+/// One probe in this many is a write (as many as reads, as the foreground of a controller that
+/// reads and updates; reads are served from the apiserver's cache): a merge patch of the annotation [`PROBE_ANNOTATION`] (the
 /// probe's count), which goes the way of a client's update, etcd's commit included, so the
 /// probe feels what writes wait for, not only reads. A patch that changed nothing would not: the
 /// apiserver stores nothing for it, and a foreground of real writes waited on etcd unseen.
@@ -83,8 +82,8 @@ const BUDGET_MEMORY: Duration = Duration::from_secs(10);
 pub struct Steered {
     /// Writes per second allowed.
     pub rate: f64,
-    /// The probe's p90 since the rate last changed, when measured.
-    pub probe_p90: Option<Duration>,
+    /// The probe's p99 since the rate last changed, when measured.
+    pub probe_p99: Option<Duration>,
     /// The latency it may reach.
     pub limit: Option<Duration>,
     /// Its quiet baseline.
@@ -97,12 +96,12 @@ pub struct Steered {
 impl Eq for Steered {}
 
 impl fmt::Display for Steered {
-    /// `probe p90 7.1ms within its budget of 12.0ms (3x its quiet 4.0ms); 24.0 objects/s`.
+    /// `probe p99 7.1ms within its budget of 12.0ms (3x its quiet 4.0ms); 24.0 objects/s`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = |d: Duration| format!("{:.1}ms", d.as_secs_f64() * 1000.0);
-        match self.probe_p90 {
-            Some(p90) => write!(f, "probe p90 {}", ms(p90))?,
-            None => write!(f, "probe p90 not measured yet")?,
+        match self.probe_p99 {
+            Some(p99) => write!(f, "probe p99 {}", ms(p99))?,
+            None => write!(f, "probe p99 not measured yet")?,
         }
         match (self.limit, self.budget) {
             (Some(limit), Some(Budget::Relative(times))) => {
@@ -356,7 +355,7 @@ impl State {
             self.samples.pop_front();
         }
         if answered > until && !self.quiet.is_empty() {
-            self.steering.quiet_sample(percentile(&self.quiet, 0.9));
+            self.steering.quiet_sample(percentile(&self.quiet, steering::JUDGED));
             self.quiet.clear();
         }
         if answered.duration_since(self.last_look) >= LOOK_EVERY {
@@ -379,7 +378,7 @@ impl State {
         let baseline = self.steering.baseline();
         self.seen = Steered {
             rate: self.steering.rate(),
-            probe_p90: (!recent.is_empty()).then(|| percentile(&recent, steering::JUDGED)),
+            probe_p99: (!recent.is_empty()).then(|| percentile(&recent, steering::JUDGED)),
             limit: budget.limit(baseline),
             baseline,
             budget: Some(budget),
@@ -515,16 +514,16 @@ mod tests {
         let ms = Duration::from_millis;
         let seen = Steered {
             rate: 24.0,
-            probe_p90: Some(ms(7)),
+            probe_p99: Some(ms(7)),
             limit: Some(ms(12)),
             baseline: Some(ms(4)),
             budget: Some(Budget::Relative(3.0)),
         };
         assert_eq!(
             seen.to_string(),
-            "probe p90 7.0ms, budget 12.0ms (3x its quiet 4.0ms); 24.0 objects/s"
+            "probe p99 7.0ms, budget 12.0ms (3x its quiet 4.0ms); 24.0 objects/s"
         );
         let fixed = Steered { budget: Some(Budget::Fixed(ms(25))), limit: Some(ms(25)), ..seen };
-        assert_eq!(fixed.to_string(), "probe p90 7.0ms, budget 25.0ms; 24.0 objects/s");
+        assert_eq!(fixed.to_string(), "probe p99 7.0ms, budget 25.0ms; 24.0 objects/s");
     }
 }
