@@ -438,12 +438,12 @@ mod tests {
         let mut until = now + FIRST_QUIET_FOR;
         for _ in 0..EARLY_QUIET_WINDOWS {
             let next = until + EARLY_QUIET_EVERY;
-            assert_eq!(state.admit(next - Duration::from_millis(1), None).1, true);
+            assert!(state.admit(next - Duration::from_millis(1), None).1);
             assert_eq!(state.admit(next, None), (next + QUIET_FOR, false));
             until = next + QUIET_FOR;
         }
         let next = until + QUIET_EVERY;
-        assert_eq!(state.admit(next - Duration::from_millis(1), None).1, true, "a minute");
+        assert!(state.admit(next - Duration::from_millis(1), None).1, "a minute");
         assert_eq!(state.admit(next, None), (next + QUIET_FOR, false));
         assert_eq!(state.admit(next + QUIET_FOR / 2, None), (next + QUIET_FOR, false));
         assert!(state.quiet_at(next + QUIET_FOR / 2) && !state.quiet_at(next + QUIET_FOR));
