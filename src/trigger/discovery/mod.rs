@@ -5,15 +5,13 @@
 //! other than the one the apiserver writes now, unless one is pending or running for it already
 //! (whoever created it). The decisions are in [`super::storage_state`].
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Api, Client};
+use kube::Api;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -26,6 +24,10 @@ use crate::api::{
 };
 use crate::apiserver::fence::RequestError;
 use crate::evidence::encoding::{self, EncodingPolicy, Observer};
+use crate::rules::backoff::doubling;
+use found::{Discovered, crd_names, discover};
+
+mod found;
 
 /// Annotation on the migrations this trigger creates: the storage version hash it saw when it
 /// created them (the hash a migration really targeted is in `status.target`).
@@ -33,10 +35,6 @@ pub const TARGET_HASH_ANNOTATION: &str = "kube-svm.io/storage-version-hash";
 
 /// Least time between the polls that follow a pending hash or a running migration.
 const MIN_FOLLOW_UP: Duration = Duration::from_secs(2);
-
-/// How long one group's discovery may take: an aggregated API whose backend hangs must not
-/// hold up the others for a whole request timeout.
-const GROUP_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a poll, or its work on one resource, failed. A failed resource is skipped and the poll
 /// goes on, unless the leadership ended or the apiserver cannot be reached.
@@ -83,15 +81,6 @@ pub struct Settings {
     pub observer: Observer,
 }
 
-/// A resource discovery says can be migrated.
-struct Discovered {
-    resource: GroupResource,
-    kind: String,
-    /// The version migrations are created for (the group's preferred one).
-    version: String,
-    hash: String,
-}
-
 /// Polls until `stop` fires; writes nothing once `fence` closes.
 pub async fn run(
     clients: Clients,
@@ -105,6 +94,9 @@ pub async fn run(
     // The longest poll so far: on a loaded apiserver a poll of every resource takes seconds,
     // and a heartbeat that aged by that much does not mean the trigger was away.
     let mut slowest = Duration::ZERO;
+    // Polls that failed in a row: the next is tried again soon, not after the whole interval
+    // (a StorageState CRD whose storage is still initializing answers 429 right after start).
+    let mut failures = 0;
     loop {
         let began = std::time::Instant::now();
         let polled = poll(&clients, &settings, &fence, &mut guard, &mut explained, slowest).await;
@@ -112,13 +104,15 @@ pub async fn run(
         let due = match polled {
             Ok(due) => {
                 crate::apiserver::reachability::reachable();
+                failures = 0;
                 due
             }
             Err(error) => {
                 if !crate::apiserver::reachability::unreachable(&error, "discovery trigger poll") {
                     warn!(error = %crate::error_chain(&error), "discovery trigger poll failed");
                 }
-                None
+                failures += 1;
+                Some(doubling(failures, MIN_FOLLOW_UP, settings.interval))
             }
         };
         // A hash waiting to be trusted is looked at again as often as its trust asks, a
@@ -334,63 +328,6 @@ fn skip_or_stop(error: Error) -> Result<(), Error> {
         _ => warn!(error = %crate::error_chain(&error), "{said}"),
     }
     Ok(())
-}
-
-/// Every migratable resource discovery shows, read through a new connection (so that, behind a
-/// load balancer, consecutive polls may reach different apiservers); and the group versions
-/// whose discovery failed.
-async fn discover(config: &kube::Config) -> Result<(Vec<Discovered>, Vec<String>), Error> {
-    let client = Client::try_from(config.clone()).map_err(Error::Discovery)?;
-    let mut lists: Vec<(String, String, APIResourceList)> = Vec::new();
-    let mut unexamined = Vec::new();
-    let core = client.list_core_api_resources("v1").await.map_err(Error::Discovery)?;
-    lists.push((String::new(), "v1".into(), core));
-    let groups = client.list_api_groups().await.map_err(Error::Discovery)?;
-    for group in groups.groups {
-        let Some(preferred) = group.preferred_version.or_else(|| group.versions.first().cloned())
-        else {
-            continue;
-        };
-        let request = client.list_api_group_resources(&preferred.group_version);
-        match tokio::time::timeout(GROUP_DISCOVERY_TIMEOUT, request).await {
-            Ok(Ok(list)) => lists.push((group.name.clone(), preferred.version.clone(), list)),
-            Ok(Err(error)) => unexamined.push(format!(
-                "{}: {}",
-                preferred.group_version,
-                crate::error_chain(&error)
-            )),
-            Err(_) => unexamined.push(format!(
-                "{}: no answer within {GROUP_DISCOVERY_TIMEOUT:?}",
-                preferred.group_version
-            )),
-        }
-    }
-    let discovered = lists
-        .into_iter()
-        .flat_map(|(group, version, list)| {
-            list.resources.into_iter().filter_map(move |r| {
-                let migratable = crate::engine::migratable(&r);
-                let hash = r.storage_version_hash.filter(|_| migratable)?;
-                Some(Discovered {
-                    resource: GroupResource { group: group.clone(), resource: r.name },
-                    kind: r.kind,
-                    version: version.clone(),
-                    hash,
-                })
-            })
-        })
-        .collect();
-    Ok((discovered, unexamined))
-}
-
-/// The names of the cluster's CRDs (`<plural>.<group>`, as a StorageState's), read as
-/// metadata only; none when they cannot be read (every new hash then gets a check of its own).
-async fn crd_names(requests: Requests<'_>, client: &Client) -> BTreeSet<String> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    match requests.send(crds.list_metadata(&Default::default())).await {
-        Ok(list) => list.items.into_iter().filter_map(|crd| crd.metadata.name).collect(),
-        Err(_) => BTreeSet::new(),
-    }
 }
 
 /// Writes the StorageState of `resource`: creates it when this poll found none (`read` is
