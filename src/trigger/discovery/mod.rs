@@ -112,13 +112,13 @@ pub async fn run(
                     warn!(error = %crate::error_chain(&error), "discovery trigger poll failed");
                 }
                 failures += 1;
-                Some(doubling(failures, MIN_FOLLOW_UP, settings.interval))
+                None
             }
         };
         // A hash waiting to be trusted is looked at again as often as its trust asks, a
         // migration the trigger waits on soon, a failing resource when its retry is due.
         let soon = guard.next_poll(MIN_FOLLOW_UP);
-        let wait = [due, soon].into_iter().flatten().fold(settings.interval, Duration::min);
+        let wait = next_poll_in(failures, due, soon, settings.interval);
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(wait) => {}
@@ -129,6 +129,19 @@ pub async fn run(
             }
         }
     }
+}
+
+/// How long until the next poll, after `failures` failed polls in a row (the last one among
+/// them, if any): soon after a failure, doubling; otherwise when the poll, or a hash it waits to
+/// trust, asks (`due`, `soon`); at the latest after `interval`. Pure.
+fn next_poll_in(
+    failures: u32,
+    due: Option<Duration>,
+    soon: Option<Duration>,
+    interval: Duration,
+) -> Duration {
+    let retry = (failures > 0).then(|| doubling(failures, MIN_FOLLOW_UP, interval));
+    [retry, due, soon].into_iter().flatten().fold(interval, Duration::min)
 }
 
 /// How soon a poll that waits on something looks again.
@@ -434,4 +447,35 @@ async fn create_migration(
         "created a migration for a changed storage version"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_poll_is_tried_again_soon_then_less_often_never_after_the_interval() {
+        let interval = Duration::from_secs(600);
+        let waits: Vec<u64> = (1..=10)
+            .map(|failures| next_poll_in(failures, None, None, interval).as_secs())
+            .collect();
+        assert_eq!(waits, [2, 4, 8, 16, 32, 64, 128, 256, 512, 600]);
+        let soon = Some(Duration::from_secs(1));
+        assert_eq!(
+            next_poll_in(5, None, soon, interval),
+            Duration::from_secs(1),
+            "a hash to trust"
+        );
+    }
+
+    #[test]
+    fn a_poll_that_succeeded_waits_for_what_it_waits_on_or_the_interval() {
+        let interval = Duration::from_secs(600);
+        assert_eq!(next_poll_in(0, None, None, interval), interval);
+        let due = Some(Duration::from_secs(10));
+        assert_eq!(
+            next_poll_in(0, due, Some(Duration::from_secs(30)), interval),
+            Duration::from_secs(10)
+        );
+    }
 }
