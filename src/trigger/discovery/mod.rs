@@ -33,8 +33,13 @@ mod found;
 /// created them (the hash a migration really targeted is in `status.target`).
 pub const TARGET_HASH_ANNOTATION: &str = "kube-svm.io/storage-version-hash";
 
-/// Least time between the polls that follow a pending hash or a running migration.
+/// Least time between the polls that follow a running migration, a CRD change or a failure.
 const MIN_FOLLOW_UP: Duration = Duration::from_secs(2);
+
+/// Least time between two polls while a hash waits to be trusted: behind three apiservers the
+/// trust asks for 12 polls within the settle period, which polls 2 s apart took twice as long
+/// as the period itself.
+const MIN_TRUST_POLL: Duration = Duration::from_millis(500);
 
 /// Why a poll, or its work on one resource, failed. A failed resource is skipped and the poll
 /// goes on, unless the leadership ended or the apiserver cannot be reached.
@@ -117,7 +122,7 @@ pub async fn run(
         };
         // A hash waiting to be trusted is looked at again as often as its trust asks, a
         // migration the trigger waits on soon, a failing resource when its retry is due.
-        let soon = guard.next_poll(MIN_FOLLOW_UP);
+        let soon = guard.next_poll(MIN_TRUST_POLL);
         let wait = next_poll_in(failures, due, soon, settings.interval);
         tokio::select! {
             () = stop.cancelled() => return,
