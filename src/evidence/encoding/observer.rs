@@ -40,6 +40,19 @@ struct Observation {
     verdict: Arc<watch::Sender<Option<(Encoding, Instant)>>>,
 }
 
+impl Observation {
+    /// Makes a confirmation too old to be taken as it is: a sample just disagreed with it, so
+    /// the turn must look again rather than take a confirmation extended a moment before.
+    fn age(&self, now: Instant) {
+        let aged = now.checked_sub(FRESH_FOR).unwrap_or(now);
+        self.verdict.send_modify(|verdict| {
+            if let Some((_, at)) = verdict {
+                *at = (*at).min(aged);
+            }
+        });
+    }
+}
+
 /// How often a confirmation kept fresh ([`Observer::keep_fresh`]) is sampled again.
 const KEEP_FRESH_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -139,7 +152,10 @@ impl Observer {
             let Some((Encoding::Confirmed { by }, at)) = kept else { return };
             in_a_row += 1;
             match kept_by(&by, verdict, now.saturating_duration_since(at), in_a_row) {
-                Kept::Stop => return,
+                Kept::Stop => {
+                    observation.age(now);
+                    return;
+                }
                 Kept::Aged => {}
                 Kept::Fresh(by) => {
                     observation.verdict.send_replace(Some((Encoding::Confirmed { by }, now)));
@@ -236,5 +252,16 @@ mod tests {
         );
         let disagreed = Encoding::Unconfirmed("hash B".into());
         assert_eq!(kept_by(by, Some(disagreed), quick, 4), Kept::Stop);
+    }
+
+    #[test]
+    fn a_confirmation_a_sample_disagreed_with_is_never_taken_as_fresh() {
+        let now = Instant::now();
+        let confirmed = Encoding::Confirmed { by: "discovery".into() };
+        let observation =
+            Observation { verdict: Arc::new(watch::Sender::new(Some((confirmed, now)))) };
+        observation.age(now);
+        let (_, at) = observation.verdict.borrow().clone().expect("a verdict");
+        assert!(now.saturating_duration_since(at) >= FRESH_FOR, "the turn looks again");
     }
 }
