@@ -240,7 +240,10 @@ impl Foreground {
         .await;
         match answered {
             Ok(Some(code)) => {
-                let refused = matches!(code.as_u16(), 403 | 404);
+                // Refused for good (no such object, no permission, an admission webhook that
+                // rejects the annotation): the probe reads only. A 429 is the apiserver's load,
+                // which is what the probe measures.
+                let refused = code.is_client_error() && code.as_u16() != 429;
                 if write && refused && self.writes.swap(false, Ordering::Relaxed) {
                     info!(
                         code = code.as_u16(),
