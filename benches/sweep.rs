@@ -9,6 +9,8 @@
 //!   end), then with both triggers, as after an install: no
 //!   StorageState and no migration yet. Timed from its start to every StorageState converged
 //!   and every CRD's `storedVersions` pruned, then etcd is read to prove every object moved.
+//!   Each time a CRD's StorageState is first seen converged at a hash, etcd is read too: it must
+//!   hold every object of that CRD in that hash's version.
 //!   One more CRD is switched in the middle of the sweep (once the first StorageState
 //!   converged): the time from its switch to its prune;
 //! - the same with `BENCH_SWEEP_BASELINE`, another kube-svm binary (an older build), if given.
@@ -22,7 +24,7 @@
 #[path = "../tests/cluster/support/mod.rs"]
 mod support;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -34,6 +36,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, Client};
 use kube_svm::api::{StorageState, StorageVersionMigration};
+use kube_svm::rules::storage_hash::storage_version_hash;
 use serde_json::json;
 
 use support::fixtures::{WidgetCrd, install_kube_svm_crds};
@@ -140,7 +143,8 @@ async fn main() {
         forget_everything(&client).await;
         version = next(version);
         switch_all(&client, swept, version).await;
-        let run = sweep(&control_plane, &client, &binary, discovery, swept, late, version).await;
+        let run =
+            sweep(&control_plane, &client, &etcd, &binary, discovery, swept, late, version).await;
         prove(&etcd, &widgets, version, objects).await;
         eprintln!(
             "sweep: {name}: {:.1} s, the CRDs switched before it pruned after {:.1} s, the late CRD pruned {:.1} s after its switch",
@@ -266,10 +270,14 @@ struct Run {
 
 /// Runs `kube-svm controller` (`binary`) with both triggers from a cluster with no StorageState
 /// until every StorageState converged and every CRD in `swept` and `late` is pruned to
-/// `[version]`; `late` is switched once the first StorageState converged.
+/// `[version]`; `late` is switched once the first StorageState converged. Whenever a CRD's
+/// StorageState is seen converged, etcd must hold every one of its objects in the version of
+/// that hash.
+#[allow(clippy::too_many_arguments)]
 async fn sweep(
     control_plane: &ControlPlane,
     client: &Client,
+    etcd: &Etcd,
     binary: &Path,
     discovery: bool,
     swept: &[WidgetCrd],
@@ -286,9 +294,18 @@ async fn sweep(
     let mut late_switched: Option<Instant> = None;
     let mut late_pruned: Option<f64> = None;
     let mut crds_pruned: Option<f64> = None;
+    let mut proved = BTreeSet::new();
     loop {
         assert!(started.elapsed() < GIVE_UP, "the sweep did not end within {GIVE_UP:?}");
-        let (converged, total) = storage_states(client).await;
+        let (states, total) = storage_states(client).await;
+        let converged = states.len();
+        for widgets in swept.iter().chain([late]) {
+            if let Some(hash) = states.get(&widgets.name())
+                && proved.insert((widgets.name(), hash.clone()))
+            {
+                converged_in_etcd(etcd, widgets, hash).await;
+            }
+        }
         let begun = converged > 0 || (!discovery && pruned(client, swept, version).await > 0);
         if late_switched.is_none() && begun {
             late.set_storage_version(client, version).await;
@@ -339,21 +356,42 @@ async fn migratable_resources(client: &Client) -> usize {
     found.len()
 }
 
-/// StorageStates converged (one hash persisted, the current one), and StorageStates in all.
-async fn storage_states(client: &Client) -> (usize, usize) {
+/// StorageStates converged (one hash persisted, the current one), by name with that hash, and
+/// StorageStates in all.
+async fn storage_states(client: &Client) -> (BTreeMap<String, String>, usize) {
     let states: Api<StorageState> = Api::all(client.clone());
-    let Ok(list) = states.list(&ListParams::default()).await else { return (0, usize::MAX) };
+    let Ok(list) = states.list(&ListParams::default()).await else {
+        return (BTreeMap::new(), usize::MAX);
+    };
     let converged = list
         .items
         .iter()
-        .filter(|s| {
-            let status = s.status.as_ref();
-            let current = status.and_then(|s| s.current_storage_version_hash.clone());
-            let persisted = status.map(|s| s.persisted_storage_version_hashes.clone());
-            current.is_some() && persisted == current.map(|c| vec![c])
+        .filter_map(|s| {
+            let status = s.status.as_ref()?;
+            let current = status.current_storage_version_hash.clone()?;
+            let alone = status.persisted_storage_version_hashes == [current.clone()];
+            alone.then(|| (s.metadata.name.clone().unwrap_or_default(), current))
         })
-        .count();
+        .collect();
     (converged, list.items.len())
+}
+
+/// A StorageState of `widgets` converged at `hash`: etcd holds every widget in that hash's
+/// version, none in another.
+async fn converged_in_etcd(etcd: &Etcd, widgets: &WidgetCrd, hash: &str) {
+    let version = ["v1", "v2", "v3"]
+        .into_iter()
+        .find(|v| storage_version_hash(&widgets.group, v, WidgetCrd::KIND) == hash)
+        .unwrap_or_else(|| panic!("{}: converged at an unknown hash {hash}", widgets.name()));
+    let census = Census::of(etcd, widgets).await;
+    let expected = widgets.api_version(version);
+    assert_eq!(
+        census.count(&expected),
+        census.total(),
+        "{}: its StorageState converged at {version} while etcd holds {:?}",
+        widgets.name(),
+        census.0
+    );
 }
 
 /// CRDs of `widgets` whose `storedVersions` is `[version]`.
