@@ -9,6 +9,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
@@ -16,7 +17,6 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::{Api, Client};
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::cancel_on_signal;
@@ -27,15 +27,14 @@ use super::progress::{Display, Show};
 use super::status;
 use crate::api::conditions::{STATUS_TRUE, STORED_VERSIONS_PRUNED, SUCCEEDED, events, reasons};
 use crate::api::{
-    GroupResource, GroupVersionResource, MigrationTarget, Phase, StorageVersionMigration,
+    GroupResource, GroupVersionResource, Phase, StorageVersionMigration,
     StorageVersionMigrationSpec, StorageVersionMigrationStatus,
 };
 use crate::apiserver::fence::Fence;
-use crate::engine::{Progress, Resource};
 use crate::evidence::encoding::Observer;
 use crate::lifecycle::cluster::Cluster;
 use crate::lifecycle::{
-    self, End, Lifecycle, Moment, Notice, Unrecorded, Unresolved, status as computed,
+    self, End, Lifecycle, Moment, Notice, Options, Unrecorded, Unresolved, status as computed,
 };
 use crate::ops::metrics::Metrics;
 use crate::rules::crd::CrdState;
@@ -236,25 +235,18 @@ impl Migrator {
             version: String::new(),
             resource: name.resource.clone(),
         };
-        let marked = Mutex::new(None);
         let host = Host {
             migrator: self,
             name,
             migration: self.previous(name, spec),
-            display: None,
+            display: Mutex::new(None),
+            processed_at_start: 0,
             saved: None,
         };
-        let mut lifecycle = Lifecycle {
-            cluster: self.cluster(),
-            engine: &self.built.engine,
-            host,
-            cancel: &self.stop,
-            marked: &marked,
-            by: format!("kube-svm migrate (pid {})", std::process::id()),
-        };
+        let by = format!("kube-svm migrate (pid {})", std::process::id());
+        let mut lifecycle =
+            Lifecycle::new(self.cluster(), &self.built.engine, host, &self.stop, by);
         let end = lifecycle.run().await;
-        // A run stopped mid-way leaves its CRD marked by no one.
-        lifecycle.unmark().await;
         match end {
             End::Finished(done) => describe(&done),
             End::Stopped { progress, .. } => {
@@ -347,17 +339,19 @@ struct Host<'a> {
     name: &'a GroupResource,
     /// The migration as the checkpoint left it (or a new one).
     migration: StorageVersionMigration,
-    /// Progress on standard error while the engine runs, with the updates it shows.
-    display: Option<(Display, watch::Receiver<Progress>)>,
+    /// Progress on standard error while the engine runs.
+    display: Mutex<Option<Display>>,
+    /// Objects handled when the run last started (the checkpoint resumed, or none).
+    processed_at_start: u64,
     /// Where the last checkpoint was saved.
     saved: Option<PathBuf>,
 }
 
 impl Host<'_> {
-    /// Shows the last progress and ends the display, once the engine has stopped.
+    /// Ends the display, once the engine has stopped.
     fn finish_display(&mut self) {
-        if let Some((mut display, updates)) = self.display.take() {
-            display.update(&updates.borrow().clone());
+        let display = self.display.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(display) = display {
             display.finish();
         }
     }
@@ -368,12 +362,15 @@ impl lifecycle::Host for Host<'_> {
         &self.migration
     }
 
-    fn write_to_status(&self, resource: &Resource) -> bool {
-        self.migrator.built.write_to_status && resource.patchable_status
-    }
-
-    fn cleans_managed_fields(&self) -> bool {
-        self.migrator.clean_managed_fields
+    fn options(&self) -> Options {
+        Options {
+            write_to_status: self.migrator.built.write_to_status,
+            clean_managed_fields: self.migrator.clean_managed_fields,
+            // A checkpoint file is cheap to save: after every page.
+            checkpoint_interval: Duration::ZERO,
+            // Interrupted, the run goes on only when the command is run again.
+            stopped_runs_stay_marked: false,
+        }
     }
 
     async fn record(
@@ -381,37 +378,21 @@ impl lifecycle::Host for Host<'_> {
         status: &StorageVersionMigrationStatus,
         moment: Moment,
     ) -> Result<(), Unrecorded> {
-        self.finish_display();
         let checkpoints = &self.migrator.checkpoints;
+        if moment != Moment::Running {
+            self.finish_display();
+        }
         match moment {
-            Moment::Start | Moment::Interrupted => {
+            Moment::Start => {
+                self.processed_at_start = status.progress.as_ref().map_or(0, |p| p.processed);
+                self.saved = checkpoints.save(self.name, &self.migration, status);
+            }
+            Moment::Running | Moment::Interrupted => {
                 self.saved = checkpoints.save(self.name, &self.migration, status);
             }
             Moment::End => checkpoints.remove(self.name),
         }
         Ok(())
-    }
-
-    async fn follow(
-        &mut self,
-        current: &mut StorageVersionMigrationStatus,
-        target: &MigrationTarget,
-        mut updates: watch::Receiver<Progress>,
-    ) -> Unrecorded {
-        let migrator = self.migrator;
-        let start = updates.borrow().clone();
-        let display = Display::new(migrator.show, migrator.terminal, &self.name.name(), &start);
-        self.display = Some((display, updates.clone()));
-        while updates.changed().await.is_ok() {
-            let progress = updates.borrow_and_update().clone();
-            if let Some((display, _)) = self.display.as_mut() {
-                display.update(&progress);
-            }
-            let checkpoint = computed::running(Some(current), target, &progress, Timestamp::now());
-            self.saved = migrator.checkpoints.save(self.name, &self.migration, &checkpoint);
-        }
-        // The engine is gone; the select around this ends first.
-        std::future::pending().await
     }
 
     async fn tell(&self, notice: Notice<'_>) {
@@ -423,6 +404,12 @@ impl lifecycle::Host for Host<'_> {
                 eprintln!("{name}: resuming from the checkpoint after {done} objects");
             }
             Notice::Start { event, note } if event == events::RESTARTED => eprintln!("{note}"),
+            Notice::Progress(progress) => {
+                let mut display = self.display.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(display) = display.as_mut() {
+                    display.update(progress);
+                }
+            }
             Notice::Confirming { storage, .. } => eprintln!(
                 "{name}: confirming that the apiservers encode in {storage} before the first write"
             ),
@@ -440,6 +427,13 @@ impl lifecycle::Host for Host<'_> {
                 eprintln!("{name}: the objects were rewritten, but {}", change.message);
             }
             Notice::Start { .. } | Notice::StoredVersions(_) | Notice::Ended { .. } => {}
+        }
+        // The run writes next: its progress is shown from here.
+        if let Notice::Start { .. } = notice {
+            let migrator = self.migrator;
+            let (show, terminal, name) = (migrator.show, migrator.terminal, self.name.name());
+            let display = Display::new(show, terminal, &name, self.processed_at_start);
+            *self.display.lock().unwrap_or_else(|p| p.into_inner()) = Some(display);
         }
     }
 

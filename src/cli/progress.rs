@@ -97,7 +97,8 @@ pub struct Display {
 }
 
 impl Display {
-    pub fn new(show: Show, terminal: bool, name: &str, start: &Progress) -> Display {
+    /// The display of a run that starts with `processed_at_start` objects handled before it.
+    pub fn new(show: Show, terminal: bool, name: &str, processed_at_start: u64) -> Display {
         let bar = match (show, terminal) {
             (Show::Bar, _) | (Show::Auto, true) => Some(bar(name)),
             _ => None,
@@ -108,7 +109,7 @@ impl Display {
             bar,
             lines,
             started: Instant::now(),
-            processed_at_start: start.processed(),
+            processed_at_start,
             last_line: None,
         }
     }

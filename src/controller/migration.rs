@@ -11,22 +11,17 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource as _, ResourceExt};
-use tokio::sync::watch;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, instrument, warn};
 
 use super::Context;
 use super::status_writer::{self, StatusWriter};
 use crate::api::conditions::{FAILED, STATUS_TRUE, SUCCEEDED, events, reasons};
-use crate::api::{
-    GroupResource, MigrationTarget, StorageVersionMigration, StorageVersionMigrationStatus,
-};
+use crate::api::{GroupResource, StorageVersionMigration, StorageVersionMigrationStatus};
 use crate::apiserver::fence::bounded;
 use crate::apiserver::in_tree;
-use crate::engine::{Progress, Resource};
 use crate::lifecycle::{
-    self, End, LaterBecause, Lifecycle, Moment, Notice, Unrecorded, Unresolved, status,
+    self, End, LaterBecause, Lifecycle, Moment, Notice, Options, Unrecorded, Unresolved, status,
 };
 use crate::ops::metrics::{UNRESOLVED_RESOURCE, resource_label};
 
@@ -64,29 +59,21 @@ pub(super) async fn run(
         return Requeue::AfterInTree;
     }
     let cancel = context.stopping.child_token();
-    let marked = Mutex::new(None);
     let by = format!("StorageVersionMigration {}", migration.name_any());
     let api: Api<StorageVersionMigration> = Api::all(context.client.clone());
     let writer =
         StatusWriter::new(api, &migration, context.fence.clone(), context.settings.request_timeout);
     let preparing = Mutex::new(Some(preparing));
     let host = Host { context, migration: &migration, writer, discovery_failures, preparing };
-    let mut lifecycle = Lifecycle {
-        cluster: context.cluster(),
-        engine: &context.engine,
-        host,
-        cancel: &cancel,
-        marked: &marked,
-        by: by.clone(),
-    };
-    let requeue = tokio::select! {
-        end = lifecycle.run() => requeue(end),
-        () = watch_deletion(context, &migration, cancel.clone()) => {
-            info!("migration deleted; stopped");
-            lifecycle::unmark(&context.cluster(), &marked, &by).await;
-            Requeue::Never
-        }
-    };
+    let mut lifecycle = Lifecycle::new(context.cluster(), &context.engine, host, &cancel, by);
+    let requeue =
+        match lifecycle.run_until(watch_deletion(context, &migration, cancel.clone())).await {
+            Some(end) => requeue(end),
+            None => {
+                info!("migration deleted; stopped");
+                Requeue::Never
+            }
+        };
     info!(?requeue, "migration task ended");
     requeue
 }
@@ -143,13 +130,14 @@ impl lifecycle::Host for Host<'_> {
         self.migration
     }
 
-    fn write_to_status(&self, resource: &Resource) -> bool {
-        self.migration.requests_status_writes()
-            || (self.context.settings.write_to_status && resource.patchable_status)
-    }
-
-    fn cleans_managed_fields(&self) -> bool {
-        self.migration.cleans_managed_fields()
+    fn options(&self) -> Options {
+        let settings = &self.context.settings;
+        Options {
+            write_to_status: settings.write_to_status,
+            clean_managed_fields: self.migration.cleans_managed_fields(),
+            checkpoint_interval: settings.checkpoint_interval,
+            stopped_runs_stay_marked: true,
+        }
     }
 
     async fn record(
@@ -168,17 +156,9 @@ impl lifecycle::Host for Host<'_> {
                 self.writer.write_within(status, Duration::ZERO).await
             }
             Moment::Start | Moment::End => self.writer.write_within(status, RECORD_PATIENCE).await,
+            Moment::Running => self.writer.write(status).await,
         };
         written.map_err(|error| unrecorded(&error))
-    }
-
-    async fn follow(
-        &mut self,
-        current: &mut StorageVersionMigrationStatus,
-        target: &MigrationTarget,
-        updates: watch::Receiver<Progress>,
-    ) -> Unrecorded {
-        checkpoint(self.context, &mut self.writer, current, target, updates).await
     }
 
     async fn turn(&self) -> Option<crate::lifecycle::turns::Turn> {
@@ -190,7 +170,7 @@ impl lifecycle::Host for Host<'_> {
     async fn tell(&self, notice: Notice<'_>) {
         let (type_, reason, note) = match notice {
             Notice::Start { event, note } => (EventType::Normal, event, note.to_owned()),
-            Notice::Confirming { .. } | Notice::Retarget(_) => return,
+            Notice::Confirming { .. } | Notice::Retarget(_) | Notice::Progress(_) => return,
             Notice::Encoding { vouched: true, evidence, .. } => {
                 warn!(evidence, "encoding check skipped: the operator vouched for it");
                 (EventType::Warning, events::ENCODING_OVERRIDDEN, evidence.to_owned())
@@ -326,34 +306,6 @@ pub(super) async fn publish(
         && !crate::apiserver::reachability::unreachable(&error, "publishing an event")
     {
         warn!(error = %crate::error_chain(&error), "failed to publish an event");
-    }
-}
-
-/// Writes progress into status after pages, at most every checkpoint interval, until the task
-/// must stop; returns why.
-async fn checkpoint(
-    context: &Context,
-    writer: &mut StatusWriter,
-    current: &mut StorageVersionMigrationStatus,
-    target: &MigrationTarget,
-    mut updates: watch::Receiver<Progress>,
-) -> Unrecorded {
-    let interval = context.settings.checkpoint_interval;
-    let mut last_write = Instant::now();
-    loop {
-        if updates.changed().await.is_err() {
-            // The engine is gone; the select around this ends first.
-            std::future::pending::<()>().await;
-        }
-        tokio::time::sleep_until(last_write + interval).await;
-        let progress = updates.borrow_and_update().clone();
-        let next = status::running(Some(current), target, &progress, Timestamp::now());
-        match writer.write(&next).await {
-            Ok(()) => *current = next,
-            Err(error) if error.ends_the_task() => return unrecorded(&error),
-            Err(error) => warn!(error = %crate::error_chain(&error), "failed to checkpoint"),
-        }
-        last_write = Instant::now();
     }
 }
 

@@ -2,11 +2,9 @@
 //! in, and the words they share (when a status is recorded, what the operator is told, how a
 //! migration ends).
 
-use tokio::sync::watch;
+use std::time::Duration;
 
-use crate::api::{
-    MigrationCondition, MigrationTarget, StorageVersionMigration, StorageVersionMigrationStatus,
-};
+use crate::api::{MigrationCondition, StorageVersionMigration, StorageVersionMigrationStatus};
 use crate::engine::{Progress, Resource};
 
 use super::change::Change;
@@ -16,6 +14,8 @@ use super::change::Change;
 pub enum Moment {
     /// The run starts (Running, its target and where it starts).
     Start,
+    /// The engine goes on: its progress so far, at most every [`Options::checkpoint_interval`].
+    Running,
     /// The run was stopped (the process stops, or is interrupted): its last whole page.
     Interrupted,
     /// The migration ended, Succeeded or Failed.
@@ -30,6 +30,22 @@ pub enum Unrecorded {
     Stop(String),
     /// Writing failed for now; the migration is taken up again later.
     Later(String),
+}
+
+/// How the host runs every migration it hosts: read once, when its lifecycle is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// Whether to write through the `status` subresource where a resource has one that can
+    /// be patched (a migration's annotation can require it anyway).
+    pub write_to_status: bool,
+    /// Whether the run removes `managedFields` entries naming versions the CRD no longer serves.
+    pub clean_managed_fields: bool,
+    /// The least time between two records of progress while the engine runs.
+    pub checkpoint_interval: Duration,
+    /// Whether a run stopped with its process leaves the CRD marked `StorageMigrating`, as
+    /// its migration stays Running for another process to take up (the controller's next
+    /// leader); otherwise it is unmarked.
+    pub stopped_runs_stay_marked: bool,
 }
 
 /// What the operator is told as the migration goes.
@@ -59,6 +75,8 @@ pub enum Notice<'a> {
         /// What was seen, or why the check was skipped.
         evidence: &'a str,
     },
+    /// The engine moved on (told at each of its reports, recorded or not).
+    Progress(&'a Progress),
     /// The target changed before the first write: it is worked out again.
     Retarget(&'a Change),
     /// The run proved nothing about the encoding (apiservers disagreed at the end).
@@ -116,27 +134,16 @@ pub trait Host {
     /// The migration as it was before this lifecycle (spec, status to go on from).
     fn migration(&self) -> &StorageVersionMigration;
 
-    /// Whether to write through the `status` subresource of `resource`.
-    fn write_to_status(&self, resource: &Resource) -> bool;
+    /// How this host runs migrations.
+    fn options(&self) -> Options;
 
-    /// Whether the run removes `managedFields` entries naming versions the CRD no longer serves.
-    fn cleans_managed_fields(&self) -> bool;
-
-    /// Records `status` at `moment`.
+    /// Records `status` at `moment`. A [`Unrecorded::Later`] while running is only logged: the
+    /// next record may succeed.
     fn record(
         &mut self,
         status: &StorageVersionMigrationStatus,
         moment: Moment,
     ) -> impl Future<Output = Result<(), Unrecorded>>;
-
-    /// Records (and shows) progress while the engine runs, from `updates`, each as the status
-    /// after `current`; returns only when the migration must stop, saying why.
-    fn follow(
-        &mut self,
-        current: &mut StorageVersionMigrationStatus,
-        target: &MigrationTarget,
-        updates: watch::Receiver<Progress>,
-    ) -> impl Future<Output = Unrecorded>;
 
     /// Tells the operator.
     fn tell(&self, notice: Notice<'_>) -> impl Future<Output = ()>;

@@ -16,7 +16,10 @@
 //!
 //! What differs between the two is the [`Host`]: where the record goes (the migration's status,
 //! or a checkpoint file), how the operator hears of it (Events and metrics, or lines on standard
-//! error), and how progress is shown. [`status`] computes every status the steps record (pure).
+//! error), and its [`Options`], read once. The lifecycle computes every status the steps record
+//! ([`status`], pure), follows the engine's progress (told at every page, recorded at most every
+//! [`Options::checkpoint_interval`]), and holds the CRD's `StorageMigrating` mark until it ends
+//! ([`Lifecycle::run_until`] unmarks it when stopped from outside).
 //! The steps' requests: [`cluster`] (what they need of the process), [`steps`] (conversion
 //! preflight, the target, the `StorageMigrating` mark), [`guard`] and [`crd_watch`] (whether the
 //! target still holds, and the [`change::Change`] when it does not), [`prune`] (settling
@@ -50,7 +53,7 @@ use crate::engine::{Engine, Progress, Resource};
 use crate::rules::managed_fields::Served;
 use change::{Change, Then};
 use cluster::Cluster;
-pub use host::{End, Host, LaterBecause, Moment, Notice, Unrecorded, Unresolved};
+pub use host::{End, Host, LaterBecause, Moment, Notice, Options, Unrecorded, Unresolved};
 use status::Start;
 
 /// How long evidence gathered before waiting for a turn to write is taken as it is; after a
@@ -60,18 +63,19 @@ const EVIDENCE_FRESH_FOR: std::time::Duration = std::time::Duration::from_secs(5
 /// A migration's lifecycle: what it runs with, and its host.
 pub struct Lifecycle<'a, H: Host> {
     /// The cluster and the encoding checks the steps use.
-    pub cluster: Cluster<'a>,
+    cluster: Cluster<'a>,
     /// Migrates the objects.
-    pub engine: &'a Engine,
+    engine: &'a Engine,
     /// The controller or `kube-svm migrate`.
     pub host: H,
+    /// How the host runs it, read once.
+    options: Options,
     /// Fires when the migration must stop (deleted, the process stopping).
-    pub cancel: &'a CancellationToken,
-    /// The resource whose CRD this lifecycle marked `StorageMigrating`, so that whoever stops
-    /// it can unmark it.
-    pub marked: &'a Mutex<Option<Resource>>,
+    cancel: &'a CancellationToken,
+    /// The resource whose CRD this lifecycle marked `StorageMigrating`, until unmarked.
+    marked: Mutex<Option<Resource>>,
     /// Who migrates, as the CRD's `StorageMigrating` condition names it.
-    pub by: String,
+    by: String,
 }
 
 /// How one run ended.
@@ -112,9 +116,43 @@ enum Ran {
     },
 }
 
-impl<H: Host> Lifecycle<'_, H> {
-    /// Runs the migration to its end, or until it must stop.
+impl<'a, H: Host> Lifecycle<'a, H> {
+    /// The lifecycle of `host`'s migration; `by` names who migrates in the CRD's
+    /// `StorageMigrating` condition.
+    pub fn new(
+        cluster: Cluster<'a>,
+        engine: &'a Engine,
+        host: H,
+        cancel: &'a CancellationToken,
+        by: String,
+    ) -> Self {
+        let options = host.options();
+        Lifecycle { cluster, engine, host, options, cancel, marked: Mutex::new(None), by }
+    }
+
+    /// Runs the migration to its end, or until `stop` resolves: then the run is dropped where
+    /// it stands (nothing more is recorded) and the CRD it marked is unmarked; `None`.
+    pub async fn run_until(&mut self, stop: impl Future<Output = ()>) -> Option<End> {
+        tokio::select! {
+            end = self.run() => return Some(end),
+            () = stop => {}
+        }
+        self.unmark().await;
+        None
+    }
+
+    /// Runs the migration to its end, or until it must stop. The CRD it marked is unmarked
+    /// unless a stopped run stays marked for another process to take up
+    /// ([`Options::stopped_runs_stay_marked`]).
     pub async fn run(&mut self) -> End {
+        let end = self.run_steps().await;
+        if !matches!(end, End::Stopped { .. }) || !self.options.stopped_runs_stay_marked {
+            self.unmark().await;
+        }
+        end
+    }
+
+    async fn run_steps(&mut self) -> End {
         let spec = self.host.migration().spec.resource.clone();
         let (mut resource, mut crd) = match self.resolve(&spec).await {
             Ok(resolved) => resolved,
@@ -313,7 +351,7 @@ impl<H: Host> Lifecycle<'_, H> {
     /// The served versions whose `managedFields` entries the run keeps, when the migration asks
     /// for the others to be removed; built-in resources have no CRD, and nothing to clean.
     fn cleaning(&self, crd: Option<&CustomResourceDefinition>) -> Option<Served> {
-        crd.filter(|_| self.host.cleans_managed_fields()).map(Served::of)
+        crd.filter(|_| self.options.clean_managed_fields).map(Served::of)
     }
 
     fn stopped(&self, start: &Start, why: &str) -> End {
@@ -401,12 +439,12 @@ impl<H: Host> Lifecycle<'_, H> {
                 crate::api::FOREGROUND_BUDGET_ANNOTATION
             ));
         }
-        if self.host.cleans_managed_fields() {
+        if self.options.clean_managed_fields {
             note.push_str(&match self.cleaning(crd) {
                 Some(served) => format!(
                     "; managedFields entries naming a version not served (served: {}) are removed{}",
                     served.names(),
-                    match self.host.write_to_status(resource) {
+                    match self.writes_to_status(resource) {
                         // The apiserver keeps the live managedFields for a subresource.
                         true => ", through the resource itself for the objects that have any, as /status keeps managedFields as they are",
                         false => "",
@@ -421,9 +459,20 @@ impl<H: Host> Lifecycle<'_, H> {
         Ok(current)
     }
 
-    /// Unmarks the CRD this lifecycle marked `StorageMigrating`, if any.
-    pub async fn unmark(&self) {
-        unmark(&self.cluster, self.marked, &self.by).await;
+    /// Whether the run writes through the `status` subresource of `resource`: where the
+    /// migration requires it, or the host chooses it and the resource has one to patch.
+    fn writes_to_status(&self, resource: &Resource) -> bool {
+        self.host.migration().requests_status_writes()
+            || (self.options.write_to_status && resource.patchable_status)
+    }
+
+    /// Unmarks the CRD this lifecycle marked `StorageMigrating`, if any. The mark is forgotten
+    /// only once unmarked: an unmarking cut short is done again by the next.
+    async fn unmark(&self) {
+        if let Some(resource) = self.marked() {
+            steps::mark_migrating(&self.cluster, &resource, false, &self.by).await;
+            *self.marked.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
     }
 
     fn marked(&self) -> Option<Resource> {
@@ -437,17 +486,6 @@ impl<H: Host> Lifecycle<'_, H> {
             Unrecorded::Stop(why) => End::Stopped { progress: Box::new(progress), why },
             Unrecorded::Later(_) => End::Later(LaterBecause::Unrecorded),
         }
-    }
-}
-
-/// Unmarks the CRD `marked` names, if any. The mark is forgotten only once unmarked: an
-/// unmarking cut short (a lifecycle dropped when its migration was deleted) is done again by
-/// whoever unmarks next.
-pub async fn unmark(cluster: &Cluster<'_>, marked: &Mutex<Option<Resource>>, by: &str) {
-    let resource = marked.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    if let Some(resource) = resource {
-        steps::mark_migrating(cluster, &resource, false, by).await;
-        *marked.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 }
 
@@ -470,6 +508,9 @@ mod tests {
     use crate::ops::metrics::Metrics;
 
     const OBJECTS: &str = "/apis/example.com/v1/widgets";
+
+    /// The recording host's [`Options::checkpoint_interval`].
+    const RECORD_EVERY: Duration = Duration::from_secs(10);
 
     /// What the fake host was asked to do.
     #[derive(Clone, Default)]
@@ -499,12 +540,13 @@ mod tests {
             &self.migration
         }
 
-        fn write_to_status(&self, _resource: &Resource) -> bool {
-            false
-        }
-
-        fn cleans_managed_fields(&self) -> bool {
-            false
+        fn options(&self) -> Options {
+            Options {
+                write_to_status: false,
+                clean_managed_fields: false,
+                checkpoint_interval: RECORD_EVERY,
+                stopped_runs_stay_marked: false,
+            }
         }
 
         async fn turn(&self) -> Option<super::turns::Turn> {
@@ -522,15 +564,6 @@ mod tests {
                 Some((refused, refusal)) if refused == moment => Err(refusal()),
                 _ => Ok(()),
             }
-        }
-
-        async fn follow(
-            &mut self,
-            _current: &mut StorageVersionMigrationStatus,
-            _target: &MigrationTarget,
-            _updates: tokio::sync::watch::Receiver<Progress>,
-        ) -> Unrecorded {
-            std::future::pending().await
         }
 
         async fn tell(&self, notice: Notice<'_>) {
@@ -636,21 +669,90 @@ mod tests {
         let limiter = Arc::new(RateLimiter::new(0.0, 0));
         let metrics = Arc::new(Metrics::new().unwrap());
         let engine = Engine::with_client(client.clone(), limiter, Default::default(), metrics);
-        let marked = Mutex::new(None);
-        let mut lifecycle = Lifecycle {
-            cluster,
-            engine: &engine,
-            host,
-            cancel: stop,
-            marked: &marked,
-            by: "test".into(),
-        };
+        let mut lifecycle = Lifecycle::new(cluster, &engine, host, stop, "test".into());
         lifecycle.run().await
     }
 
     fn host(refused: Option<(Moment, fn() -> Unrecorded)>) -> (Recording, Seen) {
         let seen = Seen::default();
         (Recording { migration: migration(), seen: seen.clone(), refused }, seen)
+    }
+
+    fn processed(rewritten: u64) -> Progress {
+        Progress { rewritten, ..Progress::default() }
+    }
+
+    /// The objects processed in each Running record so far.
+    fn running_records(seen: &Seen) -> Vec<u64> {
+        let recorded = seen.recorded.lock().unwrap();
+        let running = recorded.iter().filter(|(moment, _)| *moment == Moment::Running);
+        running.map(|(_, status)| status.progress.as_ref().map_or(0, |p| p.processed)).collect()
+    }
+
+    fn told_progress(seen: &Seen) -> usize {
+        seen.told.lock().unwrap().iter().filter(|kind| *kind == "Progress").count()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn progress_is_told_at_once_and_recorded_at_most_every_interval_the_latest_only() {
+        let (mut host, seen) = host(None);
+        let (report, updates) = tokio::sync::watch::channel(Progress::default());
+        let mut current = StorageVersionMigrationStatus::default();
+        let target = MigrationTarget::default();
+        let following = run::follow(&mut host, RECORD_EVERY, &mut current, &target, updates);
+        let script = async {
+            let second = Duration::from_secs(1);
+            report.send_replace(processed(1));
+            tokio::time::sleep(second).await;
+            assert_eq!((told_progress(&seen), running_records(&seen)), (1, vec![]));
+            tokio::time::sleep(RECORD_EVERY).await;
+            assert_eq!(running_records(&seen), [1]);
+            report.send_replace(processed(2));
+            tokio::time::sleep(second).await;
+            report.send_replace(processed(3));
+            tokio::time::sleep(second).await;
+            assert_eq!((told_progress(&seen), running_records(&seen)), (3, vec![1]));
+            tokio::time::sleep(RECORD_EVERY).await;
+            assert_eq!(running_records(&seen), [1, 3]);
+            // Nothing new: nothing recorded again.
+            tokio::time::sleep(3 * RECORD_EVERY).await;
+            assert_eq!(running_records(&seen), [1, 3]);
+        };
+        tokio::select! {
+            stopped = following => panic!("following stopped: {stopped:?}"),
+            () = script => {}
+        }
+        assert_eq!(current.progress.map(|p| p.processed), Some(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_refused_for_now_is_tried_again_and_one_that_must_stop_ends_following() {
+        let later: fn() -> Unrecorded = || Unrecorded::Later("busy".into());
+        let (mut host, seen) = host(Some((Moment::Running, later)));
+        let (report, updates) = tokio::sync::watch::channel(Progress::default());
+        let mut current = StorageVersionMigrationStatus::default();
+        let target = MigrationTarget::default();
+        let following = run::follow(&mut host, RECORD_EVERY, &mut current, &target, updates);
+        let script = async {
+            for rewritten in 1..=2 {
+                report.send_replace(processed(rewritten));
+                tokio::time::sleep(2 * RECORD_EVERY).await;
+            }
+        };
+        tokio::select! {
+            stopped = following => panic!("following stopped: {stopped:?}"),
+            () = script => {}
+        }
+        assert_eq!(running_records(&seen), [1, 2]);
+        assert_eq!(current.progress, None, "a refused record is not the current status");
+
+        let stop: fn() -> Unrecorded = || Unrecorded::Stop("deposed".into());
+        let (mut stopping, _) = super::tests::host(Some((Moment::Running, stop)));
+        let (report, updates) = tokio::sync::watch::channel(Progress::default());
+        report.send_replace(processed(1));
+        let following = run::follow(&mut stopping, RECORD_EVERY, &mut current, &target, updates);
+        let stopped = tokio::time::timeout(2 * RECORD_EVERY, following).await;
+        assert!(matches!(stopped, Ok(Unrecorded::Stop(_))), "{stopped:?}");
     }
 
     #[tokio::test]

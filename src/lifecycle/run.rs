@@ -2,9 +2,12 @@
 //! guarded beside it, the check at the end, `storedVersions` settled, and the end recorded.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use std::time::Duration;
+
 use k8s_openapi::jiff::Timestamp;
 use tokio::sync::watch;
-use tracing::info;
+use tokio::time::Instant;
+use tracing::{info, warn};
 
 use crate::api::conditions::SUCCEEDED;
 use crate::api::{GroupVersionResource, MigrationTarget, StorageVersionMigrationStatus};
@@ -13,7 +16,7 @@ use crate::engine::{self, Job, Progress, Resource};
 use super::change::Change;
 use super::crd_watch::Followed;
 use super::status::{self, Start};
-use super::{End, Host, Lifecycle, Moment, Notice, Ran, guard, prune};
+use super::{End, Host, Lifecycle, Moment, Notice, Ran, Unrecorded, guard, prune};
 
 impl<H: Host> Lifecycle<'_, H> {
     /// The engine, with progress recorded beside it (never pausing it) and the target watched
@@ -32,7 +35,7 @@ impl<H: Host> Lifecycle<'_, H> {
         let (report, updates) = watch::channel(start.progress.clone());
         let job = Job {
             resource: resource.clone(),
-            write_to_status: self.host.write_to_status(resource),
+            write_to_status: self.writes_to_status(resource),
             pace: self.host.migration().requested_pace(),
             resume: start.progress,
             fence: self.cluster.fence.clone(),
@@ -43,7 +46,8 @@ impl<H: Host> Lifecycle<'_, H> {
         let run = self.engine.run(job, &report, &cancel);
         tokio::pin!(run);
         let stopped = {
-            let follow = self.host.follow(&mut current, target, updates);
+            let interval = self.options.checkpoint_interval;
+            let follow = follow(&mut self.host, interval, &mut current, target, updates);
             tokio::select! {
                 finished = &mut run => Ok(finished),
                 stop = follow => Err(stop),
@@ -72,6 +76,9 @@ impl<H: Host> Lifecycle<'_, H> {
                 return Ran::Ended(self.unrecorded(stop, progress));
             }
         };
+        // The engine's last report, which the follow loop may not have seen.
+        let last = latest.borrow().clone();
+        self.host.tell(Notice::Progress(&last)).await;
         let now = Timestamp::now();
         match finished {
             Ok(engine::Finished::Completed(progress)) => {
@@ -155,5 +162,43 @@ impl<H: Host> Lifecycle<'_, H> {
         }
         self.host.tell(Notice::Ended { resource, status: &done }).await;
         End::Finished(Box::new(done))
+    }
+}
+
+/// Tells `host` of every report of the engine in `updates`, and records the status after
+/// `current` with the latest progress at most every `interval`; returns only when a record says
+/// the migration must stop. A record that fails for now is logged, and tried at the next.
+pub(super) async fn follow(
+    host: &mut impl Host,
+    interval: Duration,
+    current: &mut StorageVersionMigrationStatus,
+    target: &MigrationTarget,
+    mut updates: watch::Receiver<Progress>,
+) -> Unrecorded {
+    let mut last_record = Instant::now();
+    let mut pending = false;
+    loop {
+        tokio::select! {
+            changed = updates.changed() => {
+                if changed.is_err() {
+                    // The engine is gone; the select around this ends first.
+                    std::future::pending::<()>().await;
+                }
+                let progress = updates.borrow_and_update().clone();
+                host.tell(Notice::Progress(&progress)).await;
+                pending = true;
+            }
+            () = tokio::time::sleep_until(last_record + interval), if pending => {
+                let progress = updates.borrow().clone();
+                let next = status::running(Some(current), target, &progress, Timestamp::now());
+                match host.record(&next, Moment::Running).await {
+                    Ok(()) => *current = next,
+                    Err(stop @ Unrecorded::Stop(_)) => return stop,
+                    Err(Unrecorded::Later(why)) => warn!(why, "failed to checkpoint"),
+                }
+                last_record = Instant::now();
+                pending = false;
+            }
+        }
     }
 }
