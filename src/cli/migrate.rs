@@ -14,7 +14,6 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
@@ -25,7 +24,7 @@ use super::engine::{Built, EngineArgs};
 use super::kube::KubeArgs;
 use super::progress::{Display, Show};
 use super::status;
-use crate::api::conditions::{STATUS_TRUE, STORED_VERSIONS_PRUNED, SUCCEEDED, events, reasons};
+use crate::api::conditions::{STATUS_TRUE, STORED_VERSIONS_PRUNED, SUCCEEDED, events};
 use crate::api::{
     GroupResource, GroupVersionResource, Phase, StorageVersionMigration,
     StorageVersionMigrationSpec, StorageVersionMigrationStatus,
@@ -33,9 +32,7 @@ use crate::api::{
 use crate::apiserver::fence::Fence;
 use crate::evidence::encoding::Observer;
 use crate::lifecycle::cluster::Cluster;
-use crate::lifecycle::{
-    self, End, Lifecycle, Moment, Notice, Options, Unrecorded, Unresolved, status as computed,
-};
+use crate::lifecycle::{self, End, Lifecycle, Moment, Notice, Options, Tries, Unrecorded};
 use crate::ops::metrics::Metrics;
 use crate::rules::crd::CrdState;
 
@@ -369,6 +366,7 @@ impl lifecycle::Host for Host<'_> {
             // A checkpoint file is cheap to save: after every page.
             checkpoint_interval: Duration::ZERO,
             // Interrupted, the run goes on only when the command is run again.
+            discovery: Tries::ONCE,
             stopped_runs_stay_marked: false,
         }
     }
@@ -391,6 +389,8 @@ impl lifecycle::Host for Host<'_> {
                 self.saved = checkpoints.save(self.name, &self.migration, status);
             }
             Moment::End => checkpoints.remove(self.name),
+            // Nothing ran: a checkpoint from before stays for a later run.
+            Moment::Unresolved => {}
         }
         Ok(())
     }
@@ -426,7 +426,12 @@ impl lifecycle::Host for Host<'_> {
             Notice::Unproven(change) => {
                 eprintln!("{name}: the objects were rewritten, but {}", change.message);
             }
-            Notice::Start { .. } | Notice::StoredVersions(_) | Notice::Ended { .. } => {}
+            // The result line says how it ended.
+            Notice::Start { .. }
+            | Notice::StoredVersions(_)
+            | Notice::Ended { .. }
+            | Notice::Unresolved { .. }
+            | Notice::Unresolvable(_) => {}
         }
         // The run writes next: its progress is shown from here.
         if let Notice::Start { .. } = notice {
@@ -435,15 +440,6 @@ impl lifecycle::Host for Host<'_> {
             let display = Display::new(show, terminal, &name, self.processed_at_start);
             *self.display.lock().unwrap_or_else(|p| p.into_inner()) = Some(display);
         }
-    }
-
-    async fn unresolved(&mut self, failure: Unresolved) -> End {
-        let Unresolved { transient, message } = failure;
-        let reason = match transient {
-            true => reasons::DISCOVERY_FAILED,
-            false => reasons::INVALID_RESOURCE,
-        };
-        End::Finished(Box::new(computed::failed(None, reason, message, Timestamp::now())))
     }
 }
 

@@ -7,7 +7,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource as _, ResourceExt};
@@ -16,12 +15,12 @@ use tracing::{debug, info, instrument, warn};
 
 use super::Context;
 use super::status_writer::{self, StatusWriter};
-use crate::api::conditions::{FAILED, STATUS_TRUE, SUCCEEDED, events, reasons};
+use crate::api::conditions::{FAILED, STATUS_TRUE, SUCCEEDED, events};
 use crate::api::{GroupResource, StorageVersionMigration, StorageVersionMigrationStatus};
 use crate::apiserver::fence::bounded;
 use crate::apiserver::in_tree;
 use crate::lifecycle::{
-    self, End, LaterBecause, Lifecycle, Moment, Notice, Options, Unrecorded, Unresolved, status,
+    self, End, LaterBecause, Lifecycle, Moment, Notice, Options, Tries, Unrecorded,
 };
 use crate::ops::metrics::{UNRESOLVED_RESOURCE, resource_label};
 
@@ -136,6 +135,7 @@ impl lifecycle::Host for Host<'_> {
             write_to_status: settings.write_to_status,
             clean_managed_fields: self.migration.cleans_managed_fields(),
             checkpoint_interval: settings.checkpoint_interval,
+            discovery: Tries { this: self.discovery_failures + 1, of: settings.discovery_attempts },
             stopped_runs_stay_marked: true,
         }
     }
@@ -155,7 +155,9 @@ impl lifecycle::Host for Host<'_> {
                 }
                 self.writer.write_within(status, Duration::ZERO).await
             }
-            Moment::Start | Moment::End => self.writer.write_within(status, RECORD_PATIENCE).await,
+            Moment::Start | Moment::End | Moment::Unresolved => {
+                self.writer.write_within(status, RECORD_PATIENCE).await
+            }
             Moment::Running => self.writer.write(status).await,
         };
         written.map_err(|error| unrecorded(&error))
@@ -171,6 +173,16 @@ impl lifecycle::Host for Host<'_> {
         let (type_, reason, note) = match notice {
             Notice::Start { event, note } => (EventType::Normal, event, note.to_owned()),
             Notice::Confirming { .. } | Notice::Retarget(_) | Notice::Progress(_) => return,
+            Notice::Unresolved { message, tries } => {
+                let Tries { this, of } = tries;
+                let note = format!("{message} (try {this} of {of}); trying again later");
+                (EventType::Warning, events::DISCOVERY_RETRY, note)
+            }
+            Notice::Unresolvable(failed) => {
+                observe_finished(self.context, UNRESOLVED_RESOURCE, failed);
+                let note = failed.conditions.first().and_then(|c| c.message.clone());
+                (EventType::Warning, events::FAILED, note.unwrap_or_default())
+            }
             Notice::Encoding { vouched: true, evidence, .. } => {
                 warn!(evidence, "encoding check skipped: the operator vouched for it");
                 (EventType::Warning, events::ENCODING_OVERRIDDEN, evidence.to_owned())
@@ -214,46 +226,6 @@ impl lifecycle::Host for Host<'_> {
         };
         publish(self.context, self.migration, type_, reason, note).await;
     }
-
-    async fn unresolved(&mut self, failure: Unresolved) -> End {
-        let Unresolved { transient, message } = failure;
-        let reason = match transient {
-            false => reasons::INVALID_RESOURCE,
-            true => {
-                let failures = self.discovery_failures + 1;
-                let attempts = self.context.settings.discovery_attempts;
-                if failures < attempts {
-                    info!(error = message, failures, "discovery failed; trying again later");
-                    let note =
-                        format!("{message} (try {failures} of {attempts}); trying again later");
-                    let migration = self.migration;
-                    publish(
-                        self.context,
-                        migration,
-                        EventType::Warning,
-                        events::DISCOVERY_RETRY,
-                        note,
-                    )
-                    .await;
-                    return End::Later(LaterBecause::Discovery);
-                }
-                reasons::DISCOVERY_FAILED
-            }
-        };
-        let message = match transient {
-            true => format!("{message} ({} tries)", self.context.settings.discovery_attempts),
-            false => message,
-        };
-        let previous = self.migration.status.as_ref();
-        let failed = status::failed(previous, reason, message, Timestamp::now());
-        if let Err(error) = self.writer.write_within(&failed, RECORD_PATIENCE).await {
-            return lifecycle_end(&unrecorded(&error));
-        }
-        observe_finished(self.context, UNRESOLVED_RESOURCE, &failed);
-        let note = failed.conditions.first().and_then(|c| c.message.clone()).unwrap_or_default();
-        publish(self.context, self.migration, EventType::Warning, events::FAILED, note).await;
-        End::Finished(Box::new(failed))
-    }
 }
 
 /// What a status write that failed for good means for the lifecycle.
@@ -262,14 +234,6 @@ fn unrecorded(error: &status_writer::Error) -> Unrecorded {
     match error.ends_the_task() {
         true => Unrecorded::Stop(why),
         false => Unrecorded::Later(why),
-    }
-}
-
-/// The end of a migration whose failure could not be recorded.
-fn lifecycle_end(unrecorded: &Unrecorded) -> End {
-    match unrecorded {
-        Unrecorded::Stop(why) => End::Stopped { progress: Box::default(), why: why.clone() },
-        Unrecorded::Later(_) => End::Later(LaterBecause::Unrecorded),
     }
 }
 

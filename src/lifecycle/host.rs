@@ -20,6 +20,8 @@ pub enum Moment {
     Interrupted,
     /// The migration ended, Succeeded or Failed.
     End,
+    /// The resource could not be resolved, for good: the migration failed before any run.
+    Unresolved,
 }
 
 /// Why the record could not be written.
@@ -42,10 +44,32 @@ pub struct Options {
     pub clean_managed_fields: bool,
     /// The least time between two records of progress while the engine runs.
     pub checkpoint_interval: Duration,
+    /// Discovery of the resource (or reading its CRD) is tried this many times before the
+    /// migration fails; the host takes it up again in between ([`LaterBecause::Discovery`]).
+    pub discovery: Tries,
     /// Whether a run stopped with its process leaves the CRD marked `StorageMigrating`, as
     /// its migration stays Running for another process to take up (the controller's next
     /// leader); otherwise it is unmarked.
     pub stopped_runs_stay_marked: bool,
+}
+
+/// How many times something is tried: this is try `this` of `of`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tries {
+    /// This try, from 1.
+    pub this: u32,
+    /// Tries in all.
+    pub of: u32,
+}
+
+impl Tries {
+    /// Only once.
+    pub const ONCE: Tries = Tries { this: 1, of: 1 };
+
+    /// Whether a try is left after this one.
+    pub fn more_left(self) -> bool {
+        self.this < self.of
+    }
 }
 
 /// What the operator is told as the migration goes.
@@ -77,6 +101,15 @@ pub enum Notice<'a> {
     },
     /// The engine moved on (told at each of its reports, recorded or not).
     Progress(&'a Progress),
+    /// The resource could not be resolved on try `tries`; it is tried again later.
+    Unresolved {
+        /// What failed.
+        message: &'a str,
+        /// Which try failed.
+        tries: Tries,
+    },
+    /// The resource could not be resolved for good: the migration failed, as `status` says.
+    Unresolvable(&'a StorageVersionMigrationStatus),
     /// The target changed before the first write: it is worked out again.
     Retarget(&'a Change),
     /// The run proved nothing about the encoding (apiservers disagreed at the end).
@@ -90,16 +123,6 @@ pub enum Notice<'a> {
         /// The final status, Succeeded or Failed.
         status: &'a StorageVersionMigrationStatus,
     },
-}
-
-/// The resource could not be resolved.
-#[derive(Debug)]
-pub struct Unresolved {
-    /// Whether asking again later may succeed (discovery or the CRD could not be read), as
-    /// opposed to the resource being wrong.
-    pub transient: bool,
-    /// What failed, with its causes.
-    pub message: String,
 }
 
 /// How a migration's lifecycle ended.
@@ -154,8 +177,4 @@ pub trait Host {
     fn turn(&self) -> impl Future<Output = Option<super::turns::Turn>> {
         async { None }
     }
-
-    /// The resource could not be resolved (`failures` times before): the end to give the
-    /// migration, recording it when it fails.
-    fn unresolved(&mut self, failure: Unresolved) -> impl Future<Output = End>;
 }

@@ -23,7 +23,8 @@
 //! The steps' requests: [`cluster`] (what they need of the process), [`steps`] (conversion
 //! preflight, the target, the `StorageMigrating` mark), [`guard`] and [`crd_watch`] (whether the
 //! target still holds, and the [`change::Change`] when it does not), [`prune`] (settling
-//! `storedVersions`), [`resume`] (which checkpoint may be resumed), [`turns`] (whose turn it is
+//! `storedVersions`), `resolve` (the resource and its CRD, or the end when they cannot be had),
+//! [`resume`] (which checkpoint may be resumed), [`turns`] (whose turn it is
 //! to write, when migrations share them).
 
 pub mod change;
@@ -32,6 +33,7 @@ pub mod crd_watch;
 pub mod guard;
 mod host;
 pub mod prune;
+mod resolve;
 pub mod resume;
 mod run;
 pub mod status;
@@ -53,7 +55,7 @@ use crate::engine::{Engine, Progress, Resource};
 use crate::rules::managed_fields::Served;
 use change::{Change, Then};
 use cluster::Cluster;
-pub use host::{End, Host, LaterBecause, Moment, Notice, Options, Unrecorded, Unresolved};
+pub use host::{End, Host, LaterBecause, Moment, Notice, Options, Tries, Unrecorded};
 use status::Start;
 
 /// How long evidence gathered before waiting for a turn to write is taken as it is; after a
@@ -204,30 +206,6 @@ impl<'a, H: Host> Lifecycle<'a, H> {
                 Err(end) => return end,
             };
         }
-    }
-
-    /// The resource, through discovery, and the CRD behind it.
-    async fn resolve(
-        &mut self,
-        spec: &GroupVersionResource,
-    ) -> Result<(Resource, Option<CustomResourceDefinition>), End> {
-        let requires_status = self.host.migration().requests_status_writes();
-        let failure = match Resource::resolve(self.cluster.client, spec, requires_status).await {
-            Err(error) => {
-                Unresolved { transient: error.is_transient(), message: crate::error_chain(&error) }
-            }
-            Ok(resource) => match cluster::crd_of(&self.cluster, &resource).await {
-                Ok(crd) => return Ok((resource, crd)),
-                Err(error) => Unresolved {
-                    transient: true,
-                    message: format!(
-                        "failed to read the CRD of {resource}: {}",
-                        crate::error_chain(&error)
-                    ),
-                },
-            },
-        };
-        Err(self.host.unresolved(failure).await)
     }
 
     /// One run from `start`, after `last` (the status last recorded): target, start, engine and
@@ -533,6 +511,7 @@ mod tests {
         migration: StorageVersionMigration,
         seen: Seen,
         refused: Option<(Moment, fn() -> Unrecorded)>,
+        discovery: Tries,
     }
 
     impl Host for Recording {
@@ -545,6 +524,7 @@ mod tests {
                 write_to_status: false,
                 clean_managed_fields: false,
                 checkpoint_interval: RECORD_EVERY,
+                discovery: self.discovery,
                 stopped_runs_stay_marked: false,
             }
         }
@@ -573,11 +553,6 @@ mod tests {
             if matches!(notice, Notice::Confirming { .. }) {
                 self.seen.confirming.notify_one();
             }
-        }
-
-        async fn unresolved(&mut self, failure: Unresolved) -> End {
-            self.seen.told.lock().unwrap().push(format!("Unresolved {}", failure.transient));
-            End::Later(LaterBecause::Discovery)
         }
     }
 
@@ -675,7 +650,8 @@ mod tests {
 
     fn host(refused: Option<(Moment, fn() -> Unrecorded)>) -> (Recording, Seen) {
         let seen = Seen::default();
-        (Recording { migration: migration(), seen: seen.clone(), refused }, seen)
+        let discovery = Tries::ONCE;
+        (Recording { migration: migration(), seen: seen.clone(), refused, discovery }, seen)
     }
 
     fn processed(rewritten: u64) -> Progress {
@@ -801,11 +777,42 @@ mod tests {
     #[tokio::test]
     async fn a_resource_discovery_does_not_serve_is_unresolved_for_good() {
         let (client, requests) = apiserver(json!([]));
-        let (host, seen) = host(None);
+        let (mut host, seen) = host(None);
+        host.discovery = Tries { this: 1, of: 3 };
         let end = run(client, host, Duration::ZERO, &CancellationToken::new()).await;
-        assert!(matches!(end, End::Later(LaterBecause::Discovery)), "{end:?}");
-        assert_eq!(*seen.told.lock().unwrap(), ["Unresolved false"]);
+        let End::Finished(failed) = end else { panic!("failed: {end:?}") };
+        let condition = failed.conditions.first().expect("a condition");
+        assert_eq!(condition.reason.as_deref(), Some(reasons::INVALID_RESOURCE));
+        assert_eq!(seen.moments(), [Moment::Unresolved]);
+        assert_eq!(*seen.told.lock().unwrap(), ["Unresolvable"]);
         assert!(requests.writes().is_empty());
+    }
+
+    #[tokio::test]
+    async fn discovery_that_fails_is_tried_again_later_until_its_last_try_fails_it() {
+        let unavailable = || fake::client(|_| (503, json!({ "kind": "Status", "code": 503 })));
+        let failed_on = |this: u32| async move {
+            let (client, requests) = unavailable();
+            let (mut host, seen) = host(None);
+            host.discovery = Tries { this, of: 3 };
+            let end = run(client, host, Duration::ZERO, &CancellationToken::new()).await;
+            assert!(requests.writes().is_empty());
+            (end, seen)
+        };
+        for this in 1..=2 {
+            let (end, seen) = failed_on(this).await;
+            assert!(matches!(end, End::Later(LaterBecause::Discovery)), "{end:?}");
+            assert_eq!(seen.moments(), []);
+            assert_eq!(*seen.told.lock().unwrap(), ["Unresolved"]);
+        }
+        let (end, seen) = failed_on(3).await;
+        let End::Finished(failed) = end else { panic!("failed: {end:?}") };
+        let condition = failed.conditions.first().expect("a condition");
+        assert_eq!(condition.reason.as_deref(), Some(reasons::DISCOVERY_FAILED));
+        let message = condition.message.clone().unwrap_or_default();
+        assert!(message.ends_with("(3 tries)"), "{message}");
+        assert_eq!(seen.moments(), [Moment::Unresolved]);
+        assert_eq!(*seen.told.lock().unwrap(), ["Unresolvable"]);
     }
 
     #[tokio::test]
