@@ -28,12 +28,29 @@ pub enum Then {
 }
 
 impl Change {
-    pub(super) fn new(reason: &'static str, message: String) -> Change {
-        let then = match reason {
-            reasons::STORAGE_VERSION_CHANGED | reasons::VERSION_SERVED_AGAIN => Then::StartOver,
-            _ => Then::Fail,
-        };
-        Change { reason, message, then }
+    /// The storage version (or the hash discovery publishes) moved: start over.
+    pub(super) fn storage_moved(message: String) -> Change {
+        Change { reason: reasons::STORAGE_VERSION_CHANGED, message, then: Then::StartOver }
+    }
+
+    /// A version the run cleaned `managedFields` of is served again: start over.
+    pub(super) fn served_again(message: String) -> Change {
+        Change { reason: reasons::VERSION_SERVED_AGAIN, message, then: Then::StartOver }
+    }
+
+    /// The resource or its CRD is gone: fail.
+    pub(super) fn not_served(message: String) -> Change {
+        Change { reason: reasons::RESOURCE_NOT_SERVED, message, then: Then::Fail }
+    }
+
+    /// Discovery could not be read to tell: fail, as nothing can be proved.
+    pub(super) fn unreadable(message: String) -> Change {
+        Change { reason: reasons::DISCOVERY_FAILED, message, then: Then::Fail }
+    }
+
+    /// The apiservers disagree on the encoding at the end: the run proves nothing.
+    pub(super) fn unproven(message: String) -> Change {
+        Change { reason: reasons::STORAGE_VERSION_CHANGED, message, then: Then::Unproven }
     }
 
     /// Whether the migration can start over from the first object with the new target (its

@@ -20,7 +20,6 @@ use tracing::debug;
 use super::change::Change;
 use super::cluster::{Cluster, crd_of};
 use crate::api::MigrationTarget;
-use crate::api::conditions::reasons;
 use crate::apiserver::fence::bounded;
 use crate::engine::Resource;
 use crate::rules::crd::{CrdChange, CrdState};
@@ -109,7 +108,7 @@ impl Followed {
                 let why = format!(
                     "the CRD of {resource} was deleted and created again while the migration ran"
                 );
-                return Seen::Changed(change(reasons::RESOURCE_NOT_SERVED, why));
+                return Seen::Changed(Change::not_served(why));
             }
             Some(CrdChange::StorageSwitched { from, to }) => {
                 let to = if to.is_empty() { "none".to_owned() } else { to };
@@ -117,7 +116,7 @@ impl Followed {
                     "the storage version of {resource} changed from {from} to {to} (generation {})",
                     now.generation,
                 );
-                return Seen::Changed(change(reasons::STORAGE_VERSION_CHANGED, why));
+                return Seen::Changed(Change::storage_moved(why));
             }
         }
         let served_again: Vec<&str> = crd
@@ -131,7 +130,7 @@ impl Followed {
             let why = format!(
                 "{served_again:?} of {resource} served again: the run starts over, keeping their managedFields entries"
             );
-            return Seen::Changed(change(reasons::VERSION_SERVED_AGAIN, why));
+            return Seen::Changed(Change::served_again(why));
         }
         self.generation = self.generation.max(crd.metadata.generation.unwrap_or_default());
         if let Some(version) = &crd.metadata.resource_version {
@@ -149,7 +148,7 @@ impl Followed {
             let why = format!(
                 "the CRD of {resource} changed while its changes could not all be seen (generation {from} then {to}): its storage version may have been switched and switched back"
             );
-            return Seen::Changed(change(reasons::STORAGE_VERSION_CHANGED, why));
+            return Seen::Changed(Change::storage_moved(why));
         }
         self.see(resource, crd)
     }
@@ -211,7 +210,7 @@ impl Followed {
                     self.generation,
                     cluster.request_timeout.as_secs()
                 );
-                Some(change(reasons::STORAGE_VERSION_CHANGED, why))
+                Some(Change::storage_moved(why))
             }
         }
     }
@@ -244,7 +243,7 @@ impl Followed {
                 Ok(WatchEvent::Added(crd) | WatchEvent::Modified(crd)) => self.see(resource, &crd),
                 Ok(WatchEvent::Deleted(_)) => {
                     let why = format!("the CRD of {resource} was deleted while the migration ran");
-                    return Err(change(reasons::RESOURCE_NOT_SERVED, why));
+                    return Err(Change::not_served(why));
                 }
                 Ok(WatchEvent::Bookmark(bookmark)) => {
                     self.resource_version = bookmark.metadata.resource_version;
@@ -292,7 +291,7 @@ impl Followed {
             },
             Ok(None) => {
                 let why = format!("the CRD of {resource} was deleted while the migration ran");
-                Err(change(reasons::RESOURCE_NOT_SERVED, why))
+                Err(Change::not_served(why))
             }
             Err(error) => {
                 debug!(crd = %self.name, error = %crate::error_chain(&error), "could not read the CRD again; trying again");
@@ -301,10 +300,6 @@ impl Followed {
             }
         }
     }
-}
-
-fn change(reason: &'static str, message: String) -> Change {
-    Change::new(reason, message)
 }
 
 /// The CRD of `resource` read now, followed from `followed` to it: `None` when nothing that
@@ -318,7 +313,7 @@ pub async fn changed_by_now(
         Ok(Some(crd)) => followed.catch_up(cluster, resource, &crd).await,
         Ok(None) => {
             let why = format!("the CRD of {resource} was deleted while the migration ran");
-            Some(change(reasons::RESOURCE_NOT_SERVED, why))
+            Some(Change::not_served(why))
         }
         Err(_) => None,
     }
@@ -327,6 +322,7 @@ pub async fn changed_by_now(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::conditions::reasons;
 
     fn crd(uid: &str, generation: i64, storage: &str, rv: &str) -> CustomResourceDefinition {
         serde_json::from_value(serde_json::json!({

@@ -7,13 +7,12 @@ use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
-use crate::api::conditions::reasons;
 use crate::api::{GroupVersionResource, MigrationTarget};
 use crate::engine::{ResolveError, Resource};
 use crate::evidence::encoding;
 use crate::rules::crd::{CrdChange, CrdState};
 
-use super::change::{Change, Then};
+use super::change::Change;
 use super::cluster::{Cluster, crd_of};
 use super::crd_watch::{self, Followed};
 
@@ -40,24 +39,24 @@ pub fn crd_change(
     Some(match CrdChange::between(&recorded, now.as_ref())? {
         CrdChange::Deleted => {
             let why = format!("the CRD of {resource} was deleted while the migration ran");
-            Change::new(reasons::RESOURCE_NOT_SERVED, why)
+            Change::not_served(why)
         }
         CrdChange::Replaced => {
             let why = format!(
                 "the CRD of {resource} was deleted and created again while the migration ran"
             );
-            Change::new(reasons::RESOURCE_NOT_SERVED, why)
+            Change::not_served(why)
         }
         CrdChange::StorageSwitched { from, to } => {
             let to = if to.is_empty() { "none".to_owned() } else { to };
             let why = format!("the storage version of {resource} changed from {from} to {to}");
-            Change::new(reasons::STORAGE_VERSION_CHANGED, why)
+            Change::storage_moved(why)
         }
         CrdChange::Edited { from, to } => {
             let why = format!(
                 "the CRD of {resource} changed (generation {from} then {to}): its storage version may have been switched and switched back"
             );
-            Change::new(reasons::STORAGE_VERSION_CHANGED, why)
+            Change::storage_moved(why)
         }
     })
 }
@@ -174,7 +173,7 @@ fn hash_change(
     let why = format!(
         "discovery published storage version hash {other} for {resource} while the run wrote in {hash}: an apiserver encodes it in another version, so objects written through it may be stored there"
     );
-    Some(Change::new(reasons::STORAGE_VERSION_CHANGED, why))
+    Some(Change::storage_moved(why))
 }
 
 /// What changed about the resource since the migration started, if anything.
@@ -203,14 +202,14 @@ pub async fn changed_since_start(
                     "could not confirm that {resource} was still served at the end: {}",
                     crate::error_chain(&error)
                 );
-                return Some(Change::new(reasons::DISCOVERY_FAILED, why));
+                return Some(Change::unreadable(why));
             }
             Err(error) => {
                 let why = format!(
                     "{resource} stopped being served while the migration ran: {}",
                     crate::error_chain(&error)
                 );
-                return Some(Change::new(reasons::RESOURCE_NOT_SERVED, why));
+                return Some(Change::not_served(why));
             }
         }
     };
@@ -225,15 +224,11 @@ pub async fn changed_since_start(
                 let why = format!(
                     "the storage version hash of {resource} changed from {hash} to {other} while the migration ran"
                 );
-                Some(Change::new(reasons::STORAGE_VERSION_CHANGED, why))
+                Some(Change::storage_moved(why))
             }
-            encoding::AtEnd::Mixed(seen) => Some(Change {
-                reason: reasons::STORAGE_VERSION_CHANGED,
-                message: format!(
-                    "at the end of the run the apiservers did not all publish {hash} for {resource}: {seen}"
-                ),
-                then: Then::Unproven,
-            }),
+            encoding::AtEnd::Mixed(seen) => Some(Change::unproven(format!(
+                "at the end of the run the apiservers did not all publish {hash} for {resource}: {seen}"
+            ))),
         };
     }
     match crd_of(cluster, resource).await {
@@ -247,7 +242,7 @@ pub async fn changed_since_start(
                 "could not read the CRD of {resource} at the end: {}",
                 crate::error_chain(&error)
             );
-            Some(Change::new(reasons::DISCOVERY_FAILED, why))
+            Some(Change::unreadable(why))
         }
     }
 }
@@ -255,6 +250,7 @@ pub async fn changed_since_start(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::conditions::reasons;
 
     fn crd(uid: &str, generation: i64, storage: &str) -> CustomResourceDefinition {
         let versions: Vec<_> = ["v1", "v2"]
