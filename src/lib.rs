@@ -4,9 +4,11 @@
 //! below it (`docs/architecture.md` draws the flow of a migration and holds a glossary):
 //!
 //! - [`cli`]: the `kube-svm` binary's subcommands (`controller`, `migrate`, `plan`, `status`,
-//!   `retry`, `inspect`, `crds`): arguments, printing, and the `migrate` host for now.
-//! - [`controller`] and [`trigger`]: the controller (reconcile, status writes, leader election)
-//!   and the migrations kube-svm creates on its own (CRD storage switches, discovery hashes).
+//!   `retry`, `inspect`, `crds`): arguments and printing (and the leader supervisor of
+//!   `controller`).
+//! - [`controller`], [`migrate`] and [`trigger`]: the controller (reconcile, status writes,
+//!   leader election), `kube-svm migrate`'s migrations in this process (checkpoint files), and
+//!   the migrations kube-svm creates on its own (CRD storage switches, discovery hashes).
 //! - [`removal`]: the road to removing a version: what `kube-svm plan` lists, and what keeps a
 //!   version in its CRD (`plan --drop`); pure.
 //! - [`lifecycle`]: one migration from resource to end, the same for the controller and for
@@ -35,6 +37,7 @@ pub mod controller;
 pub mod engine;
 pub mod evidence;
 pub mod lifecycle;
+pub mod migrate;
 pub mod ops;
 pub mod removal;
 pub mod rules;
@@ -81,7 +84,7 @@ mod tests {
     }
 
     /// The tree as `docs/architecture.md` draws it, read from the source: tiers from the bottom
-    /// up (`controller` and `trigger` share one); a module names only its own tier and those
+    /// up (`controller`, `migrate` and `trigger` share one); a module names only its own tier and those
     /// below it.
     const TIERS: [&[&str]; 11] = [
         &["api"],
@@ -93,7 +96,7 @@ mod tests {
         &["engine"],
         &["lifecycle"],
         &["removal"],
-        &["controller", "trigger"],
+        &["controller", "migrate", "trigger"],
         &["cli"],
     ];
 

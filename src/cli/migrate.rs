@@ -1,46 +1,29 @@
-//! `kube-svm migrate`: migrations run in this process, without the controller or its CRDs (a
-//! laptop, a CI job, a Helm hook). Each resource goes through the controller's
-//! [`lifecycle`](crate::lifecycle), with this command as its host: what the controller keeps in
-//! a migration's status is kept in a checkpoint file ([`super::checkpoints`]), so a run that was
-//! interrupted goes on from where it stopped, and the operator reads lines on standard error and
-//! a progress bar.
+//! `kube-svm migrate`: its arguments, and what it prints. The migrations themselves run in
+//! [`crate::migrate`]; the operator reads a line per resource on standard output, and lines
+//! and a progress bar on standard error as it goes.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::ListParams;
-use kube::{Api, Client};
+use kube::Client;
 use tokio_util::sync::CancellationToken;
 
 use super::cancel_on_signal;
-use super::checkpoints::{Checkpoints, cluster_identity};
-use super::engine::{Built, EngineArgs};
+use super::engine::EngineArgs;
 use super::kube::KubeArgs;
 use super::progress::{Display, Show};
-use super::status;
-use crate::api::conditions::{STATUS_TRUE, STORED_VERSIONS_PRUNED, SUCCEEDED, events};
-use crate::api::{
-    GroupResource, GroupVersionResource, Phase, StorageVersionMigration,
-    StorageVersionMigrationSpec, StorageVersionMigrationStatus,
-};
+use crate::api::conditions::{STATUS_TRUE, STORED_VERSIONS_PRUNED, SUCCEEDED};
+use crate::api::{GroupResource, StorageVersionMigrationStatus};
 use crate::apiserver::fence::Fence;
+use crate::engine::Progress;
 use crate::evidence::encoding::Observer;
-use crate::lifecycle::cluster::Cluster;
-use crate::lifecycle::{self, End, Lifecycle, Moment, Notice, Options, Tries, Unrecorded};
+use crate::migrate::checkpoints::{Checkpoints, cluster_identity};
+use crate::migrate::{self, Choices, Console, Migrator, Outcome};
 use crate::ops::metrics::Metrics;
-use crate::rules::crd::CrdState;
-
-/// How often `--wait-for-others` looks whether the other migration ended.
-const OTHERS_POLL: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Tries to list the migrations of other migrators, [`OTHERS_POLL`] apart.
-const LIST_ATTEMPTS: u32 = 10;
 
 /// The exit code of a run stopped by SIGINT or SIGTERM (128 + SIGINT, as shells report it).
 const EXIT_INTERRUPTED: u8 = 130;
@@ -107,7 +90,8 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
 
     let mut names: Vec<GroupResource> = resources.iter().map(|r| GroupResource::parse(r)).collect();
     if all_stale {
-        names.extend(stale_crds(&client).await?);
+        let stale = migrate::stale_crds(&client).await;
+        names.extend(stale.context("failed to list CustomResourceDefinitions")?);
     }
     let mut seen = std::collections::HashSet::new();
     names.retain(|name| seen.insert(name.clone()));
@@ -124,23 +108,30 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     let checkpoints = Checkpoints::new(checkpoint_dir, cluster_identity(&client).await);
     let stop = CancellationToken::new();
     tokio::spawn(cancel_on_signal(stop.clone()));
-    let migrator = Migrator {
-        client,
-        built,
-        observer: Observer::default(),
-        fence: Fence::open(),
-        checkpoints,
+    let choices = Choices {
         restart,
         wait_for_others,
         clean_managed_fields,
-        show: progress,
-        terminal: std::io::stderr().is_terminal(),
+        write_to_status: built.write_to_status,
+    };
+    let terminal = std::io::stderr().is_terminal();
+    let migrator = Migrator {
+        client,
+        requests: built.requests,
+        request_timeout: built.request_timeout,
+        encoding: built.encoding,
+        engine: built.engine,
+        checkpoints,
+        choices,
+        console: Terminal { show: progress, terminal, display: Mutex::new(None) },
         stop,
+        observer: Observer::default(),
+        fence: Fence::open(),
     };
     let mut failed = Vec::new();
     for (i, name) in names.iter().enumerate() {
         let display = name.name();
-        match migrator.migrate(name).await {
+        match ending(migrator.migrate(name).await) {
             Ending::Succeeded(summary) => println!("{display}: {summary}"),
             Ending::Failed(why) => {
                 println!("{display}: FAILED: {why}");
@@ -168,23 +159,6 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Every CRD whose `storedVersions` lists more than its storage version.
-async fn stale_crds(client: &Client) -> anyhow::Result<Vec<GroupResource>> {
-    let crds = Api::<CustomResourceDefinition>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .context("failed to list CustomResourceDefinitions")?;
-    Ok(crds
-        .items
-        .iter()
-        .filter(|crd| CrdState::of(crd).is_some_and(|s| s.is_stale()))
-        .map(|crd| GroupResource {
-            group: crd.spec.group.clone(),
-            resource: crd.spec.names.plural.clone(),
-        })
-        .collect())
-}
-
 /// How one resource's migration ended, in words for the operator.
 enum Ending {
     Succeeded(String),
@@ -192,253 +166,53 @@ enum Ending {
     Interrupted(String),
 }
 
-/// What the migrations of one `kube-svm migrate` share.
-struct Migrator {
-    client: Client,
-    built: Built,
-    observer: Observer,
-    /// Always open: this process is the only writer it knows of.
-    fence: Fence,
-    checkpoints: Checkpoints,
-    restart: bool,
-    wait_for_others: bool,
-    /// `--clean-managed-fields`.
-    clean_managed_fields: bool,
+fn ending(outcome: Outcome) -> Ending {
+    match outcome {
+        Outcome::Finished(done) => describe(&done),
+        Outcome::Interrupted { processed, checkpoint: Some(path) } => Ending::Interrupted(format!(
+            "{processed} objects handled; the checkpoint is in {}",
+            path.display()
+        )),
+        Outcome::Interrupted { processed, checkpoint: None } => Ending::Interrupted(format!(
+            "{processed} objects handled; no checkpoint could be saved, so the next run starts over"
+        )),
+        Outcome::InterruptedWaiting { other } => {
+            Ending::Interrupted(format!("stopped while waiting for {other}"))
+        }
+        Outcome::Refused { why, .. } => Ending::Failed(why),
+        Outcome::Later(why) => Ending::Failed(format!("could not go on ({why:?}); run it again")),
+    }
+}
+
+/// Standard error as the migrations' console: lines, and the progress of the run that writes.
+struct Terminal {
     show: Show,
+    /// Whether standard error is a terminal (a bar), or not (lines).
     terminal: bool,
-    /// Fires on SIGINT or SIGTERM.
-    stop: CancellationToken,
-}
-
-impl Migrator {
-    fn cluster(&self) -> Cluster<'_> {
-        Cluster {
-            client: &self.client,
-            config: &self.built.requests,
-            fence: &self.fence,
-            request_timeout: self.built.request_timeout,
-            encoding: self.built.encoding,
-            observer: &self.observer,
-        }
-    }
-
-    /// One resource's migration, through the controller's lifecycle.
-    async fn migrate(&self, name: &GroupResource) -> Ending {
-        if let Err(ending) = self.wait_for_others(name).await {
-            return ending;
-        }
-        let spec = GroupVersionResource {
-            group: name.group.clone(),
-            version: String::new(),
-            resource: name.resource.clone(),
-        };
-        let host = Host {
-            migrator: self,
-            name,
-            migration: self.previous(name, spec),
-            display: Mutex::new(None),
-            processed_at_start: 0,
-            saved: None,
-        };
-        let by = format!("kube-svm migrate (pid {})", std::process::id());
-        let mut lifecycle =
-            Lifecycle::new(self.cluster(), &self.built.engine, host, &self.stop, by);
-        let end = lifecycle.run().await;
-        match end {
-            End::Finished(done) => describe(&done),
-            End::Stopped { progress, .. } => {
-                let processed = progress.processed();
-                Ending::Interrupted(match &lifecycle.host.saved {
-                    Some(path) => format!(
-                        "{processed} objects handled; the checkpoint is in {}",
-                        path.display()
-                    ),
-                    None => format!(
-                        "{processed} objects handled; no checkpoint could be saved, so the next run starts over"
-                    ),
-                })
-            }
-            End::Later(why) => Ending::Failed(format!("could not go on ({why:?}); run it again")),
-        }
-    }
-
-    /// The migration a checkpoint file left for `name`, or a new one.
-    fn previous(
-        &self,
-        name: &GroupResource,
-        spec: GroupVersionResource,
-    ) -> StorageVersionMigration {
-        let saved = if self.restart { None } else { self.checkpoints.load(name) };
-        saved.unwrap_or_else(|| {
-            let spec = StorageVersionMigrationSpec { resource: spec, continue_token: None };
-            StorageVersionMigration::new(&name.name(), spec)
-        })
-    }
-
-    /// Returns once no other migrator is migrating `name` (at most one migration per resource at
-    /// a time, whoever runs it): at once, or after waiting with `--wait-for-others`. Otherwise
-    /// the outcome that refuses it.
-    async fn wait_for_others(&self, name: &GroupResource) -> Result<(), Ending> {
-        let mut said = false;
-        loop {
-            let rows = self.migrations().await.map_err(|error| {
-                Ending::Failed(format!(
-                    "cannot tell whether another migrator is migrating it, so it was not started: {error:#}"
-                ))
-            })?;
-            let running =
-                rows.iter().find(|r| r.resource == name.name() && r.phase == Phase::Running);
-            let Some(running) = running else { return Ok(()) };
-            let other = format!("the {} migration {}", running.migrator.name(), running.name);
-            if !self.wait_for_others {
-                return Err(Ending::Failed(format!(
-                    "refused: {other} is migrating it now; wait for it to end (kube-svm status -w), or pass --wait-for-others"
-                )));
-            }
-            if !said {
-                eprintln!("{}: waiting for {other} to end", name.name());
-                said = true;
-            }
-            tokio::select! {
-                () = tokio::time::sleep(OTHERS_POLL) => {}
-                () = self.stop.cancelled() => {
-                    return Err(Ending::Interrupted(format!("stopped while waiting for {other}")));
-                }
-            }
-        }
-    }
-
-    /// Every migration, kube-svm's and the in-tree migrator's. An apiserver that asks to be
-    /// asked again (429: a new CRD's storage still initializing; 5xx; no answer) is, a few times.
-    async fn migrations(&self) -> anyhow::Result<Vec<status::Row>> {
-        let mut attempt = 1;
-        loop {
-            let error = match status::gather(&self.client).await {
-                Ok(rows) => return Ok(rows),
-                Err(error) => error,
-            };
-            let transient = match error.downcast_ref::<kube::Error>() {
-                Some(error) => crate::apiserver::answers::is_transient(error),
-                None => false,
-            };
-            if !transient || attempt == LIST_ATTEMPTS {
-                return Err(error);
-            }
-            attempt += 1;
-            tokio::time::sleep(OTHERS_POLL).await;
-        }
-    }
-}
-
-/// This command as the lifecycle's host.
-struct Host<'a> {
-    migrator: &'a Migrator,
-    name: &'a GroupResource,
-    /// The migration as the checkpoint left it (or a new one).
-    migration: StorageVersionMigration,
-    /// Progress on standard error while the engine runs.
     display: Mutex<Option<Display>>,
-    /// Objects handled when the run last started (the checkpoint resumed, or none).
-    processed_at_start: u64,
-    /// Where the last checkpoint was saved.
-    saved: Option<PathBuf>,
 }
 
-impl Host<'_> {
-    /// Ends the display, once the engine has stopped.
-    fn finish_display(&mut self) {
-        let display = self.display.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+impl Console for Terminal {
+    fn say(&self, line: &str) {
+        eprintln!("{line}");
+    }
+
+    fn writing(&self, resource: &str, processed_at_start: u64) {
+        let display = Display::new(self.show, self.terminal, resource, processed_at_start);
+        *self.display.lock().unwrap_or_else(|p| p.into_inner()) = Some(display);
+    }
+
+    fn progress(&self, progress: &Progress) {
+        let mut display = self.display.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(display) = display.as_mut() {
+            display.update(progress);
+        }
+    }
+
+    fn written(&self) {
+        let display = self.display.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(display) = display {
             display.finish();
-        }
-    }
-}
-
-impl lifecycle::Host for Host<'_> {
-    fn migration(&self) -> &StorageVersionMigration {
-        &self.migration
-    }
-
-    fn options(&self) -> Options {
-        Options {
-            write_to_status: self.migrator.built.write_to_status,
-            clean_managed_fields: self.migrator.clean_managed_fields,
-            // A checkpoint file is cheap to save: after every page.
-            checkpoint_interval: Duration::ZERO,
-            // Interrupted, the run goes on only when the command is run again.
-            discovery: Tries::ONCE,
-            stopped_runs_stay_marked: false,
-        }
-    }
-
-    async fn record(
-        &mut self,
-        status: &StorageVersionMigrationStatus,
-        moment: Moment,
-    ) -> Result<(), Unrecorded> {
-        let checkpoints = &self.migrator.checkpoints;
-        if moment != Moment::Running {
-            self.finish_display();
-        }
-        match moment {
-            Moment::Start => {
-                self.processed_at_start = status.progress.as_ref().map_or(0, |p| p.processed);
-                self.saved = checkpoints.save(self.name, &self.migration, status);
-            }
-            Moment::Running | Moment::Interrupted => {
-                self.saved = checkpoints.save(self.name, &self.migration, status);
-            }
-            Moment::End => checkpoints.remove(self.name),
-            // Nothing ran: a checkpoint from before stays for a later run.
-            Moment::Unresolved => {}
-        }
-        Ok(())
-    }
-
-    async fn tell(&self, notice: Notice<'_>) {
-        let name = self.name.name();
-        match notice {
-            Notice::Start { event, .. } if event == events::RESUMED => {
-                let status = self.migration.status.as_ref();
-                let done = status.and_then(|s| s.progress.as_ref()).map_or(0, |p| p.processed);
-                eprintln!("{name}: resuming from the checkpoint after {done} objects");
-            }
-            Notice::Start { event, note } if event == events::RESTARTED => eprintln!("{note}"),
-            Notice::Progress(progress) => {
-                let mut display = self.display.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(display) = display.as_mut() {
-                    display.update(progress);
-                }
-            }
-            Notice::Confirming { storage, .. } => eprintln!(
-                "{name}: confirming that the apiservers encode in {storage} before the first write"
-            ),
-            Notice::Encoding { confirmed: Some(true), evidence, .. } => {
-                eprintln!("{name}: {evidence}");
-            }
-            Notice::Encoding { evidence, .. } => eprintln!(
-                "{name}: not confirmed, so storedVersions will be kept; migrating anyway: {evidence}"
-            ),
-            Notice::Retarget(change) => eprintln!(
-                "{name}: {}; before the first write, so only the target changes",
-                change.message
-            ),
-            Notice::Unproven(change) => {
-                eprintln!("{name}: the objects were rewritten, but {}", change.message);
-            }
-            // The result line says how it ended.
-            Notice::Start { .. }
-            | Notice::StoredVersions(_)
-            | Notice::Ended { .. }
-            | Notice::Unresolved { .. }
-            | Notice::Unresolvable(_) => {}
-        }
-        // The run writes next: its progress is shown from here.
-        if let Notice::Start { .. } = notice {
-            let migrator = self.migrator;
-            let (show, terminal, name) = (migrator.show, migrator.terminal, self.name.name());
-            let display = Display::new(show, terminal, &name, self.processed_at_start);
-            *self.display.lock().unwrap_or_else(|p| p.into_inner()) = Some(display);
         }
     }
 }

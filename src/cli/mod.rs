@@ -1,6 +1,5 @@
 //! The `kube-svm` command line: one binary, one subcommand per job.
 
-mod checkpoints;
 mod controller;
 mod crds;
 mod drop;

@@ -35,6 +35,8 @@ pub struct Checkpoints {
 }
 
 impl Checkpoints {
+    /// The checkpoints of the cluster `cluster` names ([`cluster_identity`]) in `dir` (the
+    /// default directory when `None`); none are kept when the cluster cannot be told apart.
     pub fn new(dir: Option<PathBuf>, cluster: Option<String>) -> Checkpoints {
         let Some(cluster) = cluster else {
             return Checkpoints { dir: None, cluster: String::new(), failed: Default::default() };
@@ -101,6 +103,7 @@ impl Checkpoints {
         }
     }
 
+    /// Forgets the checkpoint of `name`: its migration ended.
     pub fn remove(&self, name: &GroupResource) {
         if let Some(path) = self.path(name) {
             let _ = std::fs::remove_file(path);
