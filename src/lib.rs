@@ -4,8 +4,7 @@
 //! below it (`docs/architecture.md` draws the flow of a migration and holds a glossary):
 //!
 //! - [`cli`]: the `kube-svm` binary's subcommands (`controller`, `migrate`, `plan`, `status`,
-//!   `retry`, `inspect`, `crds`): arguments and printing (and the leader supervisor of
-//!   `controller`).
+//!   `retry`, `inspect`, `crds`): arguments and printing.
 //! - [`controller`], [`migrate`] and [`trigger`]: the controller (reconcile, status writes,
 //!   leader election), `kube-svm migrate`'s migrations in this process (checkpoint files), and
 //!   the migrations kube-svm creates on its own (CRD storage switches, discovery hashes).

@@ -1,24 +1,21 @@
-//! `kube-svm controller`: what the container runs.
+//! `kube-svm controller`: what the container runs; its arguments, made into a
+//! [`Process`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
 
 use super::cancel_on_signal;
 use super::engine::{Built, EngineArgs, seconds};
 use super::kube::{KubeArgs, in_cluster};
 use super::values;
-use crate::apiserver::fence::Fence;
-use crate::controller::leader;
-use crate::controller::{self, Stopped};
+use crate::controller::process::{self, Process};
+use crate::controller::{self, leader};
 use crate::ops::metrics::Metrics;
-use crate::ops::server::{self, Health};
 
 /// The most migrations `--concurrency` lets run at once: each has a write window of its own, so
 /// past a few the apiserver is the bound, and a thousand is far beyond any cluster's resources
@@ -128,7 +125,6 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         discovery_keep_finished,
     } = args;
     let metrics = Arc::new(Metrics::new().context("failed to register the metrics")?);
-    let health = Arc::new(Health::default());
     let config = kube.config().await?;
     let Built { engine, requests, request_timeout, encoding, write_to_status } =
         engine.build(config.clone(), metrics.clone())?;
@@ -137,12 +133,20 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         watches: kube::Client::try_from(config.clone()).context("failed to create a client")?,
         config: requests.clone(),
     };
-    let client = clients.requests.clone();
     let identity = identity.unwrap_or_else(default_identity);
+    let election = leader_elect.unwrap_or_else(in_cluster).then(|| {
+        leader::Settings::new(
+            leader_election_namespace
+                .unwrap_or_else(|| clients.requests.default_namespace().to_owned()),
+            leader_election_name,
+            identity.clone(),
+            Duration::from_secs(lease_duration),
+        )
+    });
     let settings = controller::Settings {
         concurrency,
         checkpoint_interval: seconds(checkpoint_interval),
-        identity: identity.clone(),
+        identity,
         encoding,
         crd_trigger,
         clean_managed_fields,
@@ -155,83 +159,18 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         discovery_keep_finished,
         crd_trigger_retry_delay: seconds(crd_trigger_retry_delay),
     };
-
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
-    let server_stop = CancellationToken::new();
-    let listener = server::bind(metrics_bind_address)
-        .await
-        .with_context(|| format!("failed to listen on {metrics_bind_address}"))?;
-    tokio::spawn(server::serve(listener, metrics.clone(), health.clone(), server_stop.clone()));
-    let _stop_server = server_stop.drop_guard();
-    // Nothing is watched or migrated until the CRDs can carry what kube-svm writes.
-    let usable = controller::crds::wait_until_usable(
-        &client,
-        &health,
-        &identity,
-        request_timeout,
-        &shutdown,
-    );
-    if !usable.await {
-        info!("stopped before kube-svm's CRDs could be used");
-        return Ok(());
-    }
-
-    if !leader_elect.unwrap_or_else(in_cluster) {
-        health.leadership_known.store(true, Ordering::Relaxed);
-        metrics.leader.set(1);
-        let leadership_lost = CancellationToken::new();
-        let fence = Fence::open();
-        let run =
-            controller::Run { clients, engine, settings, health, shutdown, leadership_lost, fence };
-        controller::run(run).await;
-        return Ok(());
-    }
-    let leader_settings = leader::Settings::new(
-        leader_election_namespace.unwrap_or_else(|| client.default_namespace().to_owned()),
-        leader_election_name,
-        identity,
-        Duration::from_secs(lease_duration),
-    );
-    let on_attempt = |won: bool| {
-        health.leadership_known.store(true, Ordering::Relaxed);
-        health.beat();
-        metrics.leader.set(i64::from(won));
-    };
-    // A deposed leader stops every write, then stands again as a candidate.
-    loop {
-        // However long acquiring takes, a signal ends the wait at once.
-        let acquiring =
-            leader::acquire(client.clone(), leader_settings.clone(), &shutdown, on_attempt);
-        let acquired = tokio::select! {
-            acquired = acquiring => acquired,
-            () = shutdown.cancelled() => None,
-        };
-        let Some(leadership) = acquired else {
-            info!("stopped before becoming the leader");
-            return Ok(());
-        };
-        let stopped = controller::run(controller::Run {
-            clients: clients.clone(),
-            engine: engine.clone(),
-            settings: settings.clone(),
-            health: health.clone(),
-            shutdown: shutdown.clone(),
-            leadership_lost: leadership.lost(),
-            fence: leadership.fence(),
-        })
-        .await;
-        metrics.leader.set(0);
-        match stopped {
-            Stopped::Shutdown => {
-                leadership.release().await;
-                return Ok(());
-            }
-            Stopped::LeadershipLost => {
-                warn!("lost leadership: every write stopped; waiting to lead again");
-            }
-        }
-    }
+    process::run(Process {
+        clients,
+        engine,
+        settings,
+        metrics,
+        admin_address: metrics_bind_address,
+        election,
+        shutdown,
+    })
+    .await
 }
 
 fn default_identity() -> String {

@@ -10,12 +10,15 @@
 //! - `retry`: a Failed migration run again in place, once per value of its retry annotation;
 //! - [`crds`]: the start-up gate, until kube-svm's CRDs are installed and kube-svm's own;
 //! - `status_writer`: conditional status writes;
-//! - `triggers`: the CRD and discovery triggers, wired to the controller's settings.
+//! - `triggers`: the CRD and discovery triggers, wired to the controller's settings;
+//! - [`process`]: the process around it: the admin server, the start-up gate, then the
+//!   controller for one leader's term after another.
 
 pub mod crds;
 mod lanes;
 pub mod leader;
 mod migration;
+pub mod process;
 mod reconcile;
 mod retry;
 mod status_writer;
