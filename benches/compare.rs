@@ -28,7 +28,8 @@
 //! foreground's p99. The table goes to `docs/bench.md`, the numbers to `docs/bench.json`
 //! (`hack/plot.py` draws `docs/bench.png` from them). `BENCH_CONTENDERS` (comma-separated names)
 //! runs a subset (`kube-svm-controller-probe` runs once per budget of `BENCH_FOREGROUND_BUDGETS`,
-//! default `3x`); `BENCH_SWEEP=0` skips the sweep, `BENCH_SWEEP=windows` or `bands` runs half of
+//! default `3x`; the budget `in-tree` is the in-tree migrator's foreground p99 in the same run,
+//! which then runs before it); `BENCH_SWEEP=0` skips the sweep, `BENCH_SWEEP=windows` or `bands` runs half of
 //! it, any other text the settings whose name contains it; `BENCH_REPORT=/tmp/x` writes `/tmp/x.md` and `/tmp/x.json` instead. Throughput drifts as
 //! etcd's history grows: the limit is measured at the start and again at the end, and ratios are
 //! quoted against their mean.
@@ -91,6 +92,33 @@ const UPSTREAM_PAGE: u32 = 500;
 
 fn env_number(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// The in-tree migrator (kube-controller-manager's, `storagemigration.k8s.io/v1`), stopped right
+/// after: its garbage collector's informers would load the apiserver during every later
+/// contender.
+async fn in_tree_contender(bench: &mut Bench) {
+    let process = Process::start(
+        &bench.control_plane,
+        "kube-controller-manager",
+        &[
+            format!("--kubeconfig={}", bench.control_plane.kubeconfig().display()),
+            "--controllers=garbage-collector-controller,storage-version-migrator-controller".into(),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+        ],
+    );
+    let pid = process.pid();
+    bench
+        .measure(
+            "in-tree",
+            "kube-controller-manager 1.37, storagemigration.k8s.io/v1",
+            true,
+            Duration::ZERO,
+            |ctx| in_tree(ctx, pid),
+        )
+        .await;
+    drop(process);
 }
 
 /// Whether `contender` runs: a row named `<contender> <setting>` runs with its contender.
@@ -993,14 +1021,29 @@ async fn main() {
             |ctx| kube_svm_controller(ctx, None),
         )
         .await;
+    // A controller of its own per budget (`BENCH_FOREGROUND_BUDGETS`, comma-separated, default
+    // `3x`), its gentle pace steered by the probe. `in-tree` is the in-tree migrator's
+    // foreground p99 in this run: it then runs first.
+    let budgets = std::env::var("BENCH_FOREGROUND_BUDGETS").unwrap_or_else(|_| "3x".into());
+    let budgets: Vec<&str> = budgets.split(',').map(str::trim).filter(|b| !b.is_empty()).collect();
+    let in_tree_first = selected("in-tree") && budgets.contains(&"in-tree");
+    if in_tree_first {
+        in_tree_contender(&mut bench).await;
+    }
     if selected("kube-svm-controller-probe") {
-        // A controller of its own per budget (`BENCH_FOREGROUND_BUDGETS`, comma-separated,
-        // default `3x`), its gentle pace steered by the probe; the default controller comes back
-        // after them.
+        // The default controller comes back after them.
         bench.controller = None;
         let args = ["controller", "--leader-elect=false", "--crd-trigger=false"];
-        let budgets = std::env::var("BENCH_FOREGROUND_BUDGETS").unwrap_or_else(|_| "3x".into());
-        for budget in budgets.split(',').map(str::trim).filter(|b| !b.is_empty()) {
+        for budget in &budgets {
+            let budget = match *budget {
+                "in-tree" => {
+                    let in_tree = bench.rows.iter().find(|r| r.contender == "in-tree");
+                    let p99 = in_tree.and_then(|r| r.foreground.as_ref()).map(|f| f.p99_ms);
+                    let p99 = p99.expect("the in-tree migrator's foreground p99, measured first");
+                    format!("{:.0}ms", p99.ceil())
+                }
+                budget => budget.to_owned(),
+            };
             let flag = format!("--foreground-budget={budget}");
             let probe_args: Vec<&str> = args.iter().copied().chain([flag.as_str()]).collect();
             let controller = KubeSvm::start(&bench.control_plane, "bench-probe", &probe_args).await;
@@ -1027,31 +1070,8 @@ async fn main() {
             bench.controller = Some(controller);
         }
     }
-    if selected("in-tree") {
-        // Stopped right after: its garbage collector's informers would load the apiserver
-        // during every later contender.
-        let process = Process::start(
-            &bench.control_plane,
-            "kube-controller-manager",
-            &[
-                format!("--kubeconfig={}", bench.control_plane.kubeconfig().display()),
-                "--controllers=garbage-collector-controller,storage-version-migrator-controller"
-                    .into(),
-                "--leader-elect=false".into(),
-                "--secure-port=0".into(),
-            ],
-        );
-        let pid = process.pid();
-        bench
-            .measure(
-                "in-tree",
-                "kube-controller-manager 1.37, storagemigration.k8s.io/v1",
-                true,
-                Duration::ZERO,
-                |ctx| in_tree(ctx, pid),
-            )
-            .await;
-        drop(process);
+    if selected("in-tree") && !in_tree_first {
+        in_tree_contender(&mut bench).await;
     }
     bench
         .measure(
