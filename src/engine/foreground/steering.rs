@@ -12,8 +12,8 @@
 //!   and with writes waiting on the rate: it grows by [`INCREASE`], at most once per
 //!   [`HOLD`], never past [`BAD_RATE_MARGIN`] of a remembered bad rate; the memory fades by
 //!   [`BAD_RATE_FADE`] every [`BAD_RATE_AGE`]. Until a rate has hurt, far within the budget
-//!   (below [`WIDE_ROOM`] of it), it doubles ([`FAST_INCREASE`], TCP's slow start): a run
-//!   finds the rate its budget allows in a few tens of seconds, not minutes.
+//!   (below [`WIDE_ROOM`] of it), it grows by [`FAST_INCREASE`]: a run finds the rate its
+//!   budget allows in a few tens of seconds, not minutes.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -43,9 +43,8 @@ const DECREASE: f64 = 0.7;
 /// The rate after an increase, as a multiple of the rate before it.
 const INCREASE: f64 = 1.2;
 
-/// The rate after an increase far within the budget, before any rate hurt: from the start
-/// rate, 320 objects/s after four steps (40 s).
-const FAST_INCREASE: f64 = 2.0;
+/// The rate after an increase far within the budget, before any rate hurt.
+const FAST_INCREASE: f64 = 1.5;
 
 /// The probe's p99 below this fraction of the budget is far within it.
 const WIDE_ROOM: f64 = 0.35;
