@@ -143,7 +143,10 @@ impl<C: Console> Migrator<C> {
         let host = host::Host::new(self, name, self.previous(name, spec));
         let by = format!("kube-svm migrate (pid {})", std::process::id());
         let mut lifecycle = Lifecycle::new(self.cluster(), &self.engine, host, &self.stop, by);
-        match lifecycle.run().await {
+        let end = lifecycle.run().await;
+        // However it ended (some ends record nothing), nothing is shown writing any more.
+        self.console.written();
+        match end {
             End::Finished(done) => Outcome::Finished(done),
             End::Stopped { progress, .. } => Outcome::Interrupted {
                 processed: progress.processed(),
