@@ -16,7 +16,7 @@
 //! - the same with `BENCH_SWEEP_BASELINE`, another kube-svm binary (an older build), if given.
 //!
 //! `BENCH_SWEEP_APISERVERS=3` runs it on three apiservers behind a round-robin balancer, as the HA
-//! tests do. The table goes to `docs/bench-sweep.md` (`BENCH_REPORT=/tmp/x` writes `/tmp/x.md`
+//! tests do; `BENCH_SWEEP_LOGS=DIR` keeps each contender's log in `DIR`. The table goes to `docs/bench-sweep.md` (`BENCH_REPORT=/tmp/x` writes `/tmp/x.md`
 //! instead).
 
 // The integration tests' harness; the bench needs only part of it.
@@ -437,7 +437,13 @@ struct Controller(Child);
 impl Controller {
     async fn start(control_plane: &ControlPlane, binary: &Path, discovery: bool) -> Controller {
         let kubeconfig = control_plane.controller_kubeconfig().await;
-        let log = control_plane.path(&format!("sweep-{}.log", std::process::id()));
+        // `BENCH_SWEEP_LOGS=DIR` keeps each contender's log there.
+        static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log = match std::env::var_os("BENCH_SWEEP_LOGS") {
+            Some(dir) => PathBuf::from(dir).join(format!("controller-{run}.log")),
+            None => control_plane.path(&format!("sweep-{}.log", std::process::id())),
+        };
         let out = std::fs::File::create(&log).expect("a log file");
         let lease_namespace =
             format!("--leader-election-namespace={}", support::CONTROLLER_NAMESPACE);
