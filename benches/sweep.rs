@@ -16,8 +16,8 @@
 //! - the same with `BENCH_SWEEP_BASELINE`, another kube-svm binary (an older build), if given.
 //!
 //! `BENCH_SWEEP_APISERVERS=3` runs it on three apiservers behind a round-robin balancer, as the HA
-//! tests do; `BENCH_SWEEP_LOGS=DIR` keeps each contender's log in `DIR`. The table goes to `docs/bench-sweep.md` (`BENCH_REPORT=/tmp/x` writes `/tmp/x.md`
-//! instead).
+//! tests do; `BENCH_SWEEP_LOGS=DIR` keeps each contender's log in `DIR`. The table goes to
+//! `docs/bench-sweep.md` (`BENCH_REPORT=/tmp/x` writes `/tmp/x.md` instead).
 
 // The integration tests' harness; the bench needs only part of it.
 #[allow(dead_code, unused_imports)]
