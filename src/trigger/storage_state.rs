@@ -19,6 +19,8 @@ pub struct Guard {
     trusted: HashMap<GroupResource, String>,
     /// A different hash seen on every poll since the instant given, and on how many polls.
     candidates: HashMap<GroupResource, (String, Instant, u32)>,
+    /// Where the last poll trusted a new hash: the first poll of the streak that showed it.
+    streaks: HashMap<GroupResource, Instant>,
     /// The agreement last asked for.
     trust: Option<Trust>,
 }
@@ -60,10 +62,17 @@ impl Guard {
         if now.duration_since(since) >= trust.window && polls >= trust.polls {
             self.candidates.remove(resource);
             self.trusted.insert(resource.clone(), seen.to_owned());
+            self.streaks.insert(resource.clone(), since);
             return Some(seen.to_owned());
         }
         self.candidates.insert(resource.clone(), (seen.to_owned(), since, polls));
         trusted
+    }
+
+    /// When the poll that just observed `resource` trusted a new hash: the first poll of the
+    /// streak that showed it, every poll since showing it alone. Asked once.
+    pub fn trusted_streak(&mut self, resource: &GroupResource) -> Option<Instant> {
+        self.streaks.remove(resource)
     }
 
     /// Forgets candidates not seen in the last poll (a poll that saw them would have kept them).
@@ -105,6 +114,21 @@ impl Next {
     /// current hash only if it began after that time.
     pub fn stamps(&self) -> bool {
         self.persisted_changed || self.other_seen
+    }
+}
+
+/// The persisted-since time a migration must have begun after to prove `current`: the one
+/// `recorded`, unless this poll trusted `current` after a streak of polls that showed it alone
+/// since `streak` (every poll of it stamped the time, as it showed a hash other than the current
+/// one then). Those polls showed the very hash now proved; what came before the streak did not,
+/// so the time goes back to the streak's first poll, and no further.
+pub fn persisted_since(
+    recorded: Option<Timestamp>,
+    streak: Option<Timestamp>,
+) -> Option<Timestamp> {
+    match (recorded, streak) {
+        (Some(recorded), Some(streak)) if streak < recorded => Some(streak),
+        (recorded, _) => recorded,
     }
 }
 
@@ -357,6 +381,37 @@ mod tests {
             assert_eq!(guard.observe(&widgets(), "B", None, at(s), three).as_deref(), Some("A"));
         }
         assert_eq!(guard.observe(&widgets(), "B", None, at(12), three).as_deref(), Some("B"));
+    }
+
+    #[test]
+    fn a_trusted_hash_says_once_since_when_every_poll_showed_it_alone() {
+        let mut guard = Guard::default();
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        guard.observe(&widgets(), "A", Some("A"), at(0), WINDOW);
+        assert_eq!(guard.trusted_streak(&widgets()), None, "A was trusted already");
+        // B shows, then A again: that streak of B is broken; the next one counts from 15 s.
+        guard.observe(&widgets(), "B", None, at(5), WINDOW);
+        guard.observe(&widgets(), "A", None, at(10), WINDOW);
+        guard.observe(&widgets(), "B", None, at(15), WINDOW);
+        assert_eq!(guard.trusted_streak(&widgets()), None, "B is not trusted yet");
+        assert_eq!(guard.observe(&widgets(), "B", None, at(25), WINDOW).as_deref(), Some("B"));
+        assert_eq!(guard.trusted_streak(&widgets()), Some(at(15)));
+        assert_eq!(guard.trusted_streak(&widgets()), None, "asked once");
+        guard.observe(&widgets(), "B", None, at(30), WINDOW);
+        assert_eq!(guard.trusted_streak(&widgets()), None, "B was trusted already");
+    }
+
+    #[test]
+    fn the_persisted_since_time_goes_back_only_to_the_streak_that_had_the_hash_trusted() {
+        let ts = |s: i64| Timestamp::from_second(1_000 + s).unwrap();
+        // Every poll of the streak stamped the time: it goes back to the streak's first poll.
+        assert_eq!(persisted_since(Some(ts(24)), Some(ts(15))), Some(ts(15)));
+        // Nothing trusted on this poll, or a time older than the streak: kept as recorded.
+        assert_eq!(persisted_since(Some(ts(24)), None), Some(ts(24)));
+        assert_eq!(persisted_since(Some(ts(10)), Some(ts(15))), Some(ts(10)));
+        // No time recorded: none (the poll stamps it now).
+        assert_eq!(persisted_since(None, Some(ts(15))), None);
     }
 
     #[test]

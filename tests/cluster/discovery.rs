@@ -291,22 +291,24 @@ async fn a_storage_state_write_from_an_older_read_changes_nothing() {
     let now = Timestamp::now;
 
     let first = next_status(None, "A", "A", false, now(), stale_after);
-    write_state(requests, &states, &resource, None, &first, true).await.expect("created");
+    write_state(requests, &states, &resource, None, &first, Some(now())).await.expect("created");
     // What the old leader read; then the new leader reads and writes a switch to B.
     let read = states.get(&resource.name()).await.expect("read");
     let newer = next_status(read.status.as_ref(), "B", "B", false, now(), stale_after);
-    write_state(requests, &states, &resource, Some(&read), &newer, true).await.expect("written");
+    write_state(requests, &states, &resource, Some(&read), &newer, Some(now()))
+        .await
+        .expect("written");
     let written = states.get(&resource.name()).await.expect("read");
 
     // The old leader's delayed writes, from its older read: a proof of A would collapse the
     // hashes to ["A"] although objects may now be stored in B.
     let late = next_status(read.status.as_ref(), "A", "A", true, now(), stale_after);
-    for stamp in [false, true] {
+    for stamp in [None, Some(now())] {
         let result = write_state(requests, &states, &resource, Some(&read), &late, stamp).await;
         assert!(matches!(result, Err(Error::Changed(_))), "{result:?}");
     }
     // A state created meanwhile by someone else is not written over either.
-    let result = write_state(requests, &states, &resource, None, &late, true).await;
+    let result = write_state(requests, &states, &resource, None, &late, Some(now())).await;
     assert!(matches!(result, Err(Error::Changed(_))), "{result:?}");
 
     let after = states.get(&resource.name()).await.expect("read");

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Api;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use tokio::sync::Notify;
@@ -229,9 +229,15 @@ async fn poll(
             .and_then(|s| s.metadata.annotations.as_ref())
             .and_then(|a| a.get(PERSISTED_SINCE_ANNOTATION))
             .and_then(|t| t.parse::<Timestamp>().ok());
+        // The first poll of the streak that just had `current` trusted, as a time.
+        let streak = guard.trusted_streak(resource).and_then(|first| {
+            let ago = SignedDuration::try_from(now.duration_since(first)).ok()?;
+            Timestamp::now().checked_sub(ago).ok()
+        });
+        let rewound = storage_state::persisted_since(recorded_since, streak);
         // A state without that time (kube-storage-version-migrator's, or one whose annotation
         // was lost) gets it now: no migration that began earlier proves anything about it.
-        let since = recorded_since.unwrap_or_else(Timestamp::now);
+        let since = rewound.unwrap_or_else(Timestamp::now);
         let proven = existing_migrations
             .iter()
             .any(|m| storage_state::proves(m, resource, &current, Some(since)));
@@ -247,8 +253,11 @@ async fn poll(
         if next.other_seen {
             debug!(resource = %name, %current, seen = %hash, "discovery shows another hash");
         }
-        let stamp = next.stamps() || recorded_since.is_none();
-        if stamp || storage_state::worth_writing(status, &next, settings.interval / 2) {
+        let stamp = match next.stamps() || recorded_since.is_none() {
+            true => Some(Timestamp::now()),
+            false => rewound.filter(|_| rewound != recorded_since),
+        };
+        if stamp.is_some() || storage_state::worth_writing(status, &next, settings.interval / 2) {
             let written = write_state(requests, &states, resource, state, &next, stamp);
             if let Err(error) = written.await {
                 skip_or_stop(error)?;
@@ -349,7 +358,7 @@ fn skip_or_stop(error: Error) -> Result<(), Error> {
 }
 
 /// Writes the StorageState of `resource`: creates it when this poll found none (`read` is
-/// `None`), moves its persisted-since annotation to now when `stamp`, and writes `next`'s
+/// `None`), moves its persisted-since annotation to `stamp` when given, and writes `next`'s
 /// status. Each write is conditional on the resourceVersion this poll read (or the previous
 /// write returned): a write decided on an older read, such as a deposed leader's delayed one,
 /// gets [`Error::Changed`] and changes nothing.
@@ -359,14 +368,14 @@ pub async fn write_state(
     resource: &GroupResource,
     read: Option<&StorageState>,
     next: &storage_state::Next,
-    stamp: bool,
+    stamp: Option<Timestamp>,
 ) -> Result<(), Error> {
     let name = resource.name();
     let failed = |e: RequestError| match is_conflict(&e) {
         true => Error::Changed(name.clone()),
         false => Error::Write(name.clone(), e),
     };
-    let since = stamp.then(|| Timestamp::now().to_string());
+    let since = stamp.map(|at| at.to_string());
     let version = match (read, since) {
         (None, since) => {
             let state = StorageState {
