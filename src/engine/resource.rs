@@ -72,6 +72,18 @@ impl ResolveError {
     pub fn is_transient(&self) -> bool {
         matches!(self, ResolveError::Discovery(..))
     }
+
+    /// Whether the apiserver asked serves no such group, version or resource: behind a load
+    /// balancer, what one apiserver answers (one of an older release, mid-upgrade) and not
+    /// necessarily every one.
+    pub fn is_not_served(&self) -> bool {
+        matches!(
+            self,
+            ResolveError::UnknownGroup(_)
+                | ResolveError::UnknownGroupVersion(_)
+                | ResolveError::UnknownResource { .. }
+        )
+    }
 }
 
 /// Verbs every migrated resource must support.

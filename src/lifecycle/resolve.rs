@@ -11,6 +11,10 @@ use crate::engine::{Progress, Resource};
 
 use super::{End, Host, LaterBecause, Lifecycle, Moment, Notice, cluster, status};
 
+/// New connections a resource one apiserver does not serve is asked for again through: behind a
+/// round-robin balancer, each of three apiservers twice.
+const NOT_SERVED_LOOKS: usize = 6;
+
 impl<H: Host> Lifecycle<'_, H> {
     /// The resource, through discovery, and the CRD behind it.
     pub(super) async fn resolve(
@@ -20,6 +24,13 @@ impl<H: Host> Lifecycle<'_, H> {
         let requires_status = self.host.migration().requests_status_writes();
         let (transient, message) =
             match Resource::resolve(self.cluster.client, spec, requires_status).await {
+                Err(error) if error.is_not_served() => {
+                    let message = crate::error_chain(&error);
+                    match self.served_elsewhere(spec, requires_status).await {
+                        true => (true, format!("{message}, though another apiserver serves it")),
+                        false => (false, message),
+                    }
+                }
                 Err(error) => (error.is_transient(), crate::error_chain(&error)),
                 Ok(resource) => match cluster::crd_of(&self.cluster, &resource).await {
                     Ok(crd) => return Ok((resource, crd)),
@@ -33,6 +44,21 @@ impl<H: Host> Lifecycle<'_, H> {
                 },
             };
         Err(self.unresolved(transient, message).await)
+    }
+
+    /// Whether an apiserver reached through one of a few new connections serves the resource
+    /// one did not: apiservers of two releases (an upgrade under way) serve different APIs, and
+    /// such a resource is asked for again later rather than failed for good.
+    async fn served_elsewhere(&self, spec: &GroupVersionResource, requires_status: bool) -> bool {
+        for _ in 0..NOT_SERVED_LOOKS {
+            let Ok(client) = kube::Client::try_from(self.cluster.config.clone()) else {
+                return false;
+            };
+            if Resource::resolve(&client, spec, requires_status).await.is_ok() {
+                return true;
+            }
+        }
+        false
     }
 
     /// The end of a migration whose resource could not be resolved: taken up again later while
