@@ -24,8 +24,12 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
-use kube::api::ListParams;
+use kube::api::{ListParams, ObjectList};
 use kube::{Api, Client};
+
+/// Tries of a list whose answer may differ if asked again, [`LIST_AGAIN_AFTER`] apart.
+const LIST_TRIES: u32 = 3;
+const LIST_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// The label kube-apiserver puts on its identity Lease in `kube-system` (APIServerIdentity, on
 /// by default since Kubernetes 1.26).
@@ -221,7 +225,7 @@ pub async fn apiservers_or_assumed(client: &Client) -> usize {
 pub async fn identity_leases(client: &Client) -> Result<usize, String> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
     let params = ListParams::default().labels(IDENTITY_LABEL);
-    let list = leases.list(&params).await.map_err(|e| crate::error_chain(&e))?;
+    let list = list_patiently(&leases, &params).await.map_err(|e| crate::error_chain(&e))?;
     let now = k8s_openapi::jiff::Timestamp::now();
     let live = list
         .items
@@ -242,13 +246,32 @@ pub async fn identity_leases(client: &Client) -> Result<usize, String> {
     }
 }
 
+/// Lists `api`, asking again a few times (a moment apart) when the answer may differ if asked
+/// again: an apiserver going down behind the balancer fails a request or two, and what counts the
+/// apiservers should not fall back to an assumption for that.
+async fn list_patiently<K>(api: &Api<K>, params: &ListParams) -> Result<ObjectList<K>, kube::Error>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut tries = 1;
+    loop {
+        match api.list(params).await {
+            Err(error) if tries < LIST_TRIES && crate::apiserver::answers::is_transient(&error) => {
+                tries += 1;
+                tokio::time::sleep(LIST_AGAIN_AFTER).await;
+            }
+            listed => return listed,
+        }
+    }
+}
+
 /// How many distinct addresses the `kubernetes` Service's EndpointSlices list (0 when the
 /// endpoint reconciler is off).
 async fn endpoint_addresses(client: &Client) -> Result<usize, String> {
     let (namespace, name) = KUBERNETES_SERVICE;
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
     let params = ListParams::default().labels(&format!("{SERVICE_NAME_LABEL}={name}"));
-    let list = slices.list(&params).await.map_err(|e| crate::error_chain(&e))?;
+    let list = list_patiently(&slices, &params).await.map_err(|e| crate::error_chain(&e))?;
     let addresses: BTreeSet<&String> = list
         .items
         .iter()
