@@ -179,7 +179,7 @@ fn ending(outcome: Outcome) -> Ending {
         Outcome::InterruptedWaiting { other } => {
             Ending::Interrupted(format!("stopped while waiting for {other}"))
         }
-        Outcome::Refused { why, .. } => Ending::Failed(why),
+        Outcome::Refused(why) => Ending::Failed(why),
         Outcome::Later(why) => Ending::Failed(format!("could not go on ({why:?}); run it again")),
     }
 }

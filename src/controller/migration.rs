@@ -171,7 +171,7 @@ impl lifecycle::Host for Host<'_> {
 
     async fn tell(&self, notice: Notice<'_>) {
         let (type_, reason, note) = match notice {
-            Notice::Start { event, note } => (EventType::Normal, event, note.to_owned()),
+            Notice::Start { event, note, .. } => (EventType::Normal, event, note.to_owned()),
             Notice::Confirming { .. } | Notice::Retarget(_) | Notice::Progress(_) => return,
             Notice::Unresolved { message, tries } => {
                 let Tries { this, of } = tries;

@@ -81,6 +81,8 @@ pub enum Notice<'a> {
         event: &'static str,
         /// Says what kind of start, such as "resuming from the checkpoint".
         note: &'a str,
+        /// Objects handled before this run (those of the checkpoint it resumes).
+        processed: u64,
     },
     /// The encoding check is about to run (it may take a settle period).
     Confirming {

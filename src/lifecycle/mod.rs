@@ -433,7 +433,8 @@ impl<'a, H: Host> Lifecycle<'a, H> {
                 ),
             });
         }
-        self.host.tell(Notice::Start { event: start.event, note: &note }).await;
+        let processed = start.progress.processed();
+        self.host.tell(Notice::Start { event: start.event, note: &note, processed }).await;
         Ok(current)
     }
 

@@ -15,8 +15,6 @@ pub(super) struct Host<'a, C> {
     name: &'a GroupResource,
     /// The migration as the checkpoint left it (or a new one).
     migration: StorageVersionMigration,
-    /// Objects handled when the run last started (the checkpoint resumed, or none).
-    processed_at_start: u64,
     /// Where the last checkpoint was saved.
     saved: Option<PathBuf>,
 }
@@ -27,7 +25,7 @@ impl<'a, C: Console> Host<'a, C> {
         name: &'a GroupResource,
         migration: StorageVersionMigration,
     ) -> Self {
-        Host { migrator, name, migration, processed_at_start: 0, saved: None }
+        Host { migrator, name, migration, saved: None }
     }
 
     /// Where the last checkpoint was saved, if it could be.
@@ -68,11 +66,7 @@ impl<C: Console> lifecycle::Host for Host<'_, C> {
             self.migrator.console.written();
         }
         match moment {
-            Moment::Start => {
-                self.processed_at_start = status.progress.as_ref().map_or(0, |p| p.processed);
-                self.saved = checkpoints.save(self.name, &self.migration, status);
-            }
-            Moment::Running | Moment::Interrupted => {
+            Moment::Start | Moment::Running | Moment::Interrupted => {
                 self.saved = checkpoints.save(self.name, &self.migration, status);
             }
             Moment::End => checkpoints.remove(self.name),
@@ -85,12 +79,10 @@ impl<C: Console> lifecycle::Host for Host<'_, C> {
     async fn tell(&self, notice: Notice<'_>) {
         let console = &self.migrator.console;
         match notice {
-            Notice::Start { event, .. } if event == events::RESUMED => {
-                let status = self.migration.status.as_ref();
-                let done = status.and_then(|s| s.progress.as_ref()).map_or(0, |p| p.processed);
-                self.say(&format!("resuming from the checkpoint after {done} objects"));
+            Notice::Start { event, processed, .. } if event == events::RESUMED => {
+                self.say(&format!("resuming from the checkpoint after {processed} objects"));
             }
-            Notice::Start { event, note } if event == events::RESTARTED => console.say(note),
+            Notice::Start { event, note, .. } if event == events::RESTARTED => console.say(note),
             Notice::Progress(progress) => console.progress(progress),
             Notice::Confirming { storage, .. } => self.say(&format!(
                 "confirming that the apiservers encode in {storage} before the first write"
@@ -114,8 +106,8 @@ impl<C: Console> lifecycle::Host for Host<'_, C> {
             | Notice::Unresolvable(_) => {}
         }
         // The run writes next: its progress is shown from here.
-        if let Notice::Start { .. } = notice {
-            console.writing(&self.name.name(), self.processed_at_start);
+        if let Notice::Start { processed, .. } = notice {
+            console.writing(&self.name.name(), processed);
         }
     }
 }

@@ -106,14 +106,9 @@ pub enum Outcome {
         /// The other migration, in words.
         other: String,
     },
-    /// Not started: another migrator is migrating it (`Some`, in words), or whether one is
-    /// could not be told (`None`, with the error).
-    Refused {
-        /// The other migration, in words.
-        other: Option<String>,
-        /// Why it was refused.
-        why: String,
-    },
+    /// Not started, and why: another migrator is migrating it, or whether one is could not be
+    /// told.
+    Refused(String),
     /// It could not go on (a record could not be written, or the resource not resolved).
     Later(LaterBecause),
 }
@@ -180,14 +175,14 @@ impl<C: Console> Migrator<C> {
                     "cannot tell whether another migrator is migrating it, so it was not started: {}",
                     crate::error_chain(&error)
                 );
-                Outcome::Refused { other: None, why }
+                Outcome::Refused(why)
             })?;
             let Some(other) = running else { return Ok(()) };
             if !self.choices.wait_for_others {
                 let why = format!(
                     "refused: {other} is migrating it now; wait for it to end (kube-svm status -w), or pass --wait-for-others"
                 );
-                return Err(Outcome::Refused { other: Some(other), why });
+                return Err(Outcome::Refused(why));
             }
             if !said {
                 self.console.say(&format!("{}: waiting for {other} to end", name.name()));
