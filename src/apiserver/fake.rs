@@ -33,9 +33,9 @@ impl Sent {
 
 /// The requests sent so far, in order.
 #[derive(Clone, Default)]
-pub struct Requests(Arc<Mutex<Vec<Sent>>>);
+pub struct Recorded(Arc<Mutex<Vec<Sent>>>);
 
-impl Requests {
+impl Recorded {
     /// Every write sent so far.
     pub fn writes(&self) -> Vec<Sent> {
         self.0.lock().unwrap().iter().filter(|s| s.writes()).cloned().collect()
@@ -45,9 +45,9 @@ impl Requests {
 /// A client whose every request `answer` answers with a status code and a JSON body.
 pub fn client(
     answer: impl Fn(&Sent) -> (u16, Value) + Send + Sync + 'static,
-) -> (Client, Requests) {
+) -> (Client, Recorded) {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let requests = Requests::default();
+    let requests = Recorded::default();
     let recorded = requests.clone();
     tokio::spawn(async move {
         while let Some((request, respond)) = handle.next_request().await {
@@ -94,4 +94,10 @@ pub fn list(api_version: &str, kind: &str, items: Vec<Value>) -> (u16, Value) {
 /// connections gets in a unit test.
 pub fn config() -> kube::Config {
     kube::Config::new("http://127.0.0.1:9".parse().unwrap())
+}
+
+/// The way to the fake apiserver of `client`, as kube-svm's code asks the real one.
+pub fn requests(client: Client) -> crate::apiserver::requests::Requests {
+    let timeout = std::time::Duration::from_secs(10);
+    crate::apiserver::requests::Requests::with_clients(client.clone(), client, config(), timeout)
 }

@@ -86,33 +86,6 @@ fn micros_after(origin: Instant, until: Instant) -> u64 {
     u64::try_from(micros).unwrap_or(u64::MAX).max(1)
 }
 
-/// A request that got no answer in time, was not sent, or got an error answer.
-#[derive(Debug, thiserror::Error)]
-pub enum RequestError {
-    /// No answer within the time the request was given.
-    #[error("no answer within {0:?}")]
-    TimedOut(Duration),
-    /// The leader's term is over: the request was not sent, or its answer came too late.
-    #[error("this process may no longer write: its leadership ended")]
-    Fenced,
-    /// The apiserver answered with an error, or the request failed on the way.
-    #[error(transparent)]
-    Api(#[from] kube::Error),
-}
-
-/// Runs `request` inside the leader's term, giving it at most `limit`.
-pub async fn bounded<T>(
-    fence: &Fence,
-    limit: Duration,
-    request: impl Future<Output = Result<T, kube::Error>>,
-) -> Result<T, RequestError> {
-    let limit = fence.deadline(limit).ok_or(RequestError::Fenced)?;
-    match tokio::time::timeout(limit, request).await {
-        Ok(answer) => Ok(answer?),
-        Err(_) => Err(RequestError::TimedOut(limit)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,6 +2,8 @@
 //! checks, saying an outage once, and the in-tree migrator's migrations.
 //!
 //! - [`answers`]: what a `kube::Error` says, by status code, in one place.
+//! - [`requests`]: the clients, the leader's term and the request timeout, together; every
+//!   request is bounded by both.
 //! - [`fence`]: whether this process may still write, and for how long.
 //! - [`reachability`]: saying once that the apiserver is unreachable, and once that it is back.
 //! - [`in_tree`]: the in-tree migrator's `storagemigration.k8s.io/v1` migrations, to coexist.
@@ -14,3 +16,4 @@ pub mod fake;
 pub mod fence;
 pub mod in_tree;
 pub mod reachability;
+pub mod requests;

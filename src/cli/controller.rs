@@ -126,18 +126,13 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     } = args;
     let metrics = Arc::new(Metrics::new().context("failed to register the metrics")?);
     let config = kube.config().await?;
-    let Built { engine, requests, request_timeout, encoding, write_to_status } =
-        engine.build(config.clone(), metrics.clone())?;
-    let clients = controller::Clients {
-        requests: kube::Client::try_from(requests.clone()).context("failed to create a client")?,
-        watches: kube::Client::try_from(config.clone()).context("failed to create a client")?,
-        config: requests.clone(),
-    };
+    let Built { engine, requests, encoding, write_to_status } =
+        engine.build(config, metrics.clone())?;
     let identity = identity.unwrap_or_else(default_identity);
     let election = leader_elect.unwrap_or_else(in_cluster).then(|| {
         leader::Settings::new(
             leader_election_namespace
-                .unwrap_or_else(|| clients.requests.default_namespace().to_owned()),
+                .unwrap_or_else(|| requests.client().default_namespace().to_owned()),
             leader_election_name,
             identity.clone(),
             Duration::from_secs(lease_duration),
@@ -152,7 +147,6 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         clean_managed_fields,
         clean_managed_fields_after: seconds(clean_managed_fields_after),
         write_to_status,
-        request_timeout,
         discovery_attempts: discovery_attempts.max(1),
         discovery_trigger: discovery_trigger
             .then(|| seconds(discovery_interval).max(Duration::from_secs(1))),
@@ -162,7 +156,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     process::run(Process {
-        clients,
+        requests,
         engine,
         settings,
         metrics,

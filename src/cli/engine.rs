@@ -11,6 +11,7 @@ use clap::builder::TypedValueParser;
 
 use super::values;
 use crate::api::{Budget, Pace};
+use crate::apiserver::requests::Requests;
 use crate::engine::{self, Engine, RateLimiter, rate_limit};
 use crate::evidence::encoding::EncodingPolicy;
 use crate::ops::metrics::Metrics;
@@ -84,9 +85,8 @@ pub struct EngineArgs {
 /// The engine and the settings the steps around it take, from [`EngineArgs`].
 pub struct Built {
     pub engine: Engine,
-    /// The cluster's configuration with a deadline on every request.
-    pub requests: kube::Config,
-    pub request_timeout: Duration,
+    /// The way to the cluster's apiserver, a deadline on every request.
+    pub requests: Requests,
     pub encoding: EncodingPolicy,
     pub write_to_status: bool,
 }
@@ -107,7 +107,8 @@ impl EngineArgs {
             write_to_status,
         } = self;
         let request_timeout = seconds(request_timeout);
-        let requests = with_deadlines(config, request_timeout);
+        let requests =
+            Requests::new(config, request_timeout).context("failed to create a client")?;
         let limiter = Arc::new(RateLimiter::new(kube_api_qps, kube_api_burst));
         let settings = engine::Settings {
             page_size,
@@ -118,12 +119,11 @@ impl EngineArgs {
             outage_timeout: seconds(apiserver_outage_timeout),
             ..engine::Settings::default()
         };
-        let engine = Engine::new(requests.clone(), limiter, settings, metrics)
+        let engine = Engine::new(requests.config().clone(), limiter, settings, metrics)
             .context("failed to create a client")?;
         Ok(Built {
             engine,
             requests,
-            request_timeout,
             encoding: EncodingPolicy {
                 settle: seconds(storage_version_settle),
                 wait: seconds(storage_version_wait),
@@ -154,18 +154,4 @@ fn pace_parser() -> impl TypedValueParser<Value = Pace> {
 /// not negative, and not too large to count from.
 pub fn seconds(value: f64) -> Duration {
     Duration::try_from_secs_f64(value.clamp(0.0, values::MAX_SECONDS)).unwrap_or_default()
-}
-
-/// `config` with a deadline on every request: connections that hang, and answers that stop
-/// coming, fail after `timeout` instead of never; and no retries behind kube-svm's back.
-fn with_deadlines(mut config: kube::Config, timeout: Duration) -> kube::Config {
-    config.connect_timeout = Some(timeout.min(Duration::from_secs(10)));
-    config.read_timeout = Some(timeout);
-    config.write_timeout = Some(timeout);
-    // Count from when a request is sent, not from when its pooled connection last read.
-    config.reset_reader_on_write = true;
-    // kube-svm decides itself what to retry, and for how long: the client's own retries would
-    // stretch a request past its deadline and hide an unavailable API behind one slow call.
-    config.default_retry = false;
-    config
 }

@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::Context as _;
 use clap::Args;
-use kube::Client;
 use tokio_util::sync::CancellationToken;
 
 use super::cancel_on_signal;
@@ -18,7 +17,6 @@ use super::kube::KubeArgs;
 use super::progress::{Display, Show};
 use crate::api::conditions::{STATUS_TRUE, STORED_VERSIONS_PRUNED, SUCCEEDED};
 use crate::api::{GroupResource, StorageVersionMigrationStatus};
-use crate::apiserver::fence::Fence;
 use crate::engine::Progress;
 use crate::evidence::encoding::Observer;
 use crate::migrate::checkpoints::{Checkpoints, cluster_identity};
@@ -86,7 +84,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     let config = kube.config().await?;
     let metrics = Arc::new(Metrics::new().context("failed to register the metrics")?);
     let built = engine.build(config, metrics)?;
-    let client = Client::try_from(built.requests.clone()).context("failed to create a client")?;
+    let client = built.requests.client().clone();
 
     let mut names: Vec<GroupResource> = resources.iter().map(|r| GroupResource::parse(r)).collect();
     if all_stale {
@@ -116,9 +114,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     };
     let terminal = std::io::stderr().is_terminal();
     let migrator = Migrator {
-        client,
         requests: built.requests,
-        request_timeout: built.request_timeout,
         encoding: built.encoding,
         engine: built.engine,
         checkpoints,
@@ -126,7 +122,6 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
         console: Terminal { show: progress, terminal, display: Mutex::new(None) },
         stop,
         observer: Observer::default(),
-        fence: Fence::open(),
     };
     let mut failed = Vec::new();
     for (i, name) in names.iter().enumerate() {

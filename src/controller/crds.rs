@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::{Api, Client, Resource};
+use kube::{Api, Resource};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::api::conditions::events;
 use crate::api::installed::{self, TAKE_OVER_COMMAND, Unusable};
+use crate::apiserver::requests::Requests;
 use crate::ops::server::Health;
 
 /// How often the CRDs are read again while they cannot be used: kube-svm's start-up poll has
@@ -37,16 +38,15 @@ enum Found {
 }
 
 /// Waits until kube-svm's CRDs can be used; `false` when `shutdown` fired first. Every request
-/// is bounded by `request_timeout`, and the whole wait by `shutdown`.
+/// is bounded by the request timeout, and the whole wait by `shutdown`.
 pub async fn wait_until_usable(
-    client: &Client,
+    requests: &Requests,
     health: &Health,
     identity: &str,
-    request_timeout: Duration,
     shutdown: &CancellationToken,
 ) -> bool {
     let reporter = Reporter { controller: "kube-svm".into(), instance: Some(identity.to_owned()) };
-    let recorder = Recorder::new(client.clone(), reporter);
+    let recorder = Recorder::new(requests.client().clone(), reporter);
     let mut said: Option<String> = None;
     loop {
         // Waiting is this loop's job: the process is alive (a liveness probe must not restart
@@ -54,7 +54,7 @@ pub async fn wait_until_usable(
         health.beat();
         let found = tokio::select! {
             () = shutdown.cancelled() => return false,
-            found = look(client, request_timeout) => found,
+            found = look(requests) => found,
         };
         let why = match &found {
             Found::Usable => {
@@ -77,7 +77,7 @@ pub async fn wait_until_usable(
                     let published = publish(&recorder, problems, &why);
                     tokio::select! {
                         () = shutdown.cancelled() => return false,
-                        _ = tokio::time::timeout(request_timeout, published) => {}
+                        _ = requests.read(published) => {}
                     }
                 }
                 _ => warn!(reason = why, "cannot read kube-svm's CRDs; trying again"),
@@ -91,22 +91,16 @@ pub async fn wait_until_usable(
 }
 
 /// Reads both CRDs and checks them.
-async fn look(client: &Client, request_timeout: Duration) -> Found {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+async fn look(requests: &Requests) -> Found {
+    let api: Api<CustomResourceDefinition> = Api::all(requests.client().clone());
     let mut problems = Vec::new();
     for ours in crate::api::crds() {
         let name = ours.metadata.name.clone().unwrap_or_default();
-        let installed = match tokio::time::timeout(request_timeout, api.get_opt(&name)).await {
-            Ok(Ok(installed)) => installed,
-            Ok(Err(error)) => {
+        let installed = match requests.send(api.get_opt(&name)).await {
+            Ok(installed) => installed,
+            Err(error) => {
                 let error = crate::error_chain(&error);
                 return Found::Unreadable(format!("failed to read CRD {name}: {error}"));
-            }
-            Err(_) => {
-                let waited = request_timeout;
-                return Found::Unreadable(format!(
-                    "failed to read CRD {name}: no answer within {waited:?}"
-                ));
             }
         };
         if let Err(unusable) = installed::check(&ours, installed.as_ref()) {

@@ -17,8 +17,8 @@ use super::Context;
 use super::status_writer::{self, StatusWriter};
 use crate::api::conditions::{FAILED, STATUS_TRUE, SUCCEEDED, events};
 use crate::api::{GroupResource, StorageVersionMigration, StorageVersionMigrationStatus};
-use crate::apiserver::fence::bounded;
 use crate::apiserver::in_tree;
+use crate::apiserver::requests::RequestError;
 use crate::lifecycle::{
     self, End, LaterBecause, Lifecycle, Moment, Notice, Options, Tries, Unrecorded,
 };
@@ -59,9 +59,8 @@ pub(super) async fn run(
     }
     let cancel = context.stopping.child_token();
     let by = format!("StorageVersionMigration {}", migration.name_any());
-    let api: Api<StorageVersionMigration> = Api::all(context.client.clone());
-    let writer =
-        StatusWriter::new(api, &migration, context.fence.clone(), context.settings.request_timeout);
+    let api: Api<StorageVersionMigration> = Api::all(context.requests.client().clone());
+    let writer = StatusWriter::new(api, &migration, context.requests.clone());
     let preparing = Mutex::new(Some(preparing));
     let host = Host { context, migration: &migration, writer, discovery_failures, preparing };
     let mut lifecycle = Lifecycle::new(context.cluster(), &context.engine, host, &cancel, by);
@@ -93,9 +92,8 @@ fn requeue(end: End) -> Requeue {
 async fn in_tree_migrating(context: &Context, migration: &StorageVersionMigration) -> bool {
     let spec = &migration.spec.resource;
     let resource = GroupResource { group: spec.group.clone(), resource: spec.resource.clone() };
-    let timeout = context.settings.request_timeout;
-    let running = in_tree::running_for(&context.client, &resource);
-    match bounded(&context.fence, timeout, running).await {
+    let running = in_tree::running_for(context.requests.client(), &resource);
+    match context.requests.send(running).await {
         Ok(Some(other)) => {
             info!(in_tree = other, "the in-tree migrator is migrating this resource; waiting");
             let note = format!(
@@ -150,7 +148,7 @@ impl lifecycle::Host for Host<'_> {
             // its checkpoint for the next leader. Deleted, or deposed: nothing to write.
             Moment::Interrupted => {
                 let context = self.context;
-                if !(context.stopping.is_cancelled() && context.fence.holds()) {
+                if !(context.stopping.is_cancelled() && context.requests.fence().holds()) {
                     return Ok(());
                 }
                 self.writer.write_within(status, Duration::ZERO).await
@@ -261,12 +259,7 @@ pub(super) async fn publish(
     let mut reference = migration.object_ref(&());
     reference.resource_version = migration.metadata.resource_version.clone();
     let published = context.recorder.publish(&event, &reference);
-    let limit = context.settings.request_timeout;
-    let published = match context.fence.deadline(limit) {
-        Some(limit) => tokio::time::timeout(limit, published).await.ok(),
-        None => return,
-    };
-    if let Some(Err(error)) = published
+    if let Err(RequestError::Api(error)) = context.requests.send(published).await
         && !crate::apiserver::reachability::unreachable(&error, "publishing an event")
     {
         warn!(error = %crate::error_chain(&error), "failed to publish an event");
@@ -283,7 +276,7 @@ async fn watch_deletion(
 ) {
     let reference = ObjectRef::from_obj(migration);
     let uid = migration.uid();
-    let api: Api<StorageVersionMigration> = Api::all(context.client.clone());
+    let api: Api<StorageVersionMigration> = Api::all(context.requests.client().clone());
     let is_gone = |current: Option<&StorageVersionMigration>| match current {
         None => true,
         Some(current) => current.uid() != uid || current.metadata.deletion_timestamp.is_some(),
@@ -293,8 +286,7 @@ async fn watch_deletion(
         if !is_gone(context.store.get(&reference).as_deref()) {
             continue;
         }
-        let timeout = context.settings.request_timeout;
-        match bounded(&context.fence, timeout, api.get_opt(&reference.name)).await {
+        match context.requests.send(api.get_opt(&reference.name)).await {
             Ok(current) if is_gone(current.as_ref()) => {
                 cancel.cancel();
                 return;

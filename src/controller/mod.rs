@@ -32,18 +32,18 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::channel::mpsc;
+use kube::Api;
 use kube::runtime::Controller;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
-use kube::{Api, Client};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::api::{GroupResource, StorageVersionMigration};
-use crate::apiserver::fence::Fence;
+use crate::apiserver::requests::Requests;
 use crate::engine::Engine;
 use crate::evidence::encoding::{EncodingPolicy, Observer};
 use crate::lifecycle::cluster::Cluster;
@@ -78,8 +78,6 @@ pub struct Settings {
     pub encoding: EncodingPolicy,
     /// Write through the `status` subresource wherever a resource has one.
     pub write_to_status: bool,
-    /// Longest time one request (other than a watch) may go unanswered.
-    pub request_timeout: Duration,
     /// Tries a migration gets when discovery cannot be read, before it fails.
     pub discovery_attempts: u32,
     /// Run the discovery trigger (on the leader only), polling this often.
@@ -89,18 +87,6 @@ pub struct Settings {
     /// Wait after a migration of the CRD trigger failed before it is retried; doubles with
     /// each retry.
     pub crd_trigger_retry_delay: Duration,
-}
-
-/// The clients the controller talks through.
-#[derive(Clone)]
-pub struct Clients {
-    /// For requests: every request has a deadline.
-    pub requests: Client,
-    /// For watches, which stay open for minutes and are kept alive by the watcher.
-    pub watches: Client,
-    /// What both were made from, for fresh connections (the encoding check samples several
-    /// apiservers behind a load balancer).
-    pub config: kube::Config,
 }
 
 /// Why the controller stopped.
@@ -127,8 +113,8 @@ pub const PREPARING: usize = 128;
 
 /// What reconciles share.
 pub(crate) struct Context {
-    client: Client,
-    config: kube::Config,
+    /// The way to the apiserver, inside the leader's term: nothing is written once it ends.
+    requests: Requests,
     engine: Engine,
     recorder: Recorder,
     store: Store<StorageVersionMigration>,
@@ -146,8 +132,6 @@ pub(crate) struct Context {
     tasks: TaskTracker,
     /// Fires when the controller stops taking work; running migrations checkpoint and end.
     stopping: CancellationToken,
-    /// The leader's term: nothing is written once it closes.
-    fence: Fence,
     /// Migrations whose discovery failed, by UID: when to try again, and how often it failed.
     retries: Mutex<HashMap<String, reconcile::Retrying>>,
     /// Encoding checks, started at storage switches and shared by the migrations that need them.
@@ -163,10 +147,7 @@ impl Context {
     /// What the steps around the engine need.
     fn cluster(&self) -> Cluster<'_> {
         Cluster {
-            client: &self.client,
-            config: &self.config,
-            fence: &self.fence,
-            request_timeout: self.settings.request_timeout,
+            requests: &self.requests,
             encoding: self.settings.encoding,
             observer: &self.observer,
         }
@@ -184,8 +165,9 @@ impl Context {
 /// What the controller runs with: its clients, engine and settings, where it reports its
 /// health, and the signals that stop it.
 pub struct Run {
-    /// Clients of the cluster's apiserver.
-    pub clients: Clients,
+    /// The way to the cluster's apiserver, inside the leader's term: nothing is written once it
+    /// ends.
+    pub requests: Requests,
     /// Migrates objects; shared by every migration.
     pub engine: Engine,
     /// The controller's flags.
@@ -196,24 +178,21 @@ pub struct Run {
     pub shutdown: CancellationToken,
     /// Fires when this process stops leading: every write stops.
     pub leadership_lost: CancellationToken,
-    /// The leader's term: nothing is written once it closes.
-    pub fence: Fence,
 }
 
 /// Runs the controller until `shutdown` or `leadership_lost` fires, then lets running migrations
 /// checkpoint (on shutdown; a deposed leader's fence is closed, so it writes nothing) and
 /// returns.
 pub async fn run(run: Run) -> Stopped {
-    let Run { clients, engine, settings, health, shutdown, leadership_lost, fence } = run;
-    let Clients { requests: client, watches, config } = clients;
-    let api: Api<StorageVersionMigration> = Api::all(watches.clone());
+    let Run { requests, engine, settings, health, shutdown, leadership_lost } = run;
+    let api: Api<StorageVersionMigration> = Api::all(requests.watches().clone());
     let stopping = CancellationToken::new();
     let (requeue, requeued) = mpsc::unbounded();
     let controller = Controller::new(api, watcher::Config::default()).reconcile_all_on(requeued);
     let reporter =
         Reporter { controller: "kube-svm".into(), instance: Some(settings.identity.clone()) };
     let context = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter),
+        recorder: Recorder::new(requests.client().clone(), reporter),
         store: controller.store(),
         turns: Turns::new(settings.concurrency),
         sweep_turns: Turns::new(SWEEP_SLOTS),
@@ -225,9 +204,7 @@ pub async fn run(run: Run) -> Stopped {
         observer: Observer::default(),
         requeue,
         discovery_poke: Arc::new(tokio::sync::Notify::new()),
-        fence,
-        client,
-        config,
+        requests,
         engine,
         settings,
     });
@@ -274,7 +251,7 @@ pub async fn run(run: Run) -> Stopped {
         };
         tokio::join!(synced, beating);
     };
-    let trigger = triggers(&context, watches, stopping.clone());
+    let trigger = triggers(&context, stopping.clone());
     let controlling = async {
         tokio::select! {
             () = reconciling => {}
@@ -303,19 +280,13 @@ pub async fn run(run: Run) -> Stopped {
 /// The CRD watch, and the discovery trigger when it is on, until `stop` fires. The CRD watch
 /// runs either way: it starts encoding checks at storage switches, and creates migrations only
 /// with the CRD trigger on.
-async fn triggers(context: &Context, watches: Client, stop: CancellationToken) {
-    let clients = crate::trigger::Clients {
-        requests: context.client.clone(),
-        watches,
-        config: context.config.clone(),
-    };
+async fn triggers(context: &Context, stop: CancellationToken) {
     let settings = &context.settings;
     let discovery =
         settings.discovery_trigger.map(|interval| crate::trigger::discovery::Settings {
             interval,
             encoding: settings.encoding,
             poke: context.discovery_poke.clone(),
-            request_timeout: settings.request_timeout,
             keep_finished: settings.discovery_keep_finished,
             observer: context.observer.clone(),
         });
@@ -324,16 +295,15 @@ async fn triggers(context: &Context, watches: Client, stop: CancellationToken) {
         observer: context.observer.clone(),
         encoding: settings.encoding,
         poke: discovery.as_ref().map(|d| d.poke.clone()),
-        request_timeout: settings.request_timeout,
         clean_managed_fields: settings.clean_managed_fields,
         clean_after: settings.clean_managed_fields_after,
         retry_delay: settings.crd_trigger_retry_delay,
     };
-    let fence = context.fence.clone();
-    let crd = crate::trigger::crd::run(clients.clone(), crd_settings, fence.clone(), stop.clone());
+    let requests = &context.requests;
+    let crd = crate::trigger::crd::run(requests.clone(), crd_settings, stop.clone());
     let discovery = async {
         if let Some(discovery) = discovery {
-            crate::trigger::discovery::run(clients, discovery, fence, stop).await;
+            crate::trigger::discovery::run(requests.clone(), discovery, stop).await;
         }
     };
     tokio::join!(crd, discovery);

@@ -10,16 +10,17 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::{Clients, Run, Settings, Stopped, crds, leader};
+use super::{Run, Settings, Stopped, crds, leader};
 use crate::apiserver::fence::Fence;
+use crate::apiserver::requests::Requests;
 use crate::engine::Engine;
 use crate::ops::metrics::Metrics;
 use crate::ops::server::{self, Health};
 
 /// What the process runs with.
 pub struct Process {
-    /// Clients of the cluster's apiserver.
-    pub clients: Clients,
+    /// The way to the cluster's apiserver.
+    pub requests: Requests,
     /// Migrates objects; shared by every migration of every term.
     pub engine: Engine,
     /// The controller's flags.
@@ -37,7 +38,8 @@ pub struct Process {
 /// Runs the process until `shutdown` fires. A deposed leader stops every write, then stands
 /// again as a candidate.
 pub async fn run(process: Process) -> anyhow::Result<()> {
-    let Process { clients, engine, settings, metrics, admin_address, election, shutdown } = process;
+    let Process { requests, engine, settings, metrics, admin_address, election, shutdown } =
+        process;
     let health = Arc::new(Health::default());
     let server_stop = CancellationToken::new();
     let listener = server::bind(admin_address)
@@ -46,20 +48,17 @@ pub async fn run(process: Process) -> anyhow::Result<()> {
     tokio::spawn(server::serve(listener, metrics.clone(), health.clone(), server_stop.clone()));
     let _stop_server = server_stop.drop_guard();
     // Nothing is watched or migrated until the CRDs can carry what kube-svm writes.
-    let client = &clients.requests;
-    let (identity, timeout) = (&settings.identity, settings.request_timeout);
-    if !crds::wait_until_usable(client, &health, identity, timeout, &shutdown).await {
+    if !crds::wait_until_usable(&requests, &health, &settings.identity, &shutdown).await {
         info!("stopped before kube-svm's CRDs could be used");
         return Ok(());
     }
     let term = |leadership_lost, fence| Run {
-        clients: clients.clone(),
+        requests: requests.within(fence),
         engine: engine.clone(),
         settings: settings.clone(),
         health: health.clone(),
         shutdown: shutdown.clone(),
         leadership_lost,
-        fence,
     };
     let Some(election) = election else {
         health.leadership_known.store(true, Ordering::Relaxed);
@@ -74,7 +73,8 @@ pub async fn run(process: Process) -> anyhow::Result<()> {
     };
     loop {
         // However long acquiring takes, a signal ends the wait at once.
-        let acquiring = leader::acquire(client.clone(), election.clone(), &shutdown, on_attempt);
+        let acquiring =
+            leader::acquire(requests.client().clone(), election.clone(), &shutdown, on_attempt);
         let acquired = tokio::select! {
             acquired = acquiring => acquired,
             () = shutdown.cancelled() => None,

@@ -70,7 +70,7 @@ pub(super) async fn reconcile(
 ) -> Result<Action, Error> {
     let name = migration.metadata.name.clone().ok_or(Error::Unnamed)?;
     // A term that ran out stops work before the lease task has noticed.
-    let stopping = context.stopping.is_cancelled() || !context.fence.holds();
+    let stopping = context.stopping.is_cancelled() || !context.requests.fence().holds();
     if stopping {
         return Ok(Action::await_change());
     }

@@ -14,7 +14,7 @@ use super::Context;
 use super::migration::publish;
 use crate::api::conditions::events;
 use crate::api::{RETRY_ANNOTATION, StorageVersionMigration};
-use crate::apiserver::fence::{RequestError, bounded};
+use crate::apiserver::requests::RequestError;
 use crate::lifecycle::status;
 
 /// Why a retry could not be started this time; it is decided again later.
@@ -40,10 +40,10 @@ pub(super) async fn retry(
     // Conditional on the version read: whoever changed it since decides again on the new one.
     cleared.metadata.resource_version = migration.resource_version();
     cleared.status = Some(status::retried(previous, token));
-    let api: Api<StorageVersionMigration> = Api::all(context.client.clone());
+    let api: Api<StorageVersionMigration> = Api::all(context.requests.client().clone());
     let params = PostParams::default();
     let write = api.replace_status(&name, &params, &cleared);
-    match bounded(&context.fence, context.settings.request_timeout, write).await {
+    match context.requests.send(write).await {
         Ok(_) => {}
         Err(RequestError::Api(error)) if crate::apiserver::answers::is_conflict(&error) => {
             debug!(token, "the migration changed since it was read; deciding again");

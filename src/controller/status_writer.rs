@@ -18,7 +18,7 @@ use crate::api::{
     Phase, StorageVersionMigration, StorageVersionMigrationSpec, StorageVersionMigrationStatus,
 };
 use crate::apiserver::answers;
-use crate::apiserver::fence::Fence;
+use crate::apiserver::requests::{RequestError, Requests};
 
 /// Conflicts resolved in a row before a write gives up.
 const CONFLICT_RETRIES: u32 = 5;
@@ -75,16 +75,15 @@ pub struct StatusWriter {
     spec: StorageVersionMigrationSpec,
     uid: Option<String>,
     resource_version: Option<String>,
-    fence: Fence,
-    request_timeout: Duration,
+    /// The way to the apiserver, inside the leader's term.
+    requests: Requests,
 }
 
 impl StatusWriter {
     pub fn new(
         api: Api<StorageVersionMigration>,
         migration: &StorageVersionMigration,
-        fence: Fence,
-        request_timeout: Duration,
+        requests: Requests,
     ) -> StatusWriter {
         StatusWriter {
             api,
@@ -92,8 +91,7 @@ impl StatusWriter {
             spec: migration.spec.clone(),
             uid: migration.uid(),
             resource_version: migration.resource_version(),
-            fence,
-            request_timeout,
+            requests,
         }
     }
 
@@ -127,14 +125,13 @@ impl StatusWriter {
     /// token from an earlier run), on the resourceVersion last seen.
     pub async fn write(&mut self, status: &StorageVersionMigrationStatus) -> Result<(), Error> {
         for _ in 0..CONFLICT_RETRIES {
-            let limit = self.fence.deadline(self.request_timeout).ok_or(Error::Fenced)?;
             let mut object = StorageVersionMigration::new(&self.name, self.spec.clone());
             object.metadata.resource_version = self.resource_version.clone();
             object.status = Some(status.clone());
             let params = PostParams::default();
             let sent = self.api.replace_status(&self.name, &params, &object);
-            match tokio::time::timeout(limit, sent).await {
-                Ok(Ok(written)) => {
+            match self.requests.send(sent).await {
+                Ok(written) => {
                     self.resource_version = written.resource_version();
                     // Believed only once the answer holds every field sent.
                     let dropped = dropped(status, written.status.as_ref());
@@ -143,29 +140,35 @@ impl StatusWriter {
                     }
                     return Ok(());
                 }
-                Ok(Err(error)) if answers::is_conflict(&error) => {
+                Err(RequestError::Api(error)) if answers::is_conflict(&error) => {
                     if self.reread(status).await? {
                         return Ok(());
                     }
                 }
-                Ok(Err(error)) if answers::is_not_found(&error) => {
+                Err(RequestError::Api(error)) if answers::is_not_found(&error) => {
                     return Err(Error::Gone(self.name.clone()));
                 }
-                Ok(Err(error)) => return Err(Error::Write(self.name.clone(), error)),
-                Err(_) => return Err(Error::TimedOut(self.name.clone(), limit)),
+                Err(error) => return Err(self.failed(error)),
             }
         }
         Err(Error::Conflicts(self.name.clone()))
     }
 
+    /// The error a request of this writer that failed ends in.
+    fn failed(&self, error: RequestError) -> Error {
+        match error {
+            RequestError::Fenced => Error::Fenced,
+            RequestError::TimedOut(limit) => Error::TimedOut(self.name.clone(), limit),
+            RequestError::Api(error) => Error::Write(self.name.clone(), error),
+        }
+    }
+
     /// After a conflict: reads the migration again and takes its resourceVersion. `Ok(true)`
     /// when it already holds `status` (an earlier write of ours landed after all).
     async fn reread(&mut self, status: &StorageVersionMigrationStatus) -> Result<bool, Error> {
-        let limit = self.fence.deadline(self.request_timeout).ok_or(Error::Fenced)?;
-        let current = match tokio::time::timeout(limit, self.api.get_opt(&self.name)).await {
-            Ok(Ok(current)) => current,
-            Ok(Err(error)) => return Err(Error::Write(self.name.clone(), error)),
-            Err(_) => return Err(Error::TimedOut(self.name.clone(), limit)),
+        let current = match self.requests.send(self.api.get_opt(&self.name)).await {
+            Ok(current) => current,
+            Err(error) => return Err(self.failed(error)),
         };
         let Some(current) = current.filter(|c| c.uid() == self.uid) else {
             return Err(Error::Gone(self.name.clone()));

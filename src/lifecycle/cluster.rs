@@ -1,28 +1,20 @@
 //! What a migration's steps need of the process running them (the controller or `kube-svm
-//! migrate`): its client, its fence, its request timeout and its encoding checks, and the CRD
-//! behind a resource read through them.
-
-use std::time::Duration;
+//! migrate`): its way to the apiserver and its encoding checks, and the CRD behind a resource
+//! read through them.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::{Api, Client};
+use kube::Api;
 
-use crate::apiserver::fence::{Fence, RequestError, bounded};
+use crate::apiserver::requests::{RequestError, Requests};
 use crate::engine::Resource;
 use crate::evidence::encoding::{EncodingPolicy, Observer};
 
 /// What the steps need of the process running them.
 #[derive(Clone, Copy)]
 pub struct Cluster<'a> {
-    /// For requests: every request has a deadline.
-    pub client: &'a Client,
-    /// What `client` was made from, for fresh connections (the encoding check samples several
-    /// apiservers behind a load balancer).
-    pub config: &'a kube::Config,
-    /// Nothing is written once it closes: the leader's term (open for `kube-svm migrate`).
-    pub fence: &'a Fence,
-    /// Longest time one request may go unanswered.
-    pub request_timeout: Duration,
+    /// The way to the apiserver: every request bounded by the request timeout and the
+    /// leader's term (which never ends for `kube-svm migrate`).
+    pub requests: &'a Requests,
     /// How long the encoding checks take.
     pub encoding: EncodingPolicy,
     /// Encoding checks, shared by the migrations that need the same one.
@@ -40,6 +32,6 @@ pub async fn crd_of(
     resource: &Resource,
 ) -> Result<Option<CustomResourceDefinition>, RequestError> {
     let Some(name) = crd_name(resource) else { return Ok(None) };
-    let crds: Api<CustomResourceDefinition> = Api::all(cluster.client.clone());
-    bounded(cluster.fence, cluster.request_timeout, crds.get_opt(&name)).await
+    let crds: Api<CustomResourceDefinition> = Api::all(cluster.requests.client().clone());
+    cluster.requests.send(crds.get_opt(&name)).await
 }

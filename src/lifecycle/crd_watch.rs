@@ -20,7 +20,6 @@ use tracing::debug;
 use super::change::Change;
 use super::cluster::{Cluster, crd_of};
 use crate::api::MigrationTarget;
-use crate::apiserver::fence::bounded;
 use crate::engine::Resource;
 use crate::rules::crd::{CrdChange, CrdState};
 
@@ -174,7 +173,7 @@ impl Followed {
 
     /// Follows the CRD up to `now`, a state of it read after the last one seen: `None` when
     /// nothing between can have affected what is stored. A change that cannot all be seen
-    /// within `cluster.request_timeout` counts as one that did.
+    /// within the request timeout counts as one that did.
     pub async fn catch_up(
         &mut self,
         cluster: &Cluster<'_>,
@@ -196,7 +195,7 @@ impl Followed {
             }
             Ok(())
         };
-        match tokio::time::timeout(cluster.request_timeout, caught_up).await {
+        match tokio::time::timeout(cluster.requests.timeout(), caught_up).await {
             // `now` itself (already seen, or older than the last state seen): its uid and
             // storage version, without moving where the watch goes on from.
             Ok(Ok(())) => match self.clone().see(resource, now) {
@@ -208,7 +207,7 @@ impl Followed {
                 let why = format!(
                     "the CRD of {resource} changed (generation {} then {generation}) and its changes could not all be seen within {} s",
                     self.generation,
-                    cluster.request_timeout.as_secs()
+                    cluster.requests.timeout().as_secs()
                 );
                 Some(Change::storage_moved(why))
             }
@@ -223,9 +222,9 @@ impl Followed {
         resource: &Resource,
         until: Option<i64>,
     ) -> Result<(), Change> {
-        let crds: Api<CustomResourceDefinition> = Api::all(cluster.client.clone());
+        let crds: Api<CustomResourceDefinition> = Api::all(cluster.requests.client().clone());
         // The server ends the watch before the client's read timeout would.
-        let seconds = (cluster.request_timeout.as_secs() / 2).clamp(1, 290);
+        let seconds = (cluster.requests.timeout().as_secs() / 2).clamp(1, 290);
         let params = WatchParams::default()
             .fields(&format!("metadata.name={}", self.name))
             .timeout(u32::try_from(seconds).unwrap_or(290));
@@ -283,8 +282,8 @@ impl Followed {
         cluster: &Cluster<'_>,
         resource: &Resource,
     ) -> Result<(), Change> {
-        let crds: Api<CustomResourceDefinition> = Api::all(cluster.client.clone());
-        match bounded(cluster.fence, cluster.request_timeout, crds.get_opt(&self.name)).await {
+        let crds: Api<CustomResourceDefinition> = Api::all(cluster.requests.client().clone());
+        match cluster.requests.send(crds.get_opt(&self.name)).await {
             Ok(Some(crd)) => match self.resync(resource, &crd) {
                 Seen::Same => Ok(()),
                 Seen::Changed(change) => Err(change),

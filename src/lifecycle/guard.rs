@@ -129,7 +129,7 @@ pub async fn guard(
     };
     loop {
         tokio::time::sleep(GUARD_INTERVAL).await;
-        let seen = encoding::sample_during_run(cluster.config, &check).await;
+        let seen = encoding::sample_during_run(cluster.requests, &check).await;
         if let Some(change) = hash_change(resource, &check, seen) {
             return change;
         }
@@ -155,8 +155,7 @@ fn hash_check(resource: &Resource, hash: String) -> encoding::Check {
         kind: resource.kind.clone(),
         expected: encoding::Expected::Hash { hash, served: resource.version.clone() },
         generation: 0,
-        settle: Duration::ZERO,
-        wait: Duration::ZERO,
+        policy: encoding::EncodingPolicy::AT_ONCE,
     }
 }
 
@@ -191,7 +190,7 @@ pub async fn changed_since_start(
 ) -> Option<Change> {
     let mut attempts = 0;
     let now = loop {
-        match Resource::resolve(cluster.client, spec, requires_status).await {
+        match Resource::resolve(cluster.requests.client(), spec, requires_status).await {
             Ok(now) => break now,
             Err(error) if error.is_transient() && attempts + 1 < VERIFY_ATTEMPTS => {
                 attempts += 1;
@@ -218,7 +217,7 @@ pub async fn changed_since_start(
     if target.crd_generation.is_none() {
         let hash = target.storage_version_hash.clone()?;
         let check = hash_check(&now, hash.clone());
-        return match encoding::at_end(cluster.client, cluster.config, &check).await {
+        return match encoding::at_end(cluster.requests, &check).await {
             encoding::AtEnd::Same => None,
             encoding::AtEnd::Moved(other) => {
                 let why = format!(

@@ -314,10 +314,9 @@ impl<'a, H: Host> Lifecycle<'a, H> {
     async fn stale_checkpoint(&self, resource: &Resource, start: &Start) -> Option<String> {
         let recorded = self.host.migration().status.as_ref().and_then(|s| s.target.clone());
         let token = start.progress.continue_token.as_deref().unwrap_or_default();
-        let Cluster { client, fence, request_timeout, .. } = self.cluster;
         let witness = resume::Witness {
-            apiservers: resume::apiserver_processes(client, fence, request_timeout).await,
-            snapshot: resume::snapshot(client, fence, request_timeout, resource, token).await,
+            apiservers: resume::apiserver_processes(self.cluster.requests).await,
+            snapshot: resume::snapshot(self.cluster.requests, resource, token).await,
         };
         let refusal = resume::refusal(&recorded.unwrap_or_default(), &witness);
         if let Some(why) = &refusal {
@@ -359,8 +358,7 @@ impl<'a, H: Host> Lifecycle<'a, H> {
         self.host.tell(Notice::Confirming { resource, storage: &storage }).await;
         let vouched = self.host.migration().encoding_vouched_for();
         let mut target = steps::target_of(&self.cluster, resource, crd, vouched).await;
-        let Cluster { client, fence, request_timeout, .. } = self.cluster;
-        target.apiservers = resume::apiserver_processes(client, fence, request_timeout).await.ok();
+        target.apiservers = resume::apiserver_processes(self.cluster.requests).await.ok();
         let evidence = target.encoding_evidence.clone().unwrap_or_default();
         let confirmed = target.encoding_confirmed;
         self.host.tell(Notice::Encoding { vouched, confirmed, evidence: &evidence }).await;
@@ -379,8 +377,8 @@ impl<'a, H: Host> Lifecycle<'a, H> {
         if target.encoding_confirmed == Some(true)
             && let Ok(check) = steps::encoding_check(&self.cluster, resource, crd)
         {
-            let Cluster { client, config, observer, .. } = self.cluster;
-            observer.keep_fresh(client, config, &check).await;
+            let Cluster { requests, observer, .. } = self.cluster;
+            observer.keep_fresh(requests, &check).await;
         }
         std::future::pending().await
     }
@@ -480,8 +478,7 @@ mod tests {
 
     use super::*;
     use crate::api::StorageVersionMigration;
-    use crate::apiserver::fake::{self, Requests};
-    use crate::apiserver::fence::Fence;
+    use crate::apiserver::fake::{self, Recorded};
     use crate::engine::rate_limit::RateLimiter;
     use crate::evidence::encoding::{EncodingPolicy, Observer};
     use crate::ops::metrics::Metrics;
@@ -559,12 +556,12 @@ mod tests {
 
     /// The fake apiserver: discovery publishes `resources` in `example.com/v1`; no CRD; the
     /// widgets list three objects, and every write of one is taken.
-    fn apiserver(resources: Value) -> (kube::Client, Requests) {
+    fn apiserver(resources: Value) -> (kube::Client, Recorded) {
         apiserver_storing(resources, 3)
     }
 
     /// [`apiserver`], the widgets listing `objects` objects.
-    fn apiserver_storing(resources: Value, objects: u32) -> (kube::Client, Requests) {
+    fn apiserver_storing(resources: Value, objects: u32) -> (kube::Client, Recorded) {
         fake::client(move |sent| match (sent.method.as_str(), sent.path.as_str()) {
             ("GET", "/apis/example.com/v1") => (
                 200,
@@ -632,13 +629,9 @@ mod tests {
         settle: Duration,
         stop: &CancellationToken,
     ) -> End {
-        let config = fake::config();
-        let (fence, observer) = (Fence::open(), Observer::default());
+        let (requests, observer) = (fake::requests(client.clone()), Observer::default());
         let cluster = Cluster {
-            client: &client,
-            config: &config,
-            fence: &fence,
-            request_timeout: Duration::from_secs(10),
+            requests: &requests,
             encoding: EncodingPolicy { settle, wait: settle },
             observer: &observer,
         };

@@ -7,11 +7,12 @@ use std::time::Duration;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kube::Api;
 use kube::api::PostParams;
-use kube::{Api, Client};
 
 use crate::api::conditions::{STATUS_FALSE, STATUS_TRUE, STORED_VERSIONS_PRUNED, stored_versions};
 use crate::api::{MigrationCondition, MigrationTarget};
+use crate::apiserver::requests::{RequestError, Requests};
 use crate::engine::Resource;
 use crate::rules::crd::CrdState;
 use crate::rules::encoding::Encoding;
@@ -40,23 +41,21 @@ pub enum PruneError {
 /// Sets `storedVersions` on `crd` as read, within `limit`, so the write fails with
 /// [`PruneError::Conflict`] if the CRD changed since: the caller reads it again and decides again.
 pub async fn prune(
-    client: &Client,
+    requests: &Requests,
     mut crd: CustomResourceDefinition,
     stored_versions: Vec<String>,
-    limit: Option<Duration>,
 ) -> Result<(), PruneError> {
-    let limit = limit.ok_or(PruneError::Fenced)?;
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let api: Api<CustomResourceDefinition> = Api::all(requests.client().clone());
     let name = crd.metadata.name.clone().unwrap_or_default();
     crd.status.get_or_insert_with(Default::default).stored_versions = Some(stored_versions);
-    match tokio::time::timeout(limit, api.replace_status(&name, &PostParams::default(), &crd)).await
-    {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(error)) if crate::apiserver::answers::is_conflict(&error) => {
+    match requests.send(api.replace_status(&name, &PostParams::default(), &crd)).await {
+        Ok(_) => Ok(()),
+        Err(RequestError::Api(error)) if crate::apiserver::answers::is_conflict(&error) => {
             Err(PruneError::Conflict)
         }
-        Ok(Err(error)) => Err(PruneError::Write(error)),
-        Err(_) => Err(PruneError::TimedOut(limit)),
+        Err(RequestError::Api(error)) => Err(PruneError::Write(error)),
+        Err(RequestError::TimedOut(limit)) => Err(PruneError::TimedOut(limit)),
+        Err(RequestError::Fenced) => Err(PruneError::Fenced),
     }
 }
 
@@ -132,8 +131,7 @@ pub async fn settle_stored_versions(
         };
         let message =
             format!("storedVersions set to {stored_versions:?} (was {:?})", now.stored_versions);
-        let limit = cluster.fence.deadline(cluster.request_timeout);
-        match prune(cluster.client, crd, stored_versions, limit).await {
+        match prune(cluster.requests, crd, stored_versions).await {
             Ok(()) => return Some(condition(true, stored_versions::PRUNED, message)),
             Err(PruneError::Conflict) => last_conflict = PruneError::Conflict.to_string(),
             Err(error) => {

@@ -23,7 +23,7 @@ impl<H: Host> Lifecycle<'_, H> {
     ) -> Result<(Resource, Option<CustomResourceDefinition>), End> {
         let requires_status = self.host.migration().requests_status_writes();
         let (transient, message) =
-            match Resource::resolve(self.cluster.client, spec, requires_status).await {
+            match Resource::resolve(self.cluster.requests.client(), spec, requires_status).await {
                 Err(error) if error.is_not_served() => {
                     let message = crate::error_chain(&error);
                     match self.served_elsewhere(spec, requires_status).await {
@@ -51,7 +51,7 @@ impl<H: Host> Lifecycle<'_, H> {
     /// such a resource is asked for again later rather than failed for good.
     async fn served_elsewhere(&self, spec: &GroupVersionResource, requires_status: bool) -> bool {
         for _ in 0..NOT_SERVED_LOOKS {
-            let Ok(client) = kube::Client::try_from(self.cluster.config.clone()) else {
+            let Ok(client) = self.cluster.requests.fresh_client() else {
                 return false;
             };
             if Resource::resolve(&client, spec, requires_status).await.is_ok() {

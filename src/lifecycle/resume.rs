@@ -27,11 +27,11 @@
 //! encryption configuration without restarting (`--encryption-provider-config-automatic-reload`).
 
 use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
 use kube::api::ListParams;
-use kube::{Api, Client};
 
 use crate::api::MigrationTarget;
-use crate::apiserver::fence::{Fence, RequestError, bounded};
+use crate::apiserver::requests::{RequestError, Requests};
 use crate::engine::Resource;
 
 /// The label kube-apiserver puts on its identity Lease in `kube-system` (APIServerIdentity, on
@@ -62,16 +62,11 @@ pub enum Snapshot {
 /// `kube-system`, sorted. A holder is `<lease name>_<id>`, the id new at every start of the
 /// apiserver, so a restarted apiserver shows as another process. Empty when no apiserver
 /// publishes an identity (APIServerIdentity off).
-pub async fn apiserver_processes(
-    client: &Client,
-    fence: &Fence,
-    timeout: std::time::Duration,
-) -> Result<Vec<String>, String> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
+pub async fn apiserver_processes(requests: &Requests) -> Result<Vec<String>, String> {
+    let leases: Api<Lease> = Api::namespaced(requests.client().clone(), "kube-system");
     let params = ListParams::default().labels(IDENTITY_LABEL);
-    let list = bounded(fence, timeout, leases.list(&params))
-        .await
-        .map_err(|error| crate::error_chain(&error))?;
+    let list =
+        requests.send(leases.list(&params)).await.map_err(|error| crate::error_chain(&error))?;
     let mut holders: Vec<String> = list
         .items
         .into_iter()
@@ -83,20 +78,14 @@ pub async fn apiserver_processes(
 
 /// Whether `token`, a continue token of `resource`, can still be read: one object's metadata is
 /// asked for from it.
-pub async fn snapshot(
-    client: &Client,
-    fence: &Fence,
-    timeout: std::time::Duration,
-    resource: &Resource,
-    token: &str,
-) -> Snapshot {
+pub async fn snapshot(requests: &Requests, resource: &Resource, token: &str) -> Snapshot {
     let params = ListParams::default().limit(1).continue_token(token);
     let request = match kube::core::Request::new(resource.collection_path()).list_metadata(&params)
     {
         Ok(request) => request,
         Err(error) => return Snapshot::Unreadable(crate::error_chain(&error)),
     };
-    match bounded(fence, timeout, client.request_text(request)).await {
+    match requests.send(requests.client().request_text(request)).await {
         Ok(_) => Snapshot::Readable,
         Err(RequestError::Api(kube::Error::Api(status))) if status.code == 410 => {
             Snapshot::Unreadable(

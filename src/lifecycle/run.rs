@@ -38,7 +38,7 @@ impl<H: Host> Lifecycle<'_, H> {
             write_to_status: self.writes_to_status(resource),
             pace: self.host.migration().requested_pace(),
             resume: start.progress,
-            fence: self.cluster.fence.clone(),
+            fence: self.cluster.requests.fence().clone(),
             clean_managed_fields: self.cleaning(crd),
             budget: self.host.migration().requested_budget().and_then(Result::ok),
         };
@@ -69,7 +69,7 @@ impl<H: Host> Lifecycle<'_, H> {
                 let _ = (&mut run).await;
                 // Deleted or finished by someone else: the CRD is no longer being migrated by
                 // this lifecycle. A process that lost its term leaves it to the next one.
-                if self.cluster.fence.holds() {
+                if self.cluster.requests.fence().holds() {
                     self.unmark().await;
                 }
                 let progress = latest.borrow().clone();

@@ -14,7 +14,7 @@ use tracing::warn;
 use crate::api::MigrationTarget;
 use crate::api::conditions::{STATUS_FALSE, STATUS_TRUE, STORAGE_MIGRATING, storage_migrating};
 use crate::apiserver::answers;
-use crate::apiserver::fence::{RequestError, bounded};
+use crate::apiserver::requests::RequestError;
 use crate::engine::Resource;
 use crate::evidence::conversion;
 use crate::evidence::encoding::{self};
@@ -33,8 +33,8 @@ pub async fn conversion_preflight(
     resource: &Resource,
     crd: &CustomResourceDefinition,
 ) -> Result<(), conversion::Unavailable> {
-    let timeout = cluster.request_timeout;
-    conversion::preflight(cluster.client, crd, Some(&resource.version), timeout).await
+    let (client, timeout) = (cluster.requests.client(), cluster.requests.timeout());
+    conversion::preflight(client, crd, Some(&resource.version), timeout).await
 }
 
 /// Why a resource's encoding cannot be checked.
@@ -101,7 +101,7 @@ pub async fn target_of(
             ),
         },
         false => {
-            let confirming = cluster.observer.confirm(cluster.client, cluster.config, &check);
+            let confirming = cluster.observer.confirm(cluster.requests, &check);
             // A CRD whose storage changes during the check makes its verdict moot: no need to
             // wait it out. Other changes to it are followed, and the target records the last.
             match (&state, followed.as_mut()) {
@@ -148,8 +148,8 @@ pub async fn stores_nothing(cluster: &Cluster<'_>, resource: &Resource) -> bool 
     let params = ListParams::default().limit(1);
     let request = kube::core::Request::new(resource.collection_path()).list_metadata(&params);
     let Ok(request) = request else { return false };
-    let listed = cluster.client.request::<serde_json::Value>(request);
-    match bounded(cluster.fence, cluster.request_timeout, listed).await {
+    let listed = cluster.requests.client().request::<serde_json::Value>(request);
+    match cluster.requests.send(listed).await {
         Ok(list) => lists_nothing(&list),
         Err(_) => false,
     }
@@ -195,9 +195,8 @@ async fn set_condition(
     migrating: bool,
     by: &str,
 ) -> Result<(), RequestError> {
-    let crds: Api<CustomResourceDefinition> = Api::all(cluster.client.clone());
-    let (fence, timeout) = (cluster.fence, cluster.request_timeout);
-    let mut crd = bounded(fence, timeout, crds.get(name)).await?;
+    let crds: Api<CustomResourceDefinition> = Api::all(cluster.requests.client().clone());
+    let mut crd = cluster.requests.send(crds.get(name)).await?;
     let status = crd.status.get_or_insert_with(Default::default);
     let conditions = status.conditions.get_or_insert_with(Vec::new);
     let (state, reason, message) = if migrating {
@@ -220,7 +219,7 @@ async fn set_condition(
         last_transition_time: Some(Time(Timestamp::now())),
         observed_generation: None,
     });
-    bounded(fence, timeout, crds.replace_status(name, &PostParams::default(), &crd)).await?;
+    cluster.requests.send(crds.replace_status(name, &PostParams::default(), &crd)).await?;
     Ok(())
 }
 

@@ -22,7 +22,7 @@ use crate::api::{
     GroupResource, GroupVersionResource, StorageVersionMigration, StorageVersionMigrationSpec,
     StorageVersionMigrationStatus,
 };
-use crate::apiserver::fence::Fence;
+use crate::apiserver::requests::Requests;
 use crate::engine::{Engine, Progress};
 use crate::evidence::encoding::{EncodingPolicy, Observer};
 use crate::lifecycle::cluster::Cluster;
@@ -63,13 +63,9 @@ pub struct Choices {
 
 /// What the migrations of one `kube-svm migrate` share.
 pub struct Migrator<C> {
-    /// The cluster's client.
-    pub client: Client,
-    /// The cluster's configuration with a deadline on every request (the encoding checks make
-    /// fresh clients from it).
-    pub requests: kube::Config,
-    /// The longest any one request may take.
-    pub request_timeout: Duration,
+    /// The way to the cluster's apiserver, a deadline on every request; its fence never
+    /// closes, as this process is the only writer it knows of.
+    pub requests: Requests,
     /// How the encoding is confirmed before the first write.
     pub encoding: EncodingPolicy,
     /// Migrates the objects.
@@ -84,8 +80,6 @@ pub struct Migrator<C> {
     pub stop: CancellationToken,
     /// The encoding checks' shared samples.
     pub observer: Observer,
-    /// Always open: this process is the only writer it knows of.
-    pub fence: Fence,
 }
 
 /// How one resource's migration ended.
@@ -115,14 +109,7 @@ pub enum Outcome {
 
 impl<C: Console> Migrator<C> {
     fn cluster(&self) -> Cluster<'_> {
-        Cluster {
-            client: &self.client,
-            config: &self.requests,
-            fence: &self.fence,
-            request_timeout: self.request_timeout,
-            encoding: self.encoding,
-            observer: &self.observer,
-        }
+        Cluster { requests: &self.requests, encoding: self.encoding, observer: &self.observer }
     }
 
     /// One resource's migration, through the controller's lifecycle.
@@ -170,7 +157,7 @@ impl<C: Console> Migrator<C> {
     async fn wait_for_others(&self, name: &GroupResource) -> Result<(), Outcome> {
         let mut said = false;
         loop {
-            let running = others::running_for(&self.client, name).await.map_err(|error| {
+            let running = others::running_for(self.requests.client(), name).await.map_err(|error| {
                 let why = format!(
                     "cannot tell whether another migrator is migrating it, so it was not started: {}",
                     crate::error_chain(&error)

@@ -13,8 +13,9 @@ use kube::Api;
 use kube::api::{DeleteParams, Preconditions};
 use tracing::{debug, info};
 
-use super::{Requests, TRIGGER_LABEL};
+use super::TRIGGER_LABEL;
 use crate::api::{Phase, StorageVersionMigration};
+use crate::apiserver::requests::Requests;
 
 /// Finished migrations of the discovery trigger kept per resource by default, newest first: ten
 /// failures in a row double the first wait (a settle period) past any `--discovery-interval` a
@@ -56,7 +57,7 @@ pub fn forgotten(migrations: &[StorageVersionMigration], kept: usize) -> Vec<(St
 /// Deletes what [`forgotten`] names of `migrations`, each only while it is the one read (its uid
 /// as a precondition). A deletion that fails is tried again at the next poll.
 pub async fn forget(
-    requests: Requests<'_>,
+    requests: &Requests,
     api: &Api<StorageVersionMigration>,
     migrations: &[StorageVersionMigration],
     kept: usize,

@@ -13,9 +13,8 @@ use kube_svm::api::{
     GroupResource, PERSISTED_SINCE_ANNOTATION, Phase, StorageState, StorageStateSpec,
     StorageVersionMigration, StorageVersionMigrationSpec,
 };
-use kube_svm::apiserver::fence::Fence;
+use kube_svm::apiserver::requests::Requests;
 use kube_svm::rules::storage_hash::storage_version_hash;
-use kube_svm::trigger::Requests;
 use kube_svm::trigger::discovery::{Error, TARGET_HASH_ANNOTATION, write_state};
 use kube_svm::trigger::storage_state::next_status;
 use serde_json::json;
@@ -279,14 +278,14 @@ async fn one_migration_per_storage_switch() {
 /// leader has written) is refused by the apiserver and changes nothing.
 #[tokio::test]
 async fn a_storage_state_write_from_an_older_read_changes_nothing() {
-    let Scenario { client, .. } = Scenario::shared().await;
+    let Scenario { client, control_plane } = Scenario::shared().await;
     let resource = GroupResource {
         group: format!("{}.svm.example.com", unique("stale-write")),
         resource: "widgets".into(),
     };
     let states: Api<StorageState> = Api::all(client.clone());
-    let fence = Fence::open();
-    let requests = Requests { fence: &fence, timeout: Duration::from_secs(30) };
+    let config = control_plane.config().await;
+    let requests = &Requests::new(config, Duration::from_secs(30)).expect("a client");
     let stale_after = Duration::from_secs(1200);
     let now = Timestamp::now;
 

@@ -16,6 +16,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use kube_svm::api::{Phase, StorageState, StorageVersionMigration};
+use kube_svm::apiserver::requests::Requests;
 use kube_svm::evidence::{apiservers, encoding};
 use kube_svm::rules::storage_hash::storage_version_hash;
 use serde_json::json;
@@ -663,11 +664,11 @@ async fn an_aggregated_api_is_never_confirmed_by_sampling() {
         kind: "Thing".into(),
         expected: encoding::Expected::Hash { hash: "AAAAAAAAAAA=".into(), served: "v1".into() },
         generation: 0,
-        settle: Duration::from_secs(1),
-        wait: PHASE,
+        policy: encoding::EncodingPolicy { settle: Duration::from_secs(1), wait: PHASE },
     };
     let started = Instant::now();
-    let verdict = encoding::confirm(&client, &control_plane.config().await, &check).await;
+    let requests = Requests::new(control_plane.config().await, Duration::from_secs(30)).unwrap();
+    let verdict = encoding::confirm(&requests, &check).await;
     let kube_svm::rules::encoding::Encoding::Unconfirmed(why) = verdict else {
         panic!("confirmed: {verdict:?}")
     };

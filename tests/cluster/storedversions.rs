@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{Api, Client, ResourceExt};
 use kube_svm::api::{BACKLOG_ANNOTATION, Phase, StorageVersionMigration};
+use kube_svm::apiserver::requests::Requests;
 use kube_svm::evidence::encoding;
 use kube_svm::rules::encoding::Encoding;
 use kube_svm::trigger::crd::OPT_OUT_ANNOTATION;
@@ -145,13 +146,14 @@ async fn storage_switch_is_migrated_and_pruned_by_the_storage_version_api() {
     ];
     // kube-apiserver publishes StorageVersions for built-in resources only: for the CRD the
     // evidence comes from discovery, and says why.
-    let (control_plane, client) =
+    let (control_plane, _) =
         storage_switch_ends_with_v1_removable(&flags, "the StorageVersion API has no entry").await;
 
     // For a built-in resource the StorageVersion API answers.
     let config = control_plane.config().await;
+    let requests = Requests::new(config, Duration::from_secs(30)).expect("a client");
     let confirm = |version: &'static str| {
-        let (client, config) = (client.clone(), config.clone());
+        let requests = requests.clone();
         async move {
             let check = encoding::Check {
                 group: "apps".into(),
@@ -159,10 +161,9 @@ async fn storage_switch_is_migrated_and_pruned_by_the_storage_version_api() {
                 kind: "Deployment".into(),
                 expected: encoding::Expected::StorageVersion(version.into()),
                 generation: 1,
-                settle: Duration::ZERO,
-                wait: Duration::ZERO,
+                policy: encoding::EncodingPolicy::AT_ONCE,
             };
-            encoding::confirm(&client, &config, &check).await
+            encoding::confirm(&requests, &check).await
         }
     };
     let by_the_api = Encoding::Confirmed {

@@ -12,13 +12,13 @@
 
 use std::time::Duration;
 
-use kube::Client;
 use tokio::time::Instant;
 
 mod observer;
 mod rounds;
 mod settle;
 
+use crate::apiserver::requests::Requests;
 use crate::evidence::apiservers;
 use crate::rules::encoding::Encoding;
 use crate::rules::storage_hash::storage_version_hash;
@@ -40,10 +40,9 @@ pub struct Check {
     /// The CRD's generation the check is for: a storage switch bumps it, and with it the check
     /// starts anew, even back to a version confirmed before. 0 for a built-in resource.
     pub generation: i64,
-    /// How long discovery must publish the expected hash without a disagreement.
-    pub settle: Duration,
-    /// How long to wait, in all, for the expected hash to appear and settle.
-    pub wait: Duration,
+    /// How long discovery must publish the expected hash without a disagreement, and how long
+    /// to wait, in all, for it to appear and settle.
+    pub policy: EncodingPolicy,
 }
 
 /// How long encoding checks take: discovery must agree for `settle` (with enough samples for
@@ -54,6 +53,12 @@ pub struct EncodingPolicy {
     pub settle: Duration,
     /// Longest wait for the hash to appear and settle (`--storage-version-wait`).
     pub wait: Duration,
+}
+
+impl EncodingPolicy {
+    /// No settle and no wait: one look decides.
+    pub const AT_ONCE: EncodingPolicy =
+        EncodingPolicy { settle: Duration::ZERO, wait: Duration::ZERO };
 }
 
 /// What the apiservers must encode a resource in.
@@ -100,8 +105,7 @@ impl Check {
             kind: kind.to_owned(),
             expected,
             generation,
-            settle: policy.settle,
-            wait: policy.wait,
+            policy,
         }
     }
 
@@ -150,10 +154,10 @@ impl Check {
     /// connections can be had, since how many apiservers the samples reach depends on how many
     /// new connections there are, not on the time between them.
     fn sample_interval(&self, samples: u32) -> Duration {
-        if self.settle.is_zero() {
+        if self.policy.settle.is_zero() {
             return QUICK_SAMPLE_INTERVAL;
         }
-        (self.settle / samples.max(1)).clamp(MIN_SAMPLE_INTERVAL, MAX_SAMPLE_INTERVAL)
+        (self.policy.settle / samples.max(1)).clamp(MIN_SAMPLE_INTERVAL, MAX_SAMPLE_INTERVAL)
     }
 }
 
@@ -161,24 +165,19 @@ impl Check {
 /// `check.wait` has passed. `config` makes a fresh client (and so a fresh connection) for every
 /// discovery sample; what [`apiservers::survey`] reads first says whether such samples can
 /// reach every apiserver, and how many are needed.
-pub async fn confirm(client: &Client, config: &kube::Config, check: &Check) -> Encoding {
-    confirm_with(client, config, check, &Rounds::default()).await
+pub async fn confirm(requests: &Requests, check: &Check) -> Encoding {
+    confirm_with(requests, check, &Rounds::default()).await
 }
 
 /// [`confirm`], its discovery samples taken from `rounds`, shared with the other checks.
-async fn confirm_with(
-    client: &Client,
-    config: &kube::Config,
-    check: &Check,
-    rounds: &Rounds,
-) -> Encoding {
-    let survey = apiservers::survey(client, &check.group, check.version()).await;
+async fn confirm_with(requests: &Requests, check: &Check, rounds: &Rounds) -> Encoding {
+    let survey = apiservers::survey(requests.client(), &check.group, check.version()).await;
     let mut settle = Settle::new(check, apiservers::sampling(&survey), Instant::now());
     let interval = check.sample_interval(settle.samples);
-    let mut sampling = rounds.join(config, &check.discovery_version(), interval);
+    let mut sampling = rounds.join(requests, &check.discovery_version(), interval);
     loop {
         if settle.needs_survey() {
-            let survey = apiservers::survey(client, &check.group, check.version()).await;
+            let survey = apiservers::survey(requests.client(), &check.group, check.version()).await;
             settle.resurvey(apiservers::sampling(&survey));
         }
         let round = sampling.next().await;
@@ -218,11 +217,11 @@ pub enum AtEnd {
 
 /// Samples discovery through fresh connections as often as the apiservers' number asks, and
 /// says whether they all still publish `check`'s expected hash.
-pub async fn at_end(client: &Client, config: &kube::Config, check: &Check) -> AtEnd {
-    let apiservers = apiservers::apiservers_or_assumed(client).await;
+pub async fn at_end(requests: &Requests, check: &Check) -> AtEnd {
+    let apiservers = apiservers::apiservers_or_assumed(requests.client()).await;
     let mut seen = std::collections::BTreeMap::new();
     for _ in 0..samples_needed(apiservers) {
-        let sample = match published_hash(config, check).await {
+        let sample = match published_hash(requests, check).await {
             Ok(hash) => hash.unwrap_or_else(|| "none".to_owned()),
             Err(error) => format!("an error ({error})"),
         };
@@ -275,8 +274,8 @@ pub fn judge_during_run(expected: &str, sample: Result<Option<String>, String>) 
 
 /// One discovery sample through a new connection (behind a load balancer, consecutive samples
 /// may reach different apiservers), judged against `check`'s expected hash.
-pub async fn sample_during_run(config: &kube::Config, check: &Check) -> DuringRun {
-    judge_during_run(&check.expected_hash(), published_hash(config, check).await)
+pub async fn sample_during_run(requests: &Requests, check: &Check) -> DuringRun {
+    judge_during_run(&check.expected_hash(), published_hash(requests, check).await)
 }
 
 /// How long one discovery sample may take: an apiserver that does not answer (frozen, or its
@@ -284,18 +283,15 @@ pub async fn sample_during_run(config: &kube::Config, check: &Check) -> DuringRu
 const SAMPLE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The hash discovery publishes for the resource, read through a new connection.
-async fn published_hash(config: &kube::Config, check: &Check) -> Result<Option<String>, String> {
-    match tokio::time::timeout(SAMPLE_TIMEOUT, published_hash_now(config, check)).await {
+async fn published_hash(requests: &Requests, check: &Check) -> Result<Option<String>, String> {
+    match tokio::time::timeout(SAMPLE_TIMEOUT, published_hash_now(requests, check)).await {
         Ok(published) => published,
         Err(_) => Err(format!("no answer within {SAMPLE_TIMEOUT:?}")),
     }
 }
 
-async fn published_hash_now(
-    config: &kube::Config,
-    check: &Check,
-) -> Result<Option<String>, String> {
-    let client = Client::try_from(config.clone()).map_err(|e| crate::error_chain(&e))?;
+async fn published_hash_now(requests: &Requests, check: &Check) -> Result<Option<String>, String> {
+    let client = requests.fresh_client().map_err(|e| crate::error_chain(&e))?;
     let api_version = check.discovery_version();
     let list = match check.group.as_str() {
         "" => client.list_core_api_resources(&api_version).await,
@@ -324,8 +320,7 @@ mod tests {
             kind: "Widget".into(),
             expected: Expected::StorageVersion("v2".into()),
             generation: 2,
-            settle,
-            wait: Duration::from_secs(60),
+            policy: EncodingPolicy { settle, wait: Duration::from_secs(60) },
         }
     }
 
@@ -441,7 +436,8 @@ mod tests {
         assert!(why.contains(&storage_version_hash("example.com", "v1", "Widget")), "{why}");
         assert!(why.contains("kube-svm.io/encoding-confirmed"), "{why}");
         // An error is no confirmation either.
-        let impatient = Check { wait: Duration::ZERO, ..check("example.com", Duration::ZERO) };
+        let impatient =
+            Check { policy: EncodingPolicy::AT_ONCE, ..check("example.com", Duration::ZERO) };
         let mut settle = settle_of(&impatient, start);
         let verdict = settle.observe(Sample::Discovery(Err("refused".into())), at(start, 0));
         assert!(matches!(verdict, Some(Encoding::Unconfirmed(why)) if why.contains("refused")));
@@ -560,8 +556,10 @@ mod tests {
             count: counted(3),
             why: "connection refused".into(),
         });
-        let patient =
-            Check { wait: Duration::from_secs(10), ..check("example.com", Duration::ZERO) };
+        let patient = Check {
+            policy: EncodingPolicy { settle: Duration::ZERO, wait: Duration::from_secs(10) },
+            ..check("example.com", Duration::ZERO)
+        };
         let mut settle = Settle::new(&patient, unread.clone(), start);
         assert!(settle.needs_survey());
         assert_eq!(settle.observe(Sample::Discovery(hash("v2")), start), None);

@@ -6,11 +6,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kube::Client;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{Check, Expected, Rounds, Settle, confirm_with, sample_of};
+use super::{Check, EncodingPolicy, Expected, Rounds, Settle, confirm_with, sample_of};
+use crate::apiserver::requests::Requests;
 use crate::evidence::apiservers;
 use crate::rules::encoding::Encoding;
 
@@ -94,27 +94,27 @@ fn first_proof(by: &str) -> &str {
 
 impl Observer {
     /// Starts checking `check` in the background unless that is under way or confirmed.
-    pub fn observe(&self, client: &Client, config: &kube::Config, check: &Check) {
-        let _ = self.observation(client, config, check, false);
+    pub fn observe(&self, requests: &Requests, check: &Check) {
+        let _ = self.observation(requests, check, false);
     }
 
     /// The verdict on `check`: the background check's, taken again quickly if it is more than a
     /// few seconds old (it must still hold), or a new check's.
-    pub async fn confirm(&self, client: &Client, config: &kube::Config, check: &Check) -> Encoding {
-        let observation = self.observation(client, config, check, false);
+    pub async fn confirm(&self, requests: &Requests, check: &Check) -> Encoding {
+        let observation = self.observation(requests, check, false);
         let Some((encoding, at)) = settled(observation.verdict.subscribe()).await else {
             return Encoding::Unconfirmed("the encoding check stopped".to_owned());
         };
         let Encoding::Confirmed { by } = encoding else {
             // Given up before: look again, things may have settled since.
-            return self.fresh(client, config, check).await;
+            return self.fresh(requests, check).await;
         };
         if at.elapsed() < FRESH_FOR {
             return Encoding::Confirmed { by };
         }
         // Still so? A short look (two agreeing samples) before trusting it.
-        let quick = Check { settle: Duration::ZERO, wait: Duration::ZERO, ..check.clone() };
-        match confirm_with(client, config, &quick, &self.rounds).await {
+        let quick = Check { policy: EncodingPolicy::AT_ONCE, ..check.clone() };
+        match confirm_with(requests, &quick, &self.rounds).await {
             Encoding::Confirmed { .. } => {
                 let age = at.elapsed().as_secs_f64();
                 let by = format!("{}{AGAIN} {age:.0} s later", first_proof(&by));
@@ -123,7 +123,7 @@ impl Observer {
                     .send_replace(Some((Encoding::Confirmed { by: by.clone() }, Instant::now())));
                 Encoding::Confirmed { by }
             }
-            Encoding::Unconfirmed(_) => self.fresh(client, config, check).await,
+            Encoding::Unconfirmed(_) => self.fresh(requests, check).await,
         }
     }
 
@@ -135,13 +135,13 @@ impl Observer {
     /// look at the turn would be. A disagreement, or a sample that fails, stops it: the
     /// confirmation then ages, and the look at the turn decides. Returns at once when there is
     /// no confirmation to keep.
-    pub async fn keep_fresh(&self, client: &Client, config: &kube::Config, check: &Check) {
+    pub async fn keep_fresh(&self, requests: &Requests, check: &Check) {
         let Some(observation) = self.existing(check) else { return };
-        let survey = apiservers::survey(client, &check.group, check.version()).await;
-        let quick = Check { settle: Duration::ZERO, wait: Duration::ZERO, ..check.clone() };
+        let survey = apiservers::survey(requests.client(), &check.group, check.version()).await;
+        let quick = Check { policy: EncodingPolicy::AT_ONCE, ..check.clone() };
         let mut settle = Settle::new(&quick, apiservers::sampling(&survey), Instant::now());
         let mut sampling =
-            self.rounds.join(config, &check.discovery_version(), KEEP_FRESH_INTERVAL);
+            self.rounds.join(requests, &check.discovery_version(), KEEP_FRESH_INTERVAL);
         let mut in_a_row = 0u32;
         loop {
             let round = sampling.next().await;
@@ -171,21 +171,15 @@ impl Observer {
     }
 
     /// A new check, replacing the one kept, awaited.
-    async fn fresh(&self, client: &Client, config: &kube::Config, check: &Check) -> Encoding {
-        let verdict = self.observation(client, config, check, true).verdict.subscribe();
+    async fn fresh(&self, requests: &Requests, check: &Check) -> Encoding {
+        let verdict = self.observation(requests, check, true).verdict.subscribe();
         match settled(verdict).await {
             Some((encoding, _)) => encoding,
             None => Encoding::Unconfirmed("the encoding check stopped".to_owned()),
         }
     }
 
-    fn observation(
-        &self,
-        client: &Client,
-        config: &kube::Config,
-        check: &Check,
-        anew: bool,
-    ) -> Observation {
+    fn observation(&self, requests: &Requests, check: &Check, anew: bool) -> Observation {
         let key = key_of(check);
         let mut checks = self.checks.lock().unwrap_or_else(|p| p.into_inner());
         if !anew && let Some(existing) = checks.get(&key) {
@@ -193,11 +187,11 @@ impl Observer {
         }
         let report = Arc::new(watch::Sender::new(None));
         let observation = Observation { verdict: report.clone() };
-        let (client, config, check) = (client.clone(), config.clone(), check.clone());
+        let (requests, check) = (requests.clone(), check.clone());
         let rounds = self.rounds.clone();
         tokio::spawn(async move {
             let started = k8s_openapi::jiff::Timestamp::now();
-            let encoding = match confirm_with(&client, &config, &check, &rounds).await {
+            let encoding = match confirm_with(&requests, &check, &rounds).await {
                 Encoding::Confirmed { by } => {
                     Encoding::Confirmed { by: format!("{by} (checked from {started:.0})") }
                 }

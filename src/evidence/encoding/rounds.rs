@@ -11,6 +11,7 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 
 use super::{MAX_SAMPLE_INTERVAL, SAMPLE_TIMEOUT, STORAGE_VERSION_API};
+use crate::apiserver::requests::Requests;
 
 /// Discovery samples shared by every encoding check of a process. A round asks one apiserver,
 /// through one new connection, for the discovery document of every group version a check waits
@@ -67,7 +68,7 @@ impl Rounds {
     /// is dropping what is returned.
     pub(super) fn join(
         &self,
-        config: &kube::Config,
+        requests: &Requests,
         group_version: &str,
         interval: Duration,
     ) -> Sampling {
@@ -78,7 +79,7 @@ impl Rounds {
         state.joined.notify_one();
         if !state.running {
             state.running = true;
-            tokio::spawn(take_rounds(self.clone(), config.clone()));
+            tokio::spawn(take_rounds(self.clone(), requests.clone()));
         }
         Sampling {
             rounds: self.clone(),
@@ -92,7 +93,7 @@ impl Rounds {
 
 /// Takes rounds while some check wants them, each as soon as the most impatient check wants its
 /// next sample.
-async fn take_rounds(rounds: Rounds, config: kube::Config) {
+async fn take_rounds(rounds: Rounds, requests: Requests) {
     let mut number = 0;
     loop {
         let (wanted, sender, joined) = {
@@ -106,7 +107,7 @@ async fn take_rounds(rounds: Rounds, config: kube::Config) {
             (wanted, sender, state.joined.clone())
         };
         number += 1;
-        let round = take_round(&config, number, &wanted).await;
+        let round = take_round(&requests, number, &wanted).await;
         sender.send_replace(Some(Arc::new(round)));
         let interval = {
             let state = rounds.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -121,9 +122,9 @@ async fn take_rounds(rounds: Rounds, config: kube::Config) {
 
 /// One round: one new client (one new connection, kept for the round's requests), asking for
 /// every group version in `wanted`.
-async fn take_round(config: &kube::Config, number: u64, wanted: &[String]) -> Round {
+async fn take_round(requests: &Requests, number: u64, wanted: &[String]) -> Round {
     let mut round = Round { number, ..Round::default() };
-    let client = match Client::try_from(config.clone()) {
+    let client = match requests.fresh_client() {
         Ok(client) => client,
         Err(error) => {
             let error = crate::error_chain(&error);

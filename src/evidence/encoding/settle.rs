@@ -95,8 +95,8 @@ impl Settle {
         let apiservers = sampling.as_ref().map_or(1, |count| count.apiservers);
         Settle {
             expected_hash: check.expected_hash(),
-            settle: check.settle,
-            deadline: now + check.wait,
+            settle: check.policy.settle,
+            deadline: now + check.policy.wait,
             samples: samples_needed(apiservers),
             sampling,
             agreeing: None,
@@ -225,7 +225,7 @@ impl Settle {
                 self.expected_hash,
                 self.samples,
                 self.settle.as_secs_f64(),
-                self.check.wait.as_secs_f64(),
+                self.check.policy.wait.as_secs_f64(),
                 match &self.sampling {
                     Ok(count) => count.counted.clone(),
                     Err(unsampleable) => unsampleable.to_string(),

@@ -26,20 +26,19 @@ use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 mod names;
 
 pub use super::TRIGGER_LABEL;
-use super::{Clients, Requests, is_conflict};
+use super::is_conflict;
 use crate::api::{
     BACKLOG_ANNOTATION, CLEAN_MANAGED_FIELDS_ANNOTATION, GroupVersionResource, Phase,
     StorageVersionMigration, StorageVersionMigrationSpec,
 };
-use crate::apiserver::fence::Fence;
-use crate::apiserver::fence::RequestError;
+use crate::apiserver::requests::{RequestError, Requests};
 use crate::evidence::encoding::{Check, EncodingPolicy, Expected, Observer};
 use crate::rules::crd::CrdState;
 pub use names::{CRD_UID_ANNOTATION, cleaning_name, created_for, migration_name, recreated_name};
@@ -233,8 +232,6 @@ pub struct Settings {
     pub encoding: EncodingPolicy,
     /// Told of every CRD change (the discovery trigger polls then).
     pub poke: Option<Arc<tokio::sync::Notify>>,
-    /// Longest time one request may go unanswered.
-    pub request_timeout: Duration,
     /// Also migrate a CRD that stopped serving a version, removing the `managedFields` entries
     /// that name it (`--clean-managed-fields`).
     pub clean_managed_fields: bool,
@@ -263,9 +260,7 @@ fn encoding_check(crd: &CustomResourceDefinition, settings: &Settings) -> Option
 }
 
 struct Context {
-    client: Client,
-    config: kube::Config,
-    fence: Fence,
+    requests: Requests,
     settings: Settings,
     /// The generation each CRD (by uid) had when the discovery trigger was last told of it.
     told: std::sync::Mutex<std::collections::HashMap<String, i64>>,
@@ -276,11 +271,10 @@ struct Context {
     first_seen: std::sync::Mutex<std::collections::HashMap<String, i64>>,
 }
 
-/// Runs until `stop` fires; creates nothing once `fence` closes.
-pub async fn run(clients: Clients, settings: Settings, fence: Fence, stop: CancellationToken) {
-    let Clients { requests: client, watches, config } = clients;
-    let crds: Api<CustomResourceDefinition> = Api::all(watches.clone());
-    let migrations: Api<StorageVersionMigration> = Api::all(watches);
+/// Runs until `stop` fires; creates nothing once the leader's term of `requests` ends.
+pub async fn run(requests: Requests, settings: Settings, stop: CancellationToken) {
+    let crds: Api<CustomResourceDefinition> = Api::all(requests.watches().clone());
+    let migrations: Api<StorageVersionMigration> = Api::all(requests.watches().clone());
     let controller = Controller::new(crds, watcher::Config::default());
     // A finished migration may leave its CRD needing another: look at the CRD again. Built-in
     // resources have no CRD to look at.
@@ -297,9 +291,7 @@ pub async fn run(clients: Clients, settings: Settings, fence: Fence, stop: Cance
             reconcile,
             error_policy,
             Arc::new(Context {
-                client,
-                config,
-                fence,
+                requests,
                 settings,
                 told: Default::default(),
                 unserved_since: UnservedSince::default(),
@@ -341,7 +333,7 @@ async fn reconcile(
     }
     // Whoever creates the migration, the encoding check starts now, at the storage switch.
     if let Some(check) = encoding_check(&crd, &context.settings) {
-        context.settings.observer.observe(&context.client, &context.config, &check);
+        context.settings.observer.observe(&context.requests, &check);
     }
     let settings = &context.settings;
     // Unserving is the step that can be undone: the field ownership recorded at an unserved
@@ -369,8 +361,8 @@ async fn reconcile(
     if !context.settings.create {
         return Ok(Action::await_change());
     }
-    let api: Api<StorageVersionMigration> = Api::all(context.client.clone());
-    let requests = Requests { fence: &context.fence, timeout: context.settings.request_timeout };
+    let api: Api<StorageVersionMigration> = Api::all(context.requests.client().clone());
+    let requests = &context.requests;
     let existing = requests.send(api.list(&Default::default())).await.map_err(Error::List)?;
     // The discovery trigger's sweep does not hold back a switch seen since the start: the
     // migration created here waits for the sweep's of the same resource, which writes in this
@@ -437,7 +429,7 @@ async fn reconcile(
 /// Asks for a retry of the migration the trigger created for a CRD's current state, when
 /// [`retry_of`] says it is due; otherwise looks again when it will be.
 async fn retry(
-    requests: Requests<'_>,
+    requests: &Requests,
     api: &Api<StorageVersionMigration>,
     own: &StorageVersionMigration,
     first: Duration,
@@ -652,14 +644,14 @@ mod tests {
         use serde_json::{Value, json};
 
         use super::*;
-        use crate::apiserver::fake::{self, Requests};
+        use crate::apiserver::fake::{self, Recorded};
 
         const MIGRATIONS: &str = "/apis/migration.k8s.io/v1alpha1/storageversionmigrations";
 
         fn trigger(
             migrations: Vec<StorageVersionMigration>,
             create: bool,
-        ) -> (Arc<Context>, Requests) {
+        ) -> (Arc<Context>, Recorded) {
             let items: Vec<Value> =
                 migrations.iter().map(|m| serde_json::to_value(m).unwrap()).collect();
             let (client, requests) = fake::client(move |sent| {
@@ -689,15 +681,12 @@ mod tests {
                     wait: Duration::from_secs(3600),
                 },
                 poke: None,
-                request_timeout: Duration::from_secs(10),
                 clean_managed_fields: false,
                 clean_after: Duration::from_secs(86_400),
                 retry_delay: Duration::from_secs(60),
             };
             let context = Context {
-                client,
-                config: fake::config(),
-                fence: Fence::open(),
+                requests: fake::requests(client),
                 settings,
                 told: Default::default(),
                 unserved_since: UnservedSince::default(),
@@ -715,7 +704,7 @@ mod tests {
         }
 
         /// The migrations created so far.
-        fn created_by(requests: &Requests) -> Vec<StorageVersionMigration> {
+        fn created_by(requests: &Recorded) -> Vec<StorageVersionMigration> {
             let writes = requests.writes().into_iter();
             let posts = writes.filter(|w| w.method == "POST" && w.path == MIGRATIONS);
             posts.map(|w| serde_json::from_value(w.body).unwrap()).collect()

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
-use kube::{Api, Client};
+use kube::Api;
 
 use super::Error;
 use crate::api::GroupResource;
-use crate::trigger::Requests;
+use crate::apiserver::requests::Requests;
 
 /// How long one group's discovery may take: an aggregated API whose backend hangs must not
 /// hold up the others for a whole request timeout.
@@ -28,10 +28,8 @@ pub(super) struct Discovered {
 /// Every migratable resource discovery shows, read through a new connection (so that, behind a
 /// load balancer, consecutive polls may reach different apiservers); and the group versions
 /// whose discovery failed.
-pub(super) async fn discover(
-    config: &kube::Config,
-) -> Result<(Vec<Discovered>, Vec<String>), Error> {
-    let client = Client::try_from(config.clone()).map_err(Error::Discovery)?;
+pub(super) async fn discover(requests: &Requests) -> Result<(Vec<Discovered>, Vec<String>), Error> {
+    let client = requests.fresh_client().map_err(Error::Discovery)?;
     let mut lists: Vec<(String, String, APIResourceList)> = Vec::new();
     let mut unexamined = Vec::new();
     let core = client.list_core_api_resources("v1").await.map_err(Error::Discovery)?;
@@ -76,8 +74,8 @@ pub(super) async fn discover(
 
 /// The names of the cluster's CRDs (`<plural>.<group>`, as a StorageState's), read as
 /// metadata only; none when they cannot be read (every new hash then gets a check of its own).
-pub(super) async fn crd_names(requests: Requests<'_>, client: &Client) -> BTreeSet<String> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+pub(super) async fn crd_names(requests: &Requests) -> BTreeSet<String> {
+    let crds: Api<CustomResourceDefinition> = Api::all(requests.client().clone());
     match requests.send(crds.list_metadata(&Default::default())).await {
         Ok(list) => list.items.into_iter().filter_map(|crd| crd.metadata.name).collect(),
         Err(_) => BTreeSet::new(),

@@ -17,12 +17,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::storage_state::{self, Guard, Trust};
-use super::{Clients, Requests, TRIGGER_LABEL, is_conflict};
+use super::{TRIGGER_LABEL, is_conflict};
 use crate::api::{
     GroupResource, GroupVersionResource, PERSISTED_SINCE_ANNOTATION, Phase, StorageState,
     StorageStateSpec, StorageVersionMigration, StorageVersionMigrationSpec,
 };
-use crate::apiserver::fence::RequestError;
+use crate::apiserver::requests::{RequestError, Requests};
 use crate::evidence::encoding::{self, EncodingPolicy, Observer};
 use crate::rules::backoff::doubling;
 use found::{Discovered, crd_names, discover};
@@ -78,21 +78,14 @@ pub struct Settings {
     pub encoding: EncodingPolicy,
     /// Fired when a CRD changes or one of its migrations ends: poll soon.
     pub poke: Arc<Notify>,
-    /// Longest time one request may go unanswered.
-    pub request_timeout: Duration,
     /// Finished migrations of its own kept per resource; older ones are deleted.
     pub keep_finished: usize,
     /// Where encoding checks start as soon as a new hash is seen.
     pub observer: Observer,
 }
 
-/// Polls until `stop` fires; writes nothing once `fence` closes.
-pub async fn run(
-    clients: Clients,
-    settings: Settings,
-    fence: crate::apiserver::fence::Fence,
-    stop: CancellationToken,
-) {
+/// Polls until `stop` fires; writes nothing once the leader's term of `requests` ends.
+pub async fn run(requests: Requests, settings: Settings, stop: CancellationToken) {
     let mut guard = Guard::default();
     // Successes that proved nothing, by UID, once said.
     let mut explained = HashSet::new();
@@ -104,7 +97,7 @@ pub async fn run(
     let mut failures = 0;
     loop {
         let began = std::time::Instant::now();
-        let polled = poll(&clients, &settings, &fence, &mut guard, &mut explained, slowest).await;
+        let polled = poll(&requests, &settings, &mut guard, &mut explained, slowest).await;
         slowest = slowest.max(began.elapsed());
         let due = match polled {
             Ok(due) => {
@@ -157,22 +150,20 @@ fn follow_up(settings: &Settings) -> Duration {
 /// One poll; returns how soon something it waits on (a migration running, a failed one to try
 /// again) should be looked at again.
 async fn poll(
-    clients: &Clients,
+    requests: &Requests,
     settings: &Settings,
-    fence: &crate::apiserver::fence::Fence,
     guard: &mut Guard,
     explained: &mut HashSet<String>,
     slowest: Duration,
 ) -> Result<Option<Duration>, Error> {
-    let (discovered, unexamined) = discover(&clients.config).await?;
+    let (discovered, unexamined) = discover(requests).await?;
     if !unexamined.is_empty() {
         warn!(
             ?unexamined,
             "discovery failed for some API groups; their resources were not examined"
         );
     }
-    let requests = Requests { fence, timeout: settings.request_timeout };
-    let client = &clients.requests;
+    let client = requests.client();
     let states: Api<StorageState> = Api::all(client.clone());
     let migrations: Api<StorageVersionMigration> = Api::all(client.clone());
     let existing_states: BTreeMap<String, StorageState> = requests
@@ -206,7 +197,7 @@ async fn poll(
     let mut look_again = |after: Duration| due = Some(due.map_or(after, |d| d.min(after)));
     // Two intervals, the settle period, and the last poll and this one as long as the slowest.
     let stale_after = settings.interval * 2 + settings.encoding.settle + slowest * 2;
-    let crds = crd_names(requests, client).await;
+    let crds = crd_names(requests).await;
     for Discovered { resource, kind, version, hash } in &discovered {
         let name = resource.name();
         let state = existing_states.get(&name);
@@ -220,7 +211,7 @@ async fn poll(
             let expected = encoding::Expected::Hash { hash: hash.clone(), served: version.clone() };
             let GroupResource { group, resource: plural } = resource;
             let check = encoding::Check::new(group, plural, kind, expected, 0, settings.encoding);
-            settings.observer.observe(client, &clients.config, &check);
+            settings.observer.observe(requests, &check);
         }
         let Some(current) = trusted else {
             continue;
@@ -363,7 +354,7 @@ fn skip_or_stop(error: Error) -> Result<(), Error> {
 /// write returned): a write decided on an older read, such as a deposed leader's delayed one,
 /// gets [`Error::Changed`] and changes nothing.
 pub async fn write_state(
-    requests: Requests<'_>,
+    requests: &Requests,
     states: &Api<StorageState>,
     resource: &GroupResource,
     read: Option<&StorageState>,
@@ -427,7 +418,7 @@ fn resource_version<'a>(state: &'a StorageState, name: &str) -> Result<&'a str, 
 }
 
 async fn create_migration(
-    requests: Requests<'_>,
+    requests: &Requests,
     migrations: &Api<StorageVersionMigration>,
     resource: &GroupResource,
     version: &str,
