@@ -24,13 +24,13 @@
 //! Per contender: objects/s, the foreground's latency, requests per object (the apiserver's
 //! `apiserver_request_total`), apiserver and etcd CPU seconds per 1,000 objects (from /proc, the
 //! idle rate subtracted), peak RSS of the migrating process. Then a sweep of kube-svm's engine
-//! over its write window and its gentle latency band: the curve of objects/s against the
-//! foreground's p99. The table goes to `docs/bench.md`, the numbers to `docs/bench.json`
+//! over its write window, its gentle latency band and fixed rates (each rate for 90 s at most):
+//! the curve of objects/s against the foreground's p99. The table goes to `docs/bench.md`, the numbers to `docs/bench.json`
 //! (`hack/plot.py` draws `docs/bench.png` from them). `BENCH_CONTENDERS` (comma-separated names)
 //! runs a subset (`kube-svm-controller-probe` runs once per budget of `BENCH_FOREGROUND_BUDGETS`,
 //! default `3x`; the budget `in-tree` is the in-tree migrator's foreground p99 in the same run,
-//! which then runs before it); `BENCH_SWEEP=0` skips the sweep, `BENCH_SWEEP=windows` or `bands` runs half of
-//! it, any other text the settings whose name contains it; `BENCH_REPORT=/tmp/x` writes `/tmp/x.md` and `/tmp/x.json` instead. Throughput drifts as
+//! which then runs before it); `BENCH_SWEEP=0` skips the sweep, `BENCH_SWEEP=windows`, `bands` or `rates` runs a
+//! third of it, any other text the settings whose name contains it; `BENCH_REPORT=/tmp/x` writes `/tmp/x.md` and `/tmp/x.json` instead. Throughput drifts as
 //! etcd's history grows: the limit is measured at the start and again at the end, and ratios are
 //! quoted against their mean.
 
@@ -638,7 +638,36 @@ async fn kube_svm_engine(ctx: Ctx) -> Option<u32> {
     None
 }
 
+/// Runs `engine` over `resource` for `at_most`, or to its end when that comes first (or when
+/// `None`); a run cut short is not checked in etcd, its objects are rewritten by the next.
+async fn run_engine_for(engine: &Engine, resource: Resource, at_most: Option<Duration>) {
+    let stop = CancellationToken::new();
+    let timer = at_most.map(|at_most| {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(at_most).await;
+            stop.cancel();
+        })
+    });
+    run_engine_until(engine, resource, &stop).await;
+    if let Some(timer) = timer {
+        timer.abort();
+    }
+}
+
 async fn run_engine(engine: &Engine, resource: Resource) -> Progress {
+    match run_engine_until(engine, resource, &CancellationToken::new()).await {
+        Finished::Completed(progress) => progress,
+        Finished::Cancelled(progress) => panic!("the migration did not complete: {progress:?}"),
+    }
+}
+
+/// Runs `engine` over `resource` until it ends or `stop` fires; no object may fail.
+async fn run_engine_until(
+    engine: &Engine,
+    resource: Resource,
+    stop: &CancellationToken,
+) -> Finished {
     let (report, _) = watch::channel(Progress::default());
     let job = Job {
         resource,
@@ -649,8 +678,9 @@ async fn run_engine(engine: &Engine, resource: Resource) -> Progress {
         clean_managed_fields: None,
         budget: None,
     };
-    match engine.run(job, &report, &CancellationToken::new()).await {
-        Ok(Finished::Completed(progress)) if progress.failed == 0 => progress,
+    match engine.run(job, &report, stop).await {
+        Ok(Finished::Completed(progress)) if progress.failed == 0 => Finished::Completed(progress),
+        Ok(Finished::Cancelled(progress)) if progress.failed == 0 => Finished::Cancelled(progress),
         other => panic!("the migration did not complete: {other:?}"),
     }
 }
@@ -833,28 +863,45 @@ struct Setting {
     pace: Pace,
     writes_in_flight: usize,
     gentle_band: Band,
+    /// Requests per second the engine may send (its client-side limit); 0 for none.
+    qps: f64,
+    /// How long the setting runs at most: a fixed rate's point needs a minute or two, not every
+    /// object at 10 a second.
+    for_at_most: Option<Duration>,
 }
 
-/// The settings the sweep tries (`BENCH_SWEEP`: `0` none, `windows`, `bands`, unset all, any
-/// other text those whose name contains it): fixed windows at the fast pace, where the window grows to its maximum, and gentle
-/// bands of several widths and spacings with the maximum of 64.
+/// The fixed rates of the sweep, objects per second: the curve of the foreground's p99 against
+/// the rate alone, which any pace's point can be read against.
+const SWEEP_RATES: [f64; 7] = [10.0, 20.0, 40.0, 80.0, 160.0, 240.0, 320.0];
+
+/// How long each fixed rate runs: a minute and a half, enough for 1,800 foreground requests.
+const RATE_STEP: Duration = Duration::from_secs(90);
+
+/// The settings the sweep tries (`BENCH_SWEEP`: `0` none, `windows`, `bands`, `rates`, unset
+/// all, any other text those whose name contains it): fixed windows at the fast pace, where the
+/// window grows to its maximum; gentle bands of several widths and spacings with the maximum of
+/// 64; and fixed rates ([`SWEEP_RATES`], each for [`RATE_STEP`] at most) at the fast pace held
+/// to the rate by the client-side limit alone.
 fn sweep_settings() -> Vec<Setting> {
     let which = std::env::var("BENCH_SWEEP").unwrap_or_default();
     let mut settings = Vec::new();
     if which == "0" {
         return settings;
     }
-    if which != "bands" {
+    let all = which.is_empty();
+    if all || which == "windows" {
         for in_flight in [1usize, 2, 4, 8, 16, 64] {
             settings.push(Setting {
                 name: format!("window {in_flight}"),
                 pace: Pace::Fast,
                 writes_in_flight: in_flight,
                 gentle_band: Band::GENTLE,
+                qps: 0.0,
+                for_at_most: None,
             });
         }
     }
-    if which != "windows" {
+    if all || which == "bands" {
         for (grow_below, shrink_above, max_spacing) in [
             (1.5, 3.0, 0.0),
             (1.5, 3.0, 1.0),
@@ -874,10 +921,24 @@ fn sweep_settings() -> Vec<Setting> {
                 pace: Pace::Gentle,
                 writes_in_flight: 64,
                 gentle_band: Band { grow_below, shrink_above, max_spacing, ..Band::GENTLE },
+                qps: 0.0,
+                for_at_most: None,
             });
         }
     }
-    if !matches!(which.as_str(), "" | "windows" | "bands") {
+    if all || which == "rates" {
+        for rate in SWEEP_RATES {
+            settings.push(Setting {
+                name: format!("rate {rate:.0}/s"),
+                pace: Pace::Fast,
+                writes_in_flight: 64,
+                gentle_band: Band::GENTLE,
+                qps: rate,
+                for_at_most: Some(RATE_STEP),
+            });
+        }
+    }
+    if !matches!(which.as_str(), "" | "windows" | "bands" | "rates") {
         settings.retain(|setting| setting.name.contains(&which));
     }
     settings
@@ -892,6 +953,8 @@ struct Point {
     grow_below: Option<f64>,
     shrink_above: Option<f64>,
     max_spacing: Option<f64>,
+    /// The client-side limit, requests per second, at a fixed rate's point.
+    qps: Option<f64>,
     objects_per_second: f64,
     mean_write_ms: f64,
     /// The window's mean size over the run, sampled every 100 ms.
@@ -1173,7 +1236,7 @@ async fn main() {
         let metrics = Arc::new(kube_svm::ops::metrics::Metrics::new().expect("metrics"));
         let engine = Engine::new(
             bench.account.clone(),
-            Arc::new(RateLimiter::new(0.0, 1)),
+            Arc::new(RateLimiter::new(setting.qps, 1)),
             settings,
             metrics.clone(),
         )
@@ -1198,13 +1261,14 @@ async fn main() {
                 }
             })
         };
-        run_engine(&engine, resource).await;
+        run_engine_for(&engine, resource, setting.for_at_most).await;
         sampler.abort();
         let ended = Instant::now();
         let patches = metrics.request_duration.with_label_values(&["patch"]);
         let latency = patches.get_sample_sum() / patches.get_sample_count().max(1) as f64;
         let elapsed = ended.duration_since(started).as_secs_f64();
-        let rate = bench.objects as f64 / elapsed;
+        // Each object is one minimal patch: a run cut short counts what it wrote.
+        let rate = patches.get_sample_count() as f64 / elapsed;
         let mean_in_flight = patches.get_sample_sum() / elapsed;
         let mean_window = *window_sum.lock().expect("not poisoned")
             / (*window_samples.lock().expect("not poisoned")).max(1) as f64;
@@ -1224,6 +1288,7 @@ async fn main() {
             grow_below: gentle.then_some(setting.gentle_band.grow_below),
             shrink_above: gentle.then_some(setting.gentle_band.shrink_above),
             max_spacing: gentle.then_some(setting.gentle_band.max_spacing),
+            qps: (setting.qps > 0.0).then_some(setting.qps),
             objects_per_second: rate,
             mean_write_ms: latency * 1000.0,
             mean_window,
@@ -1299,7 +1364,7 @@ fn write_report(bench: &Bench, sweep: &[Point], bytes: usize) {
         );
     }
     if !sweep.is_empty() {
-        table.push_str("\nkube-svm's engine (as the chart's ServiceAccount, no client-side rate limit) at fixed windows (the fast pace, at most N writes in flight) and at gentle latency bands (grow below a×, shrink above b× the fastest write, at most 64 in flight; spaced: at one write in flight, up to c× its latency idle after each write): the curve of throughput against the foreground's latency. Writes in flight is their summed latency over the run's duration, below 1 when spaced.\n\n| setting | objects/s | × limit | foreground p50 / p99 / max (ms) | mean write latency (ms) | mean window | writes in flight |\n| --- | --- | --- | --- | --- | --- | --- |\n");
+        table.push_str("\nkube-svm's engine (as the chart's ServiceAccount, no client-side rate limit) at fixed windows (the fast pace, at most N writes in flight), at gentle latency bands (grow below a×, shrink above b× the fastest write, at most 64 in flight; spaced: at one write in flight, up to c× its latency idle after each write) and at fixed rates (the fast pace held to N requests/s by the client-side limit, for 90 s at most): the curve of throughput against the foreground's latency. Writes in flight is their summed latency over the run's duration, below 1 when spaced.\n\n| setting | objects/s | × limit | foreground p50 / p99 / max (ms) | mean write latency (ms) | mean window | writes in flight |\n| --- | --- | --- | --- | --- | --- | --- |\n");
         for point in sweep {
             let _ = writeln!(
                 table,
