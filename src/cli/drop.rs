@@ -17,7 +17,7 @@ use super::table::Output;
 use crate::api::{GroupResource, StorageVersionMigration};
 use crate::census::{self, EtcdReader, Scope};
 use crate::removal::plan::EXIT_NEEDS_MIGRATION;
-use crate::removal::{self, Count, Dependents, Facts, Requests, Verdict};
+use crate::removal::{self, Count, Dependents, Facts, RequestCounts, Verdict};
 
 /// Objects per list request while counting `managedFields`.
 const PAGE_SIZE: u32 = 500;
@@ -177,7 +177,7 @@ async fn requests(
     group: &str,
     version: &str,
     resource: &str,
-) -> Result<Requests, String> {
+) -> Result<RequestCounts, String> {
     let request = http::Request::get("/metrics").body(Vec::new()).map_err(|e| e.to_string())?;
     match client.request_text(request).await {
         Ok(metrics) => Ok(removal::requests_in(&metrics, group, version, resource)),

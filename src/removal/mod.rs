@@ -27,7 +27,7 @@ pub struct Facts {
     /// Objects whose `managedFields` name the version, of the objects listed.
     pub managed_fields: Count,
     /// Requests for the version the apiserver counted, or why they could not be read.
-    pub requests: Result<Requests, String>,
+    pub requests: Result<RequestCounts, String>,
     /// From the etcd census: objects stored in the version, and objects whose version the
     /// census could not read (encrypted, unrecognized); `None` without etcd.
     pub stored: Option<Count>,
@@ -63,7 +63,7 @@ pub struct Count {
 /// counted it since it started.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Requests {
+pub struct RequestCounts {
     /// Every request.
     pub total: u64,
     /// Answered with success (2xx): served.
@@ -125,7 +125,7 @@ pub struct Verdict {
     pub blockers: Vec<Found>,
     /// Requests for the version, as the apiserver that answered counted them since it started.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub requests: Option<Requests>,
+    pub requests: Option<RequestCounts>,
     /// What else was seen, or could not be looked at.
     pub notes: Vec<String>,
 }
@@ -285,8 +285,8 @@ pub fn judge(facts: &Facts) -> Verdict {
 
 /// `apiserver_request_total` for `group`, `version` and `resource` in the Prometheus text an
 /// apiserver serves on `/metrics`.
-pub fn requests_in(metrics: &str, group: &str, version: &str, resource: &str) -> Requests {
-    let mut requests = Requests::default();
+pub fn requests_in(metrics: &str, group: &str, version: &str, resource: &str) -> RequestCounts {
+    let mut requests = RequestCounts::default();
     for line in metrics.lines() {
         let Some(rest) = line.strip_prefix("apiserver_request_total{") else { continue };
         let Some((labels, value)) = rest.rsplit_once('}') else { continue };
@@ -353,7 +353,7 @@ mod tests {
             served: false,
             stored_versions: vec!["v2".into()],
             managed_fields: Count { objects: 0, of: 12 },
-            requests: Ok(Requests::default()),
+            requests: Ok(RequestCounts::default()),
             stored: Some(Count::default()),
             migration: None,
             dependents: Dependents { count: Count { objects: 0, of: 40 }, ..Default::default() },
@@ -441,7 +441,7 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="other
 apiserver_request_total_other{group="example.com",resource="widgets",version="v1"} 9
 "#;
         let counted = requests_in(metrics, "example.com", "v1", "widgets");
-        assert_eq!(counted, Requests { total: 13, served: 10, not_found: 2 });
+        assert_eq!(counted, RequestCounts { total: 13, served: 10, not_found: 2 });
     }
 
     #[test]

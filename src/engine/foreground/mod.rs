@@ -68,8 +68,9 @@ const QUIET_SETTLE: Duration = Duration::from_millis(500);
 /// How often the law looks at the probe.
 const LOOK_EVERY: Duration = Duration::from_secs(2);
 
-/// Probe samples kept, at most this old.
-const KEEP: Duration = Duration::from_secs(30);
+/// Probe samples kept, at most this old: enough for the tail's judgment
+/// ([`steering`]'s `TAIL_SAMPLES`) however slow the probe gets.
+const KEEP: Duration = Duration::from_secs(60);
 
 /// With no gentle write for this long, the probe rests.
 const IDLE_AFTER: Duration = Duration::from_secs(10);
