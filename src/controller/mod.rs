@@ -132,8 +132,9 @@ pub(crate) struct Context {
     tasks: TaskTracker,
     /// Fires when the controller stops taking work; running migrations checkpoint and end.
     stopping: CancellationToken,
-    /// Migrations whose discovery failed, by UID: when to try again, and how often it failed.
-    retries: Mutex<HashMap<String, reconcile::Retrying>>,
+    /// Migrations taken up again later (discovery failed, a status unwritable, the in-tree
+    /// migrator busy), by UID: when, and how often each reason came.
+    deferred: Mutex<HashMap<String, reconcile::Deferred>>,
     /// Encoding checks, started at storage switches and shared by the migrations that need them.
     observer: Observer,
     /// Asks for every migration to be looked at again, when a task ends: the migration it
@@ -157,8 +158,8 @@ impl Context {
         self.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn retries(&self) -> std::sync::MutexGuard<'_, HashMap<String, reconcile::Retrying>> {
-        self.retries.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn deferred(&self) -> std::sync::MutexGuard<'_, HashMap<String, reconcile::Deferred>> {
+        self.deferred.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -200,7 +201,7 @@ pub async fn run(run: Run) -> Stopped {
         running: Mutex::new(HashMap::new()),
         tasks: TaskTracker::new(),
         stopping: stopping.clone(),
-        retries: Mutex::new(HashMap::new()),
+        deferred: Mutex::new(HashMap::new()),
         observer: Observer::default(),
         requeue,
         discovery_poke: Arc::new(tokio::sync::Notify::new()),

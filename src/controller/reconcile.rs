@@ -21,12 +21,12 @@ use super::migration::{self, Requeue};
 use crate::api::{GroupResource, Phase, StorageVersionMigration};
 
 /// Tries a migration gets by default when discovery (or its CRD) cannot be read, before it
-/// fails: with [`retry_delay`], about two and a half minutes, long enough for an aggregated
+/// fails: with [`defer_delay`], about two and a half minutes, long enough for an aggregated
 /// API's backend or an apiserver to come back, short enough that an operator hears of it soon.
 pub const DISCOVERY_ATTEMPTS: u32 = 6;
 
 /// Wait before the try after `failures` failed ones: 5 s, doubling, at most a minute.
-fn retry_delay(failures: u32) -> Duration {
+fn defer_delay(failures: u32) -> Duration {
     crate::rules::backoff::doubling(failures, Duration::from_secs(5), Duration::from_secs(60))
 }
 
@@ -35,7 +35,7 @@ fn retry_delay(failures: u32) -> Duration {
 const IN_TREE_WAIT: Duration = Duration::from_secs(10);
 
 /// Wait before taking up again a migration whose status could not be written.
-const UNRECORDED_RETRY: Duration = Duration::from_secs(30);
+const UNRECORDED_WAIT: Duration = Duration::from_secs(30);
 
 /// Times a migration whose status cannot be written is taken up again before kube-svm leaves
 /// it alone until it changes (an admission policy refusing its status, say): about 2.5 minutes.
@@ -44,7 +44,7 @@ const UNRECORDED_ATTEMPTS: u32 = 5;
 /// A migration that did not finish for a reason worth waiting out: how often, and when to try
 /// again.
 #[derive(Clone, Debug)]
-pub(super) struct Retrying {
+pub(super) struct Deferred {
     /// Discovery failures.
     pub failures: u32,
     /// Runs whose status could not be written.
@@ -82,29 +82,29 @@ pub(super) async fn reconcile(
     }
     let resource = group_resource(&migration);
     let uid = migration.uid().unwrap_or_default();
-    let mut retrying = context.retries().get(&uid).cloned();
-    if let Some(given_up_at) = retrying.as_ref().and_then(|r| r.given_up_at.as_ref()) {
+    let mut deferred = context.deferred().get(&uid).cloned();
+    if let Some(given_up_at) = deferred.as_ref().and_then(|r| r.given_up_at.as_ref()) {
         if Some(given_up_at) == migration.metadata.resource_version.as_ref() {
             return Ok(Action::await_change());
         }
         // Changed since: someone may have fixed what stopped it.
-        context.retries().remove(&uid);
-        retrying = None;
+        context.deferred().remove(&uid);
+        deferred = None;
     }
-    if let Some(wait) = retrying.as_ref().map(|r| r.next.saturating_duration_since(Instant::now()))
+    if let Some(wait) = deferred.as_ref().map(|r| r.next.saturating_duration_since(Instant::now()))
         && !wait.is_zero()
     {
         debug!(?wait, "did not finish before; trying again later");
         return Ok(Action::requeue(wait));
     }
-    let (failures, unrecorded) = retrying.as_ref().map_or((0, 0), |r| (r.failures, r.unrecorded));
+    let (failures, unrecorded) = deferred.as_ref().map_or((0, 0), |r| (r.failures, r.unrecorded));
     {
         let mut running = context.running();
         let lane = {
-            let retries = context.retries();
+            let waiting = context.deferred();
             let parked = |other: &StorageVersionMigration| {
                 let uid = other.metadata.uid.as_deref().unwrap_or_default();
-                retries.get(uid).is_some_and(|r| r.given_up_at.is_some())
+                waiting.get(uid).is_some_and(|r| r.given_up_at.is_some())
             };
             let state = context.store.state();
             match admit(&migration, state.iter().map(|m| m.as_ref()), &running, parked) {
@@ -130,18 +130,18 @@ pub(super) async fn reconcile(
                 let now = context.store.get(&ObjectRef::new(&name));
                 now.and_then(|m| m.metadata.resource_version.clone()).unwrap_or_default()
             };
-            match retry(requeue, failures, unrecorded, Instant::now(), resource_version) {
-                Some(retrying) => {
-                    if retrying.given_up_at.is_some() {
+            match defer(requeue, failures, unrecorded, Instant::now(), resource_version) {
+                Some(deferred) => {
+                    if deferred.given_up_at.is_some() {
                         error!(
-                            unrecorded = retrying.unrecorded,
+                            unrecorded = deferred.unrecorded,
                             "the migration's status cannot be written; leaving it alone until it changes"
                         );
                     }
-                    context.retries().insert(uid, retrying);
+                    context.deferred().insert(uid, deferred);
                 }
                 None => {
-                    context.retries().remove(&uid);
+                    context.deferred().remove(&uid);
                 }
             }
             context.running().remove(&name);
@@ -150,7 +150,7 @@ pub(super) async fn reconcile(
                 context.discovery_poke.notify_one();
             }
             // Look again: a migration that did not finish (a status write that kept failing, a
-            // discovery retry) is taken up again; a finished one is left alone.
+            // discovery that failed) is taken up again; a finished one is left alone.
             let _ = context.requeue.unbounded_send(());
         });
     }
@@ -161,28 +161,28 @@ pub(super) async fn reconcile(
 /// discovery failures and `unrecorded` unwritable statuses so far; `None` when not before it
 /// changes. `resource_version` is the migration's now, read only when kube-svm gives up on an
 /// unwritable status. Pure.
-fn retry(
+fn defer(
     requeue: Requeue,
     failures: u32,
     unrecorded: u32,
     now: Instant,
     resource_version: impl FnOnce() -> String,
-) -> Option<Retrying> {
+) -> Option<Deferred> {
     match requeue {
         Requeue::Never => None,
         Requeue::AfterDiscoveryFailure => {
             let failures = failures + 1;
-            let next = now + retry_delay(failures);
-            Some(Retrying { failures, unrecorded, next, given_up_at: None })
+            let next = now + defer_delay(failures);
+            Some(Deferred { failures, unrecorded, next, given_up_at: None })
         }
         Requeue::AfterUnrecorded => {
             let unrecorded = unrecorded + 1;
-            let next = now + UNRECORDED_RETRY;
+            let next = now + UNRECORDED_WAIT;
             let given_up_at = (unrecorded >= UNRECORDED_ATTEMPTS).then(resource_version);
-            Some(Retrying { failures, unrecorded, next, given_up_at })
+            Some(Deferred { failures, unrecorded, next, given_up_at })
         }
         Requeue::AfterInTree => {
-            Some(Retrying { failures, unrecorded, next: now + IN_TREE_WAIT, given_up_at: None })
+            Some(Deferred { failures, unrecorded, next: now + IN_TREE_WAIT, given_up_at: None })
         }
     }
 }
@@ -248,10 +248,10 @@ mod tests {
     fn a_finished_task_is_forgotten_and_the_others_come_back_later() {
         let now = Instant::now();
         let version = || "42".to_owned();
-        assert!(retry(Requeue::Never, 3, 1, now, version).is_none());
-        let discovery = retry(Requeue::AfterDiscoveryFailure, 2, 0, now, version).expect("later");
-        assert_eq!((discovery.failures, discovery.next), (3, now + retry_delay(3)));
-        let in_tree = retry(Requeue::AfterInTree, 2, 1, now, version).expect("later");
+        assert!(defer(Requeue::Never, 3, 1, now, version).is_none());
+        let discovery = defer(Requeue::AfterDiscoveryFailure, 2, 0, now, version).expect("later");
+        assert_eq!((discovery.failures, discovery.next), (3, now + defer_delay(3)));
+        let in_tree = defer(Requeue::AfterInTree, 2, 1, now, version).expect("later");
         assert_eq!(
             (in_tree.failures, in_tree.unrecorded, in_tree.next),
             (2, 1, now + IN_TREE_WAIT)
@@ -262,9 +262,9 @@ mod tests {
     fn an_unwritable_status_is_tried_a_few_times_then_left_until_the_migration_changes() {
         let now = Instant::now();
         let version = || "42".to_owned();
-        let first = retry(Requeue::AfterUnrecorded, 0, 0, now, version).expect("later");
+        let first = defer(Requeue::AfterUnrecorded, 0, 0, now, version).expect("later");
         assert_eq!((first.unrecorded, first.given_up_at.as_deref()), (1, None));
-        let last = retry(Requeue::AfterUnrecorded, 0, UNRECORDED_ATTEMPTS - 1, now, version);
+        let last = defer(Requeue::AfterUnrecorded, 0, UNRECORDED_ATTEMPTS - 1, now, version);
         let last = last.expect("parked");
         assert_eq!(last.given_up_at.as_deref(), Some("42"), "left alone at this version");
     }
@@ -325,8 +325,8 @@ mod tests {
 
     #[test]
     fn discovery_retries_back_off_to_a_minute_and_end_within_minutes() {
-        let delays: Vec<u64> = (1..DISCOVERY_ATTEMPTS).map(|n| retry_delay(n).as_secs()).collect();
+        let delays: Vec<u64> = (1..DISCOVERY_ATTEMPTS).map(|n| defer_delay(n).as_secs()).collect();
         assert_eq!(delays, [5, 10, 20, 40, 60]);
-        assert_eq!(retry_delay(u32::MAX), Duration::from_secs(60));
+        assert_eq!(defer_delay(u32::MAX), Duration::from_secs(60));
     }
 }
