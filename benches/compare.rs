@@ -50,7 +50,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, Client};
 use kube_svm::api::{
-    GroupVersionResource, Pace, Phase, StorageVersionMigration, StorageVersionMigrationSpec,
+    Budget, GroupVersionResource, Pace, Phase, StorageVersionMigration, StorageVersionMigrationSpec,
 };
 use kube_svm::apiserver::fence::Fence;
 use kube_svm::engine::{
@@ -75,6 +75,18 @@ const FOREGROUND_PERIOD: Duration = Duration::from_millis(50);
 /// Where the foreground client's ServiceAccount and ConfigMap live.
 const FOREGROUND_NAMESPACE: &str = "bench-foreground";
 const FOREGROUND: &str = "foreground";
+
+/// The burst: a second client of the foreground's identity, a GET and a PATCH every
+/// `BURST_PERIOD` (200 requests a second, ten times the foreground) for `BURST_FOR`, on the
+/// ConfigMap `BURST`, in the middle of a migration: the gentle pace must give way while it lasts.
+const BURST: &str = "burst";
+const BURST_PERIOD: Duration = Duration::from_millis(10);
+const BURST_FOR: Duration = Duration::from_secs(60);
+/// When the burst starts, from the start of the migration it falls in.
+const BURST_AFTER: Duration = Duration::from_secs(45);
+
+/// How long kube-svm's probe runs alone, nothing written, to show its own cost.
+const PROBE_ALONE: Duration = Duration::from_secs(60);
 
 /// How long the idle apiserver is measured, before the contenders and after them: 800 foreground
 /// requests, so that the p99 is the eighth slowest.
@@ -109,12 +121,15 @@ async fn in_tree_contender(bench: &mut Bench) {
         ],
     );
     let pid = process.pid();
+    // In a cluster kube-controller-manager is running long before a migration: its start (the
+    // garbage collector's discovery and informers) is not the migration's cost.
+    tokio::time::sleep(SETTLE).await;
     bench
         .measure(
             "in-tree",
             "kube-controller-manager 1.37, storagemigration.k8s.io/v1",
             true,
-            Duration::ZERO,
+            SETTLE,
             |ctx| in_tree(ctx, pid),
         )
         .await;
@@ -233,6 +248,8 @@ struct Foreground {
     requests: Arc<Mutex<Vec<Request>>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The client configuration it runs as, for a burst of the same identity.
+    config: kube::Config,
 }
 
 impl Foreground {
@@ -244,6 +261,9 @@ impl Foreground {
                     "metadata": { "name": FOREGROUND, "namespace": FOREGROUND_NAMESPACE } }),
             json!({ "apiVersion": "v1", "kind": "ConfigMap",
                     "metadata": { "name": FOREGROUND, "namespace": FOREGROUND_NAMESPACE },
+                    "data": { "tick": "0" } }),
+            json!({ "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": { "name": BURST, "namespace": FOREGROUND_NAMESPACE },
                     "data": { "tick": "0" } }),
             json!({ "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                     "metadata": { "name": FOREGROUND, "namespace": FOREGROUND_NAMESPACE },
@@ -260,19 +280,36 @@ impl Foreground {
         let mut config = control_plane.config().await;
         config.auth_info.impersonate =
             Some(format!("system:serviceaccount:{FOREGROUND_NAMESPACE}:{FOREGROUND}"));
+        Foreground::spawn(config, FOREGROUND, FOREGROUND_PERIOD)
+    }
+
+    /// A client sending one GET and one merge PATCH of the ConfigMap `name` every `period`.
+    fn spawn(config: kube::Config, name: &'static str, period: Duration) -> Foreground {
         let requests = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (requests, stop) = (requests.clone(), stop.clone());
+            let (config, requests, stop) = (config.clone(), requests.clone(), stop.clone());
             std::thread::spawn(move || {
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
                     .expect("a runtime");
-                runtime.block_on(foreground_loop(config, requests, stop));
+                runtime.block_on(foreground_loop(config, name, period, requests, stop));
             })
         };
-        Foreground { requests, stop, thread: Some(thread) }
+        Foreground { requests, stop, thread: Some(thread), config }
+    }
+
+    /// A burst of extra foreground load: from `after` on, for [`BURST_FOR`], the foreground's
+    /// identity (`config`) sends a GET and a PATCH every [`BURST_PERIOD`] on a ConfigMap of its
+    /// own, as a busy client of the cluster would. It stops when its task ends or is aborted.
+    fn burst(config: kube::Config, after: Duration) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let burst = Foreground::spawn(config, BURST, BURST_PERIOD);
+            tokio::time::sleep(BURST_FOR).await;
+            drop(burst);
+        })
     }
 
     /// The latencies of the requests sent from `from` to `to`.
@@ -331,12 +368,14 @@ impl Drop for Foreground {
 
 async fn foreground_loop(
     config: kube::Config,
+    name: &str,
+    period: Duration,
     requests: Arc<Mutex<Vec<Request>>>,
     stop: Arc<AtomicBool>,
 ) {
     let client = Client::try_from(config).expect("a client");
     let api: Api<ConfigMap> = Api::namespaced(client, FOREGROUND_NAMESPACE);
-    let mut tick = tokio::time::interval(FOREGROUND_PERIOD);
+    let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let record = |sent: Instant, ok: bool| {
         let request = Request { sent, took: sent.elapsed(), ok };
@@ -346,13 +385,12 @@ async fn foreground_loop(
     while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
         let sent = Instant::now();
-        let ok = api.get(FOREGROUND).await.is_ok();
+        let ok = api.get(name).await.is_ok();
         record(sent, ok);
         n += 1;
         let patch = json!({ "data": { "tick": n.to_string() } });
         let sent = Instant::now();
-        let ok =
-            api.patch(FOREGROUND, &PatchParams::default(), &Patch::Merge(&patch)).await.is_ok();
+        let ok = api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.is_ok();
         record(sent, ok);
     }
 }
@@ -388,10 +426,21 @@ impl Bench {
         self.control_plane.etcd()
     }
 
-    /// Switches storage to the other version; returns it.
+    /// Switches storage to the other version, and asks for a widget through the new storage;
+    /// returns the version.
+    ///
+    /// The apiserver builds a custom resource's storage for a new storage version on the first
+    /// request to it, its watch cache included, which reads every object from etcd. In a cluster
+    /// that request comes at once (the resource's controllers watch it); here it would be the
+    /// first migrator's, and the rebuild would count as the migrator's cost.
     async fn switch(&mut self) -> &'static str {
         let next = if self.stored == "v1" { "v2" } else { "v1" };
         self.widgets.set_storage_version(&self.client, next).await;
+        self.widgets
+            .api(&self.client, next, None)
+            .list_metadata(&ListParams::default().limit(1))
+            .await
+            .expect("widgets list after the switch");
         next
     }
 
@@ -463,16 +512,63 @@ impl Bench {
     async fn idle(&mut self, contender: &str, note: &str) {
         let from = Instant::now();
         tokio::time::sleep(IDLE).await;
+        self.phase(contender, note, from);
+    }
+
+    /// kube-svm's probe alone for [`PROBE_ALONE`], nothing written: what it costs the
+    /// foreground, and what it reads on this apiserver (its p99 against its quiet baseline).
+    /// A write is admitted every second, too seldom to wait on the rate: the rate stays, and the
+    /// probe's p99 is that of the whole phase.
+    async fn probe_alone(&mut self) {
+        if !selected("probe-alone") {
+            return;
+        }
+        let metrics = Arc::new(kube_svm::ops::metrics::Metrics::new().expect("metrics"));
+        let client = Client::try_from(self.account.clone()).expect("a client");
+        let gate = Arc::new(engine::Foreground::new(
+            client,
+            CONTROLLER_NAMESPACE,
+            Budget::default(),
+            metrics,
+        ));
+        let from = Instant::now();
+        while from.elapsed() < PROBE_ALONE {
+            gate.admit(None).await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let note = format!("kube-svm's probe alone, nothing written: {}", gate.seen());
+        drop(gate);
+        self.phase("probe-alone", &note, from);
+    }
+
+    /// The burst alone ([`Foreground::burst`]): what it costs the foreground by itself.
+    async fn burst_alone(&mut self) {
+        if !selected("burst-alone") {
+            return;
+        }
+        let from = Instant::now();
+        let config = self.foreground.config.clone();
+        Foreground::burst(config, Duration::ZERO).await.expect("the burst ran");
+        let note = format!(
+            "a second client of the foreground's identity, a GET and a PATCH every {} ms",
+            BURST_PERIOD.as_millis()
+        );
+        self.phase("burst-alone", &note, from);
+    }
+
+    /// Records what the foreground felt from `from` to now, nothing migrated.
+    fn phase(&mut self, contender: &str, note: &str, from: Instant) {
+        let seconds = from.elapsed().as_secs_f64();
         let foreground = self.foreground.between(from, Instant::now());
         println!(
-            "{contender:<38} foreground {}",
+            "{contender:<38} foreground {}  {note}",
             foreground.as_ref().map(|f| f.cells()).unwrap_or_default()
         );
         self.rows.push(Row {
             contender: contender.to_owned(),
             note: note.to_owned(),
             objects: 0,
-            seconds: IDLE.as_secs_f64(),
+            seconds,
             objects_per_second: 0.0,
             requests_per_object: 0.0,
             apiserver_cpu_per_1000: 0.0,
@@ -888,7 +984,8 @@ fn sweep_settings() -> Vec<Setting> {
     if which == "0" {
         return settings;
     }
-    let all = which.is_empty();
+    // Any other text than a group's name filters every setting by name.
+    let all = !matches!(which.as_str(), "windows" | "bands" | "rates");
     if all || which == "windows" {
         for in_flight in [1usize, 2, 4, 8, 16, 64] {
             settings.push(Setting {
@@ -1050,6 +1147,8 @@ async fn main() {
         idle_before.map(|f| f.cells()).unwrap_or_default()
     );
 
+    bench.probe_alone().await;
+    bench.burst_alone().await;
     bench
         .measure(
             "limit-64",
@@ -1061,6 +1160,7 @@ async fn main() {
         .await;
     let controller_contenders = [
         "kube-svm-controller",
+        "kube-svm-controller-burst",
         "kube-svm-controller-fast",
         "kube-svm-already-current",
         "kube-svm-controller-flowcontrol",
@@ -1082,6 +1182,28 @@ async fn main() {
             true,
             SETTLE,
             |ctx| kube_svm_controller(ctx, None),
+        )
+        .await;
+    let config = bench.foreground.config.clone();
+    let burst = |ctx| {
+        let burst = Foreground::burst(config, BURST_AFTER);
+        async move {
+            let pid = kube_svm_controller(ctx, None).await;
+            burst.abort();
+            pid
+        }
+    };
+    bench
+        .measure(
+            "kube-svm-controller-burst",
+            &format!(
+                "defaults, a burst of extra foreground load from {} s in, for {} s (burst-alone)",
+                BURST_AFTER.as_secs(),
+                BURST_FOR.as_secs()
+            ),
+            true,
+            SETTLE,
+            burst,
         )
         .await;
     // A controller of its own per budget (`BENCH_FOREGROUND_BUDGETS`, comma-separated, default

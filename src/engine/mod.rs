@@ -51,7 +51,7 @@ pub use request::NoReply;
 
 use crate::api::FailedObject;
 pub use failing::KeepFailing;
-pub use foreground::{Foreground, PROBE_OBJECT, Steered};
+pub use foreground::{Foreground, PROBE_ANNOTATION, PROBE_OBJECT, Steered};
 pub use pager::Listed;
 pub use rate_limit::RateLimiter;
 pub use report::{Error, Finished, Progress, describe};

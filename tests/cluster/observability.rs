@@ -281,4 +281,12 @@ async fn a_gentle_pace_steered_by_its_probe_says_what_it_sees() {
     widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 300).await;
     assert!(admin.value("kube_svm_probe_latency_seconds_count").await > 0.0);
     assert!(admin.value("kube_svm_gentle_rate_objects_per_second").await >= 2.0);
+    // The probe wrote too (its count, on the chart's ConfigMap in kube-svm's namespace): a probe
+    // that only reads feels nothing of what writes wait for.
+    let probes: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), crate::support::CONTROLLER_NAMESPACE);
+    let probe = probes.get(kube_svm::engine::PROBE_OBJECT).await.expect("the chart's ConfigMap");
+    let annotations = probe.metadata.annotations.unwrap_or_default();
+    let count = annotations.get(kube_svm::engine::PROBE_ANNOTATION);
+    assert!(count.is_some_and(|n| n.parse::<u64>().is_ok()), "the probe wrote: {annotations:?}");
 }

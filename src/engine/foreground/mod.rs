@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use kube::Client;
 use tokio::time::Instant;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::api::Budget;
 use crate::ops::metrics::Metrics;
@@ -246,10 +246,10 @@ impl Foreground {
                 // which is what the probe measures.
                 let refused = code.is_client_error() && code.as_u16() != 429;
                 if write && refused && self.writes.swap(false, Ordering::Relaxed) {
-                    info!(
+                    warn!(
                         code = code.as_u16(),
                         object = PROBE_OBJECT,
-                        "the probe reads only: its ConfigMap cannot be written here (the chart creates it and lets kube-svm patch it)"
+                        "the probe reads only, and feels no write's wait: its ConfigMap cannot be written here (the chart creates it in the release's namespace and lets kube-svm patch it)"
                     );
                 }
                 Some(sent.elapsed())

@@ -304,7 +304,8 @@ impl ControlPlane {
     }
 
     /// Installs the chart's ServiceAccount and RBAC as release `release` in `namespace` (with
-    /// helm `args`) and writes a kubeconfig that impersonates that ServiceAccount.
+    /// helm `args`) and writes a kubeconfig that impersonates that ServiceAccount in
+    /// `namespace`, as the release's pod runs (its probe's ConfigMap is there).
     pub async fn impersonating_kubeconfig(
         &self,
         release: &str,
@@ -314,7 +315,7 @@ impl ControlPlane {
         let client = self.client().await;
         let user = chart::install_service_account(&client, release, namespace, args).await;
         let path = self.dir.join(format!("kubeconfig-{release}"));
-        fs::write(&path, kubeconfig(&self.dir, self.front_port(), Some(&user)))
+        fs::write(&path, kubeconfig(&self.dir, self.front_port(), Some((&user, namespace))))
             .expect("the kubeconfig is written");
         path
     }
@@ -699,10 +700,15 @@ fn write_serving_certificate(certs: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A kubeconfig with the admin's token, impersonating `user` when given, trusting the CA of
-/// [`write_serving_certificate`].
-fn kubeconfig(dir: &Path, port: u16, impersonate: Option<&str>) -> String {
-    let impersonate = impersonate.map(|user| format!("\n    as: {user}")).unwrap_or_default();
+/// A kubeconfig with the admin's token, impersonating a user in a namespace of its own when
+/// given, trusting the CA of [`write_serving_certificate`].
+fn kubeconfig(dir: &Path, port: u16, impersonate: Option<(&str, &str)>) -> String {
+    let (impersonate, namespace) = match impersonate {
+        Some((user, namespace)) => {
+            (format!("\n    as: {user}"), format!("\n    namespace: {namespace}"))
+        }
+        None => (String::new(), String::new()),
+    };
     let ca = dir.join("certs/ca.crt");
     let ca = ca.display();
     format!(
@@ -721,7 +727,7 @@ contexts:
 - name: test
   context:
     cluster: test
-    user: admin
+    user: admin{namespace}
 current-context: test
 "
     )
