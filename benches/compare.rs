@@ -517,27 +517,14 @@ impl Bench {
 
     /// kube-svm's probe alone for [`PROBE_ALONE`], nothing written: what it costs the
     /// foreground, and what it reads on this apiserver (its p99 against its quiet baseline).
-    /// A write is admitted every second, too seldom to wait on the rate: the rate stays, and the
-    /// probe's p99 is that of the whole phase.
     async fn probe_alone(&mut self) {
         if !selected("probe-alone") {
             return;
         }
-        let metrics = Arc::new(kube_svm::ops::metrics::Metrics::new().expect("metrics"));
-        let client = Client::try_from(self.account.clone()).expect("a client");
-        let gate = Arc::new(engine::Foreground::new(
-            client,
-            CONTROLLER_NAMESPACE,
-            Budget::default(),
-            metrics,
-        ));
         let from = Instant::now();
-        while from.elapsed() < PROBE_ALONE {
-            gate.admit(None).await;
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-        let note = format!("kube-svm's probe alone, nothing written: {}", gate.seen());
-        drop(gate);
+        let probe = Probe::start(&self.account);
+        tokio::time::sleep(PROBE_ALONE).await;
+        let note = format!("kube-svm's probe alone, nothing written: {}", probe.stop());
         self.phase("probe-alone", &note, from);
     }
 
@@ -635,6 +622,44 @@ impl Bench {
             assert!(Instant::now() < deadline, "the flow control never took effect");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+}
+
+/// kube-svm's probe, as the controller's gentle pace runs it (quiet windows included), sent
+/// while the bench measures something else: what it reads there. A write is admitted every
+/// second and none is sent, too seldom to wait on the rate: the rate stays, and the probe's p99
+/// is that of the last minute.
+struct Probe {
+    gate: Arc<engine::Foreground>,
+    admitting: tokio::task::JoinHandle<()>,
+}
+
+impl Probe {
+    /// Starts the probe as the controller's ServiceAccount (`account`), on the chart's ConfigMap.
+    fn start(account: &kube::Config) -> Probe {
+        let metrics = Arc::new(kube_svm::ops::metrics::Metrics::new().expect("metrics"));
+        let gate = Arc::new(engine::Foreground::new(
+            account.clone(),
+            CONTROLLER_NAMESPACE,
+            Budget::default(),
+            metrics,
+        ));
+        let admitting = {
+            let gate = gate.clone();
+            tokio::spawn(async move {
+                loop {
+                    gate.admit(None).await;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            })
+        };
+        Probe { gate, admitting }
+    }
+
+    /// Stops the probe; what it saw.
+    fn stop(self) -> engine::Steered {
+        self.admitting.abort();
+        self.gate.seen()
     }
 }
 
@@ -1060,6 +1085,9 @@ struct Point {
     /// duration); below 1 when writes are spaced.
     mean_in_flight: f64,
     foreground: Option<Latencies>,
+    /// What kube-svm's probe, sent alongside ([`Probe`]), read: its p99 over the last minute.
+    /// (Its quiet windows hold no write of the sweep's engine: it has no baseline here.)
+    probe_p99_ms: Option<f64>,
 }
 
 #[tokio::main]
@@ -1387,7 +1415,10 @@ async fn main() {
                 }
             })
         };
+        let probe = Probe::start(&bench.account);
         run_engine_for(&engine, resource, setting.for_at_most).await;
+        let probed = probe.stop();
+        let millis = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1000.0);
         sampler.abort();
         let ended = Instant::now();
         let patches = metrics.request_duration.with_label_values(&["patch"]);
@@ -1401,10 +1432,11 @@ async fn main() {
         bench.stored = if bench.stored == "v1" { "v2" } else { "v1" };
         let foreground = bench.foreground.between(started, ended);
         println!(
-            "sweep: {:<28} {rate:>7.1} objects/s, mean write latency {:.1} ms, mean window {mean_window:.1}, in flight {mean_in_flight:.2}, foreground {}",
+            "sweep: {:<28} {rate:>7.1} objects/s, mean write latency {:.1} ms, mean window {mean_window:.1}, in flight {mean_in_flight:.2}, foreground {}, probe p99 {}",
             setting.name,
             latency * 1000.0,
-            foreground.as_ref().map(|f| f.cells()).unwrap_or_default()
+            foreground.as_ref().map(|f| f.cells()).unwrap_or_default(),
+            millis(probed.probe_p99).map(|p| format!("{p:.1} ms")).unwrap_or_default()
         );
         let gentle = setting.pace == Pace::Gentle;
         sweep.push(Point {
@@ -1420,6 +1452,7 @@ async fn main() {
             mean_window,
             mean_in_flight,
             foreground,
+            probe_p99_ms: millis(probed.probe_p99),
         });
     }
     if !sweep.is_empty() {

@@ -256,16 +256,12 @@ impl Engine {
         metrics: Arc<Metrics>,
     ) -> Result<Engine, kube::Error> {
         config.default_retry = false;
-        // The probe, when the gentle pace steers by one, has a connection of its own, as
-        // another client would.
-        let foreground = match settings.foreground_budget {
-            Some(budget) => {
-                let probe = Client::try_from(config.clone())?;
-                let namespace = &config.default_namespace;
-                Some(Arc::new(Foreground::new(probe, namespace, budget, metrics.clone())))
-            }
-            None => None,
-        };
+        // The probe, when the gentle pace steers by one, has a connection (and a thread) of its
+        // own, as another client would.
+        let foreground = settings.foreground_budget.map(|budget| {
+            let namespace = config.default_namespace.clone();
+            Arc::new(Foreground::new(config.clone(), &namespace, budget, metrics.clone()))
+        });
         let client = Client::try_from(config)?;
         let mut engine = Engine::with_client(client, limiter, settings, metrics);
         engine.foreground = foreground;

@@ -118,7 +118,8 @@ impl fmt::Display for Steered {
 
 /// The gentle pace's gate, and the probe behind it.
 pub struct Foreground {
-    client: Client,
+    /// The probe's client configuration: its client is made on its own thread.
+    config: kube::Config,
     /// The probe's request path.
     path: String,
     /// The budget of a migration that gives none.
@@ -159,11 +160,18 @@ struct State {
 }
 
 impl Foreground {
-    /// A gate probing through `client` (a client of its own, so the probe waits in no queue of
-    /// kube-svm's writes) the ConfigMap [`PROBE_OBJECT`] in `namespace`, against `budget`.
-    pub fn new(client: Client, namespace: &str, budget: Budget, metrics: Arc<Metrics>) -> Self {
+    /// A gate probing the ConfigMap [`PROBE_OBJECT`] in `namespace` against `budget`, as the
+    /// client of `config`. The probe has a connection, a thread and a runtime of its own, so it
+    /// waits in no queue of kube-svm's writes and for no worker busy with the engine's pages:
+    /// its latency is the apiserver's, as another client feels it.
+    pub fn new(
+        config: kube::Config,
+        namespace: &str,
+        budget: Budget,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Foreground {
-            client,
+            config,
             path: format!("/api/v1/namespaces/{namespace}/configmaps/{PROBE_OBJECT}"),
             budget,
             state: Mutex::new(State::new(Instant::now())),
@@ -210,14 +218,27 @@ impl Foreground {
     }
 
     fn start_probing(self: &Arc<Self>) {
-        if !self.probing.swap(true, Ordering::Relaxed) {
-            tokio::spawn(probe(Arc::downgrade(self)));
+        if self.probing.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let (gate, config) = (Arc::downgrade(self), self.config.clone());
+        let spawned = std::thread::Builder::new().name("kube-svm-probe".into()).spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+            match runtime {
+                Ok(runtime) => runtime.block_on(probe(gate, config)),
+                Err(error) => {
+                    warn!(%error, "the probe cannot start: the gentle rate stays as it is")
+                }
+            }
+        });
+        if let Err(error) = spawned {
+            warn!(%error, "the probe cannot start: the gentle rate stays as it is");
         }
     }
 
-    /// One probe, a read or now and then a write: its latency, or `None` when no answer came
-    /// (the connection failed).
-    async fn probe_once(&self) -> Option<Duration> {
+    /// One probe through `client`, a read or now and then a write: its latency, or `None` when
+    /// no answer came (the connection failed).
+    async fn probe_once(&self, client: &Client) -> Option<Duration> {
         let nth = self.probes.fetch_add(1, Ordering::Relaxed);
         let write = self.writes.load(Ordering::Relaxed) && nth.is_multiple_of(WRITE_ONE_IN);
         let request = match write {
@@ -233,7 +254,7 @@ impl Foreground {
         let request = request.ok()?;
         let sent = Instant::now();
         let answered = tokio::time::timeout(PROBE_TIMEOUT, async {
-            let response = self.client.send(request.map(kube::client::Body::from)).await.ok()?;
+            let response = client.send(request.map(kube::client::Body::from)).await.ok()?;
             let code = response.status();
             // The latency a client feels includes reading the answer.
             response.into_body().collect_bytes().await.ok().map(|_| code)
@@ -395,9 +416,16 @@ impl State {
     }
 }
 
-/// The probe task: probes while gentle writes go (and in quiet windows), rests otherwise, and
-/// ends with its gate.
-async fn probe(gate: Weak<Foreground>) {
+/// The probe task, on its own runtime: probes while gentle writes go (and in quiet windows),
+/// rests otherwise, and ends with its gate.
+async fn probe(gate: Weak<Foreground>, config: kube::Config) {
+    let client = match Client::try_from(config) {
+        Ok(client) => client,
+        Err(error) => {
+            warn!(%error, "the probe has no client: the gentle rate stays as it is");
+            return;
+        }
+    };
     loop {
         let Some(foreground) = gate.upgrade() else { return };
         let next = foreground.lock().next_probe(Instant::now());
@@ -408,7 +436,7 @@ async fn probe(gate: Weak<Foreground>) {
         };
         tokio::time::sleep(wait).await;
         let sent = Instant::now();
-        if let Some(latency) = foreground.probe_once().await {
+        if let Some(latency) = foreground.probe_once(&client).await {
             foreground.record(sent, latency);
         }
     }
