@@ -43,13 +43,13 @@ pub struct EngineArgs {
     #[arg(long, env = "KUBE_SVM_PACE", default_value = "gentle", value_parser = pace_parser())]
     pub pace: Pace,
 
-    /// Steer the gentle pace by what other clients feel: how slow a probe kube-svm sends as
-    /// another client would may get (its p99), either a multiple of the probe's quiet baseline
-    /// (`3x`) or a latency (`25ms`). The gentle pace then sets a rate of writes, cut when the
-    /// probe passes the budget and grown slowly below it; a migration can ask for a stricter
-    /// budget with the annotation `kube-svm.io/foreground-budget`. `off`, the default, paces
-    /// gentle migrations by their own write latency. The fast pace ignores it.
-    #[arg(long, env = "KUBE_SVM_FOREGROUND_BUDGET", default_value = "off", value_parser = budget)]
+    /// How slow the gentle pace lets other clients get: the p99 of a probe kube-svm sends as
+    /// another client would, either a multiple of the probe's quiet baseline (`3x`, the default)
+    /// or a latency (`25ms`). The gentle pace sets a rate of writes, cut when the probe passes
+    /// the budget and grown below it; a migration can ask for a stricter budget with the
+    /// annotation `kube-svm.io/foreground-budget`. `off` paces gentle migrations by their own
+    /// write latency instead. The fast pace ignores it.
+    #[arg(long, env = "KUBE_SVM_FOREGROUND_BUDGET", default_value = "3x", value_parser = budget)]
     pub foreground_budget: ForegroundBudget,
 
     /// Objects per list request.

@@ -269,7 +269,7 @@ impl Foreground {
                 if write && refused && self.writes.swap(false, Ordering::Relaxed) {
                     warn!(
                         code = code.as_u16(),
-                        object = PROBE_OBJECT,
+                        object = %self.path,
                         "the probe reads only, and feels no write's wait: its ConfigMap cannot be written here (the chart creates it in the release's namespace and lets kube-svm patch it)"
                     );
                 }

@@ -69,8 +69,13 @@ const OVERLOAD: f64 = 0.9;
 /// its memory of that rate held it to 19 objects/s).
 const TAIL_SAMPLES: usize = 250;
 
-/// The probe's p99 below this fraction of the budget leaves room to grow.
-const ROOM: f64 = 0.7;
+/// The probe's p99 below this fraction of the budget leaves room to grow. Not much lower: a
+/// budget twice the probe's quiet p99 would leave none (measured: at a budget of 8 ms, the
+/// probe's p99 of 4.6 to 5.5 ms held the rate at 24 to 29 objects/s, where a fixed rate of 80
+/// cost the foreground 5.2 ms). The probe reads a little above another client at the same rate
+/// (1.2 to 1.3 times the foreground's p99 over the bench's fixed rates), so the foreground stays
+/// further within.
+const ROOM: f64 = 0.85;
 
 /// An increase stops this far below a rate that hurt.
 const BAD_RATE_MARGIN: f64 = 0.9;
@@ -295,7 +300,7 @@ mod tests {
         let now = Instant::now() + HOLD;
         let mut steering = with_baseline(now - HOLD, 4);
         assert_eq!(steering.steer(now, &steady(5), Budget::default(), false), Change::Held);
-        assert_eq!(steering.steer(now, &steady(10), Budget::default(), true), Change::Held);
+        assert_eq!(steering.steer(now, &steady(11), Budget::default(), true), Change::Held);
     }
 
     #[test]
