@@ -10,8 +10,9 @@ use std::time::Duration;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Pace {
-    /// The cluster's own traffic first: the window grows only while the apiserver answers within
-    /// [`Band::GENTLE`], so other clients barely notice the migration.
+    /// The cluster's own traffic first: writes go at a rate steered by a probe of what other
+    /// clients feel, within the foreground [`Budget`] (or, with the budget off, in a window
+    /// that grows only while the apiserver answers within [`Band::GENTLE`]).
     #[default]
     Gentle,
     /// The apiserver's whole throughput, for maintenance windows: [`Band::FAST`].

@@ -36,8 +36,8 @@ pub struct EngineArgs {
     #[arg(long, env = "KUBE_SVM_WRITES_IN_FLIGHT", default_value_t = 64, value_parser = values::count(1, MAX_WRITES_IN_FLIGHT))]
     pub writes_in_flight: usize,
 
-    /// How hard migrations press the apiserver: `gentle` keeps other clients' requests nearly as
-    /// fast as on an idle apiserver, down to one write at a time with pauses; `fast` takes the apiserver's whole throughput, for
+    /// How hard migrations press the apiserver: `gentle` keeps other clients' requests within
+    /// the foreground budget (below); `fast` takes the apiserver's whole throughput, for
     /// maintenance windows. A migration can ask for either with the annotation
     /// `kube-svm.io/pace`.
     #[arg(long, env = "KUBE_SVM_PACE", default_value = "gentle", value_parser = pace_parser())]
