@@ -1194,13 +1194,13 @@ async fn main() {
         "kube-svm-controller-flowcontrol",
         "kube-svm-controller-fast-flowcontrol",
     ];
+    // The controller's defaults, its budget named: the test support's controllers follow
+    // their own latency unless told.
+    let args = ["controller", "--leader-elect=false", "--crd-trigger=false"];
+    let default_args: Vec<&str> = args.iter().copied().chain(["--foreground-budget=3x"]).collect();
     if controller_contenders.iter().any(|c| selected(c)) {
-        let controller = KubeSvm::start(
-            &bench.control_plane,
-            "bench-controller",
-            &["controller", "--leader-elect=false", "--crd-trigger=false"],
-        )
-        .await;
+        let controller =
+            KubeSvm::start(&bench.control_plane, "bench-controller", &default_args).await;
         bench.controller = Some(controller);
     }
     bench
@@ -1248,7 +1248,6 @@ async fn main() {
     if selected("kube-svm-controller-probe") {
         // The default controller comes back after them.
         bench.controller = None;
-        let args = ["controller", "--leader-elect=false", "--crd-trigger=false"];
         for budget in &budgets {
             let budget = match *budget {
                 "in-tree" => {
@@ -1284,7 +1283,8 @@ async fn main() {
             bench.controller = None;
         }
         if controller_contenders.iter().any(|c| selected(c)) {
-            let controller = KubeSvm::start(&bench.control_plane, "bench-controller", &args).await;
+            let controller =
+                KubeSvm::start(&bench.control_plane, "bench-controller", &default_args).await;
             bench.controller = Some(controller);
         }
     }

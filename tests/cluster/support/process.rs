@@ -67,12 +67,17 @@ impl KubeSvm {
             // Many controllers run side by side: each takes a port of its own unless told one.
             // Tests create their own migrations: the CRD trigger stays off unless a test turns it
             // on, and the discovery hash is trusted at once unless a test asks for a settle time.
-            // Leases go where the chart lets its ServiceAccount write them.
+            // Leases go where the chart lets its ServiceAccount write them. The gentle pace
+            // follows its own latency unless a test asks for a probe: the suite runs many tests
+            // at once on a few cores, and a probe-steered pace gives way to the other tests'
+            // load, as it gives way to any client's, so a migration's time would be the
+            // schedule's. The bench and the probe's own tests set a budget.
             for (flag, default) in [
                 ("--metrics-bind-address", "--metrics-bind-address=127.0.0.1:0"),
                 ("--crd-trigger", "--crd-trigger=false"),
                 ("--storage-version-settle", "--storage-version-settle=0"),
                 ("--leader-election-namespace", &lease_namespace),
+                ("--foreground-budget", "--foreground-budget=off"),
             ] {
                 if !args.iter().any(|a| a.starts_with(flag)) {
                     args.push(default);
