@@ -651,14 +651,19 @@ pub(super) fn terminate(child: &mut Child) -> anyhow::Result<()> {
 
 /// A free port for a server to bind, below the kernel's ephemeral range: a port handed out by
 /// `bind(0)` comes from that range, and until the server binds it (an HA control plane starts its
-/// apiservers one after another) any outgoing connection of the machine may take it.
+/// apiservers one after another) any outgoing connection of the machine may take it. A port is
+/// handed out once per test process: two control planes starting at once never get the same
+/// free port before either binds it.
 pub(super) fn free_port() -> std::io::Result<u16> {
+    static HANDED_OUT: Mutex<Vec<u16>> = Mutex::new(Vec::new());
     let ephemeral = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok();
     let first = ephemeral.and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok());
     let below = first.unwrap_or(32_768).clamp(11_000, 32_768);
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     for _ in 0..1_000 {
         let port = fastrand::u16(10_000..below);
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if !handed_out.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            handed_out.push(port);
             return Ok(port);
         }
     }
