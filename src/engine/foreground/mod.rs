@@ -191,7 +191,7 @@ impl Foreground {
         // due, so a change of the rate applies from the next write on.
         let _turn = self.turn.lock().await;
         loop {
-            let (until, admitted) = self.lock().admit(Instant::now(), budget);
+            let (until, admitted) = self.lock().admit(Instant::now(), budget, self.budget);
             tokio::time::sleep_until(until).await;
             // A slot taken before a quiet window began is given up: the window stays quiet.
             if admitted && !self.lock().quiet_at(Instant::now()) {
@@ -310,8 +310,9 @@ impl State {
         }
     }
 
-    /// The admission of one write at `now`: when to wake, and whether the write may then go.
-    fn admit(&mut self, now: Instant, budget: Option<Budget>) -> (Instant, bool) {
+    /// The admission of one write at `now`, of a migration with its own `budget` or the
+    /// `default`: when to wake, and whether the write may then go.
+    fn admit(&mut self, now: Instant, budget: Option<Budget>, default: Budget) -> (Instant, bool) {
         self.last_write = Some(now);
         if let Some(budget) = budget {
             // A stricter budget held lately stays, without being renewed by a looser one: it
@@ -331,7 +332,10 @@ impl State {
         if now < self.quiet_until {
             return (self.quiet_until, false);
         }
-        if self.next_quiet.is_none_or(|next| now >= next) {
+        // Only a relative budget needs the baseline: the writes of a fixed one take no quiet
+        // window of their own (they wait out one under way).
+        let relative = matches!(budget.unwrap_or(default), Budget::Relative(_));
+        if relative && self.next_quiet.is_none_or(|next| now >= next) {
             let length = match self.next_quiet {
                 None => FIRST_QUIET_FOR,
                 Some(_) => QUIET_FOR,
@@ -454,30 +458,43 @@ mod tests {
     fn the_first_write_waits_for_a_quiet_window_and_then_writes_go_at_the_rate() {
         let now = Instant::now();
         let mut state = state(now);
-        assert_eq!(state.admit(now, None), (now + FIRST_QUIET_FOR, false));
+        assert_eq!(state.admit(now, None, Budget::default()), (now + FIRST_QUIET_FOR, false));
         let after = now + FIRST_QUIET_FOR;
-        assert_eq!(state.admit(after, None), (after, true));
+        assert_eq!(state.admit(after, None, Budget::default()), (after, true));
         let spacing = Duration::from_secs_f64(1.0 / steering::START_RATE);
-        assert_eq!(state.admit(after, None), (after + spacing, true));
+        assert_eq!(state.admit(after, None, Budget::default()), (after + spacing, true));
         assert!(state.waited, "the second write waited on the rate");
+    }
+
+    #[test]
+    fn the_writes_of_a_fixed_budget_take_no_quiet_window() {
+        let now = Instant::now();
+        let fixed = Budget::Fixed(Duration::from_millis(8));
+        let mut state = state(now);
+        assert_eq!(state.admit(now, Some(fixed), Budget::default()), (now, true));
+        assert!(state.admit(now, None, fixed).1, "nor a default fixed one");
+        assert!(!state.quiet_at(now));
+        let (until, admitted) = state.admit(now, None, Budget::default());
+        assert!(!admitted && state.quiet_at(now), "a relative one does, and holds every write");
+        assert_eq!(state.admit(now, Some(fixed), Budget::default()), (until, false));
     }
 
     #[test]
     fn quiet_windows_come_back_soon_at_first_then_every_minute_and_hold_every_write() {
         let now = Instant::now();
         let mut state = state(now);
-        state.admit(now, None);
+        state.admit(now, None, Budget::default());
         let mut until = now + FIRST_QUIET_FOR;
         for _ in 0..EARLY_QUIET_WINDOWS {
             let next = until + EARLY_QUIET_EVERY;
-            assert!(state.admit(next - Duration::from_millis(1), None).1);
-            assert_eq!(state.admit(next, None), (next + QUIET_FOR, false));
+            assert!(state.admit(next - Duration::from_millis(1), None, Budget::default()).1);
+            assert_eq!(state.admit(next, None, Budget::default()), (next + QUIET_FOR, false));
             until = next + QUIET_FOR;
         }
         let next = until + QUIET_EVERY;
-        assert!(state.admit(next - Duration::from_millis(1), None).1, "a minute");
-        assert_eq!(state.admit(next, None), (next + QUIET_FOR, false));
-        assert_eq!(state.admit(next + QUIET_FOR / 2, None), (next + QUIET_FOR, false));
+        assert!(state.admit(next - Duration::from_millis(1), None, Budget::default()).1, "a minute");
+        assert_eq!(state.admit(next, None, Budget::default()), (next + QUIET_FOR, false));
+        assert_eq!(state.admit(next + QUIET_FOR / 2, None, Budget::default()), (next + QUIET_FOR, false));
         assert!(state.quiet_at(next + QUIET_FOR / 2) && !state.quiet_at(next + QUIET_FOR));
     }
 
@@ -485,7 +502,7 @@ mod tests {
     fn a_quiet_window_s_settled_probes_make_the_baseline_and_the_rest_the_signal() {
         let now = Instant::now();
         let mut state = state(now);
-        state.admit(now, None);
+        state.admit(now, None, Budget::default());
         let ms = Duration::from_millis;
         // Unsettled: not counted anywhere.
         state.record(now + ms(100), ms(30), Budget::default());
@@ -504,7 +521,7 @@ mod tests {
         let now = Instant::now();
         let mut state = state(now);
         assert_eq!(state.next_probe(now), None);
-        state.admit(now, None);
+        state.admit(now, None, Budget::default());
         assert!(state.next_probe(now).is_some_and(|wait| wait <= QUIET_PROBE_EVERY * 2));
         assert!(state.next_probe(now + FIRST_QUIET_FOR + IDLE_AFTER * 2).is_none());
     }
@@ -515,7 +532,7 @@ mod tests {
         let mut state = state(now);
         state.steering.quiet_sample(Duration::from_millis(4));
         let fixed = Budget::Fixed(Duration::from_millis(6));
-        state.admit(now, Some(fixed));
+        state.admit(now, Some(fixed), Budget::default());
         state.look(now, Budget::default());
         assert_eq!(state.seen.limit, Some(Duration::from_millis(6)));
         state.look(now + BUDGET_MEMORY * 2, Budget::default());
@@ -528,15 +545,15 @@ mod tests {
         let mut state = state(now);
         state.steering.quiet_sample(Duration::from_millis(4));
         let (strict, loose) = (Budget::Fixed(Duration::from_millis(6)), Budget::Relative(3.0));
-        state.admit(now, Some(strict));
+        state.admit(now, Some(strict), Budget::default());
         let mut later = now;
         for _ in 0..4 {
             later += BUDGET_MEMORY / 2;
-            state.admit(later, Some(loose));
+            state.admit(later, Some(loose), Budget::default());
         }
         state.look(later, Budget::default());
         assert_eq!(state.seen.limit, Some(Duration::from_millis(12)), "the strict one lapsed");
-        state.admit(later, Some(strict));
+        state.admit(later, Some(strict), Budget::default());
         state.look(later, Budget::default());
         assert_eq!(state.seen.limit, Some(Duration::from_millis(6)), "and comes back with it");
     }
