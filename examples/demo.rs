@@ -87,6 +87,8 @@ async fn main() -> anyhow::Result<()> {
         // The control plane is the demo's alone: no client-side rate limit (the default, 100
         // requests per second, is meant for sharing a production apiserver).
         "--kube-api-qps=0",
+        // As the chart runs it: the gentle pace steered by its probe of the apiserver.
+        "--foreground-budget=3x",
         SETTLE,
         &admin,
     ];
