@@ -403,11 +403,15 @@ impl State {
             _ => default,
         };
         let since = self.steering.changed();
-        let recent: Vec<Duration> =
-            self.samples.iter().filter(|(at, _)| *at > since).map(|(_, l)| *l).collect();
+        let baseline = self.steering.baseline();
+        let recent: Vec<(Instant, Duration)> =
+            self.samples.iter().filter(|(at, _)| *at > since).copied().collect();
+        let recent = match budget.limit(baseline) {
+            Some(limit) => steering::without_spells(&recent, limit),
+            None => recent.into_iter().map(|(_, latency)| latency).collect(),
+        };
         let change = self.steering.steer(now, &recent, budget, self.waited);
         self.waited = false;
-        let baseline = self.steering.baseline();
         self.seen = Steered {
             rate: self.steering.rate(),
             probe_p99: (!recent.is_empty()).then(|| percentile(&recent, steering::JUDGED)),
@@ -495,9 +499,15 @@ mod tests {
             until = next + QUIET_FOR;
         }
         let next = until + QUIET_EVERY;
-        assert!(state.admit(next - Duration::from_millis(1), None, Budget::default()).1, "a minute");
+        assert!(
+            state.admit(next - Duration::from_millis(1), None, Budget::default()).1,
+            "a minute"
+        );
         assert_eq!(state.admit(next, None, Budget::default()), (next + QUIET_FOR, false));
-        assert_eq!(state.admit(next + QUIET_FOR / 2, None, Budget::default()), (next + QUIET_FOR, false));
+        assert_eq!(
+            state.admit(next + QUIET_FOR / 2, None, Budget::default()),
+            (next + QUIET_FOR, false)
+        );
         assert!(state.quiet_at(next + QUIET_FOR / 2) && !state.quiet_at(next + QUIET_FOR));
     }
 
