@@ -12,12 +12,13 @@
 //!   least [`TAIL_SAMPLES`]): the rate is cut at once, to [`LEAST_CUT`] of itself or, the probe
 //!   further past the budget, to budget / p99 of itself, [`DEEPEST_CUT`] at most; and the rate
 //!   that hurt is remembered. So a burst of other load twice the budget halves the rate at once.
-//!   Well within the budget (below
-//!   [`ROOM`] of it) and with writes waiting on the rate: it grows, at most once per [`HOLD`],
-//!   never past [`BAD_RATE_MARGIN`] of a remembered bad rate; the memory fades by
-//!   [`BAD_RATE_FADE`] every [`BAD_RATE_AGE`]. Until a rate has hurt, it grows by the room the
-//!   probe leaves (budget / p99, up to [`MOST_INCREASE`]), so a run finds the rate its budget
-//!   allows in a few tens of seconds, not minutes; once one has, by [`INCREASE`].
+//!   A short spell of slow probes, the apiserver's own, counts as one ([`without_spells`]).
+//!   Well within the budget (below [`ROOM`] of it) and with writes waiting on the rate: it
+//!   grows, at most once per [`HOLD`], never past [`BAD_RATE_MARGIN`] of a remembered bad rate;
+//!   the memory fades by [`BAD_RATE_FADE`] every [`BAD_RATE_AGE`]. Until a rate has hurt, it
+//!   grows by the room the probe leaves (budget / p99, up to [`MOST_INCREASE`]), so a run finds
+//!   the rate its budget allows in a few tens of seconds, not minutes; once one has, by
+//!   [`INCREASE`].
 
 use std::collections::VecDeque;
 use std::time::Duration;
