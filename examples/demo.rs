@@ -18,10 +18,11 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ListParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use kube_svm::api::Phase;
 use kube_svm::api::StorageVersionMigration;
+use kube_svm::trigger::crd::REMOVE_VERSIONS_ANNOTATION;
 
 use support::fixtures::{WidgetCrd, create_namespace, install_kube_svm_crds};
 use support::process::KubeSvm;
@@ -125,6 +126,14 @@ async fn main() -> anyhow::Result<()> {
 
     step("Stopping serving v1: the controller cleans the managedFields entries that name it");
     widgets.set_served(&client, "v1", false).await;
+    // A version no longer served gets a grace before its entries are cleaned, unless the CRD
+    // names it for removal, as an operator about to drop it does.
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let intent = serde_json::json!({
+        "metadata": { "annotations": { REMOVE_VERSIONS_ANNOTATION: "v1" } }
+    });
+    crds.patch(&widgets.name(), &PatchParams::default(), &Patch::Merge(&intent)).await?;
+    detail(&format!("annotated the CRD {REMOVE_VERSIONS_ANNOTATION}: v1"));
     let unserved = Instant::now();
     let name = triggered_migration(&migrations, &triggered, 2, unserved).await?;
     detail(&format!(
