@@ -24,14 +24,16 @@
 //! Per contender: objects/s, the foreground's latency, requests per object (the apiserver's
 //! `apiserver_request_total`), apiserver and etcd CPU seconds per 1,000 objects (from /proc, the
 //! idle rate subtracted), peak RSS of the migrating process. Then a sweep of kube-svm's engine
-//! over its write window, its gentle latency band and fixed rates (each rate for 90 s at most):
+//! over its write window, its gentle latency band and fixed rates (each rate for 90 s at most;
+//! one of them 1.2 times the in-tree migrator's objects/s, where it ran: `BENCH_SWEEP=in-tree`):
 //! the curve of objects/s against the foreground's p99. The table goes to `docs/bench.md`, the numbers to `docs/bench.json`
 //! (`hack/plot.py` draws `docs/bench.png` from them). `BENCH_CONTENDERS` (comma-separated names)
 //! runs a subset (`kube-svm-controller-probe` runs once per budget of `BENCH_FOREGROUND_BUDGETS`,
 //! default `in-tree,off`; the budget `in-tree` is the in-tree migrator's foreground p99 in the
 //! same run, `in-tree-relative` that p99 as a multiple of the idle one, and the in-tree
 //! migrator then runs before it); `BENCH_SWEEP=0` skips the sweep, `BENCH_SWEEP=windows`, `bands` or `rates` runs a
-//! third of it, any other text the settings whose name contains it; `BENCH_REPORT=/tmp/x` writes `/tmp/x.md` and `/tmp/x.json` instead. Throughput drifts as
+//! third of it, any other text the settings whose name contains it; `BENCH_REPORT=/tmp/x` writes `/tmp/x.md` and `/tmp/x.json` instead; `BENCH_IDLE_SECONDS`
+//! sets the idle phases' length (20 s). Throughput drifts as
 //! etcd's history grows: the limit is measured at the start and again at the end, and ratios are
 //! quoted against their mean.
 
@@ -90,8 +92,14 @@ const BURST_AFTER: Duration = Duration::from_secs(45);
 const PROBE_ALONE: Duration = Duration::from_secs(60);
 
 /// How long the idle apiserver is measured, before the contenders and after them: 800 foreground
-/// requests, so that the p99 is the eighth slowest.
-const IDLE: Duration = Duration::from_secs(20);
+/// requests, so that the p99 is the eighth slowest. `BENCH_IDLE_SECONDS` sets it: a large
+/// apiserver's collector slows every client a few times a minute, which 20 s may miss.
+fn idle_for() -> Duration {
+    let seconds = std::env::var("BENCH_IDLE_SECONDS").ok().map(|s| {
+        s.parse::<u64>().unwrap_or_else(|_| panic!("BENCH_IDLE_SECONDS={s}: a number of seconds"))
+    });
+    Duration::from_secs(seconds.unwrap_or(20))
+}
 
 /// The controller's default `--storage-version-settle`: its encoding check starts when it sees
 /// the storage switch, so a migration created this long after finds it done.
@@ -509,10 +517,10 @@ impl Bench {
         self.rows.push(row);
     }
 
-    /// Measures the foreground client alone for [`IDLE`].
+    /// Measures the foreground client alone for [`idle_for`].
     async fn idle(&mut self, contender: &str, note: &str) {
         let from = Instant::now();
-        tokio::time::sleep(IDLE).await;
+        tokio::time::sleep(idle_for()).await;
         self.phase(contender, note, from);
     }
 
@@ -996,6 +1004,10 @@ struct Setting {
 /// the rate alone, which any pace's point can be read against.
 const SWEEP_RATES: [f64; 7] = [10.0, 20.0, 40.0, 80.0, 160.0, 240.0, 320.0];
 
+/// The in-tree migrator's objects/s times this is one more fixed rate: what its foreground costs
+/// says whether any pace can move that much at the in-tree migrator's harm.
+const IN_TREE_TIMES: f64 = 1.2;
+
 /// How long each fixed rate runs: a minute and a half, enough for 1,800 foreground requests.
 const RATE_STEP: Duration = Duration::from_secs(90);
 
@@ -1003,8 +1015,9 @@ const RATE_STEP: Duration = Duration::from_secs(90);
 /// all, any other text those whose name contains it): fixed windows at the fast pace, where the
 /// window grows to its maximum; gentle bands of several widths and spacings with the maximum of
 /// 64; and fixed rates ([`SWEEP_RATES`], each for [`RATE_STEP`] at most) at the fast pace held
-/// to the rate by the client-side limit alone.
-fn sweep_settings() -> Vec<Setting> {
+/// to the rate by the client-side limit alone, and, where the in-tree migrator ran, at
+/// [`IN_TREE_TIMES`] its objects/s (`in_tree`).
+fn sweep_settings(in_tree: Option<f64>) -> Vec<Setting> {
     let which = std::env::var("BENCH_SWEEP").unwrap_or_default();
     let mut settings = Vec::new();
     if which == "0" {
@@ -1050,9 +1063,14 @@ fn sweep_settings() -> Vec<Setting> {
         }
     }
     if all || which == "rates" {
-        for rate in SWEEP_RATES {
+        let named = SWEEP_RATES.map(|rate| (format!("rate {rate:.0}/s"), rate));
+        let in_tree = in_tree.map(|rate| {
+            let rate = rate * IN_TREE_TIMES;
+            (format!("rate {IN_TREE_TIMES}x in-tree ({rate:.0}/s)"), rate)
+        });
+        for (name, rate) in named.into_iter().chain(in_tree) {
             settings.push(Setting {
-                name: format!("rate {rate:.0}/s"),
+                name,
                 pace: Pace::Fast,
                 writes_in_flight: 64,
                 gentle_band: Band::GENTLE,
@@ -1136,7 +1154,7 @@ async fn main() {
     };
     // Idle CPU, and the foreground client on an idle apiserver.
     let idle_from = meter.sample().await;
-    tokio::time::sleep(IDLE).await;
+    tokio::time::sleep(idle_for()).await;
     let idle_to = meter.sample().await;
     let idle_seconds = idle_to.at.duration_since(idle_from.at).as_secs_f64();
     meter.idle = (
@@ -1382,7 +1400,8 @@ async fn main() {
 
     // The write window and the gentle band, swept: objects/s against the foreground's p99.
     let mut sweep = Vec::new();
-    for setting in sweep_settings() {
+    let in_tree = bench.rows.iter().find(|r| r.contender == "in-tree" && r.objects > 0);
+    for setting in sweep_settings(in_tree.map(|row| row.objects_per_second)) {
         bench.switch().await;
         // As the controller's contenders do: the apiserver's work on a storage switch (its
         // storage for the resource rebuilt) is not the setting's. A point of 90 s would
