@@ -41,8 +41,8 @@ pub const JUDGED: f64 = 0.99;
 /// probe's 93rd percentile, and a budget of `3x` is stricter than 3 times its p99 (at 12,000
 /// objects the foreground read 1.8 to 2.5 times idle). Their median, about its 98th, was tried:
 /// twice the objects/s, and at 100,000 objects the foreground's p99 went from 28.0 to 46.1 ms,
-/// the minutes past 3 times idle outside the apiserver's collector spells from 1 in 29 to 4 in
-/// 14.
+/// its minutes past 12.3 ms (3 times idle) outside the apiserver's collector spells from 3 in 29
+/// to 4 in 14.
 pub const QUIET_SAMPLES: usize = 10;
 
 /// The rate a run starts at, in objects per second.
