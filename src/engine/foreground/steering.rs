@@ -64,7 +64,7 @@ const LEAST_CUT: f64 = 0.7;
 /// objects/s for minutes, where the probe then read 3.6 to 8.9 ms against a budget of 10.7 ms.
 const DEEPEST_CUT: f64 = 0.5;
 
-/// A cut this soon after the rate grew blames the growth: the rate it grew to is remembered as
+/// The first cut this soon after the rate grew blames the growth: the rate it grew to is remembered as
 /// bad, however far past the budget the probe went. The apiserver's latency hardly moves below
 /// its knee and then rises steeply (measured: the probe at 4.2 ms and 92 objects/s, then at
 /// 19.0 ms and 138), so an overshoot reads as a disturbance; unremembered, the rate climbed by
@@ -132,7 +132,7 @@ pub struct Steering {
     quiet: VecDeque<Duration>,
     /// A rate that hurt, and when it was remembered.
     bad: Option<(f64, Instant)>,
-    /// When the rate last grew.
+    /// When the rate grew, while that growth is its last change.
     grew: Option<Instant>,
     /// When the rate last changed (or the run began).
     changed: Instant,
@@ -190,7 +190,8 @@ impl Steering {
             // A probe twice its budget or more is a disturbance (other load, the apiserver's
             // start-up or its collector), not the rate's own cost: halved, it is not remembered.
             // Unless the rate had just grown: then the growth went past the apiserver's knee.
-            let grown = self.grew.is_some_and(|at| now.duration_since(at) < BLAMED_WITHIN);
+            // Only the first cut after it: a second one is no longer the growth's.
+            let grown = self.grew.take().is_some_and(|at| now.duration_since(at) < BLAMED_WITHIN);
             if room > DEEPEST_CUT || grown {
                 self.bad = Some((from, now));
             }
@@ -453,6 +454,16 @@ mod tests {
             steering.steer(at, &steady(4), Budget::default(), true);
         }
         assert!(close(steering.rate(), past_the_knee * BAD_RATE_MARGIN), "{steering:?}");
+        // Only the first cut after a growth blames it: a second disturbance soon after is
+        // other load, and leaves the rate the growth reached as the one remembered.
+        let mut steering = with_baseline(now, 4);
+        steering.steer(now + HOLD, &steady(4), Budget::default(), true);
+        steering.steer(now + HOLD * 2, &steady(240), Budget::default(), true);
+        steering.steer(now + HOLD * 3, &steady(240), Budget::default(), true);
+        assert!(
+            matches!(steering.bad, Some((rate, _)) if close(rate, past_the_knee)),
+            "{steering:?}"
+        );
         // Long after the last growth, a disturbance is other load again.
         let mut steering = with_baseline(now, 4);
         steering.steer(now + HOLD, &steady(4), Budget::default(), true);
