@@ -51,7 +51,7 @@ pub use request::NoReply;
 
 use crate::api::FailedObject;
 pub use failing::KeepFailing;
-pub use foreground::{Foreground, PROBE_ANNOTATION, PROBE_OBJECT, Steered};
+pub use foreground::{Flight, Foreground, PROBE_ANNOTATION, PROBE_OBJECT, Steered};
 pub use pager::Listed;
 pub use rate_limit::RateLimiter;
 pub use report::{Error, Finished, Progress, describe};
@@ -162,10 +162,12 @@ impl RunState {
         }
     }
 
-    /// Waits until a write may go: at a gentle run's rate, after any quiet window.
-    async fn admit(&self) {
-        if let Some((foreground, budget)) = &self.gentle {
-            foreground.admit(*budget).await;
+    /// Waits until a write may go: at a gentle run's rate, after any quiet window. A gentle
+    /// write is in flight until its [`Flight`] is dropped.
+    async fn admit(&self) -> Option<Flight> {
+        match &self.gentle {
+            Some((foreground, budget)) => Some(foreground.admit(*budget).await),
+            None => None,
         }
     }
 

@@ -207,11 +207,12 @@ impl Engine {
                 Ok(request) => request,
                 Err(error) => return failed_at_once(INVALID_REQUEST, error.to_string()),
             };
-            run.admit().await;
+            let flight = run.admit().await;
             let slot = run.window.enter().await;
             let sent = Instant::now();
             let result = self.send(request, run).await;
             let latency = sent.elapsed();
+            drop(flight);
             slot.leave(match &result {
                 Ok(reply) if reply.code == 429 => Signal::Throttled,
                 Ok(reply) if reply.code < 300 || reply.code == 404 || reply.code == 409 => {

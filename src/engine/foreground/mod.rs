@@ -6,10 +6,13 @@
 //! then, as any client would ([`PROBE_OBJECT`]), and its latency is the signal. Gentle writes
 //! pass through
 //! [`Foreground::admit`], which spaces them at the rate the law in `steering` allows and now and
-//! then holds them all back for a quiet window, in which the probe measures its baseline. One
+//! then holds them all back for a quiet window, in which the probe measures its baseline; no
+//! more of them are in flight than the rate needs (`flights`), so a stall of the apiserver
+//! queues few of them. One
 //! `Foreground` serves every gentle migration of the process: they share the rate, so two
 //! migrations at once press the apiserver no harder than one.
 
+mod flights;
 mod steering;
 
 use std::collections::VecDeque;
@@ -24,6 +27,8 @@ use tracing::{debug, info, warn};
 
 use crate::api::Budget;
 use crate::ops::metrics::Metrics;
+pub use flights::Flight;
+use flights::Flights;
 use steering::{Change, Steering, percentile};
 
 /// The object the probe reads, and now and then writes: a ConfigMap of this name in kube-svm's
@@ -130,6 +135,8 @@ pub struct Foreground {
     state: Mutex<State>,
     /// Writes waiting for a slot queue here, first come first served.
     turn: tokio::sync::Mutex<()>,
+    /// Told when a gentle write in flight comes back.
+    landed: tokio::sync::Notify,
     probing: AtomicBool,
     /// Probes sent so far, which says which is a write.
     probes: AtomicU64,
@@ -140,6 +147,8 @@ pub struct Foreground {
 
 struct State {
     steering: Steering,
+    /// The gentle writes in flight.
+    flights: Flights,
     /// No write goes before this.
     next_slot: Instant,
     /// The current or the last quiet window.
@@ -179,6 +188,7 @@ impl Foreground {
             budget,
             state: Mutex::new(State::new(Instant::now())),
             turn: tokio::sync::Mutex::new(()),
+            landed: tokio::sync::Notify::new(),
             probing: AtomicBool::new(false),
             probes: AtomicU64::new(0),
             writes: AtomicBool::new(true),
@@ -186,19 +196,28 @@ impl Foreground {
         }
     }
 
-    /// Waits until a gentle write may go: after any quiet window under way, at the rate
-    /// allowed. `budget` is the migration's own, if it gives one.
-    pub async fn admit(self: &Arc<Self>, budget: Option<Budget>) {
+    /// Waits until a gentle write may go: with room in flight, after any quiet window under
+    /// way, at the rate allowed. `budget` is the migration's own, if it gives one. The write is
+    /// in flight until the [`Flight`] is dropped.
+    pub async fn admit(self: &Arc<Self>, budget: Option<Budget>) -> Flight {
         self.start_probing();
         // One write at a time takes its slot, in turn: no slot is reserved ahead of the one
         // due, so a change of the rate applies from the next write on.
         let _turn = self.turn.lock().await;
         loop {
+            loop {
+                // Made before the look, so a landing in between is not missed.
+                let landed = self.landed.notified();
+                if self.lock().room() {
+                    break;
+                }
+                landed.await;
+            }
             let (until, admitted) = self.lock().admit(Instant::now(), budget, self.budget);
             tokio::time::sleep_until(until).await;
             // A slot taken before a quiet window began is given up: the window stays quiet.
-            if admitted && !self.lock().quiet_at(Instant::now()) {
-                return;
+            if admitted && self.lock().take_off(Instant::now()) {
+                return Flight::new(Arc::clone(self));
             }
         }
     }
@@ -298,6 +317,7 @@ impl State {
     fn new(now: Instant) -> State {
         State {
             steering: Steering::new(now),
+            flights: Flights::default(),
             next_slot: now,
             quiet_from: now,
             quiet_until: now,
@@ -357,6 +377,20 @@ impl State {
         self.next_slot = slot + Duration::from_secs_f64(1.0 / self.steering.rate());
         self.waited |= slot > now;
         (slot, true)
+    }
+
+    /// Whether one more gentle write may be in flight.
+    fn room(&self) -> bool {
+        self.flights.room(self.steering.rate())
+    }
+
+    /// A write admitted before `now` leaves, unless a quiet window began meanwhile.
+    fn take_off(&mut self, now: Instant) -> bool {
+        let quiet = self.quiet_at(now);
+        if !quiet {
+            self.flights.left();
+        }
+        !quiet
     }
 
     /// Whether `now` falls in a quiet window.
@@ -527,6 +561,19 @@ mod tests {
         state.record(after, ms(9), Budget::default());
         assert_eq!(state.steering.baseline(), Some(ms(4)));
         assert_eq!(state.samples.iter().map(|(_, l)| *l).collect::<Vec<_>>(), [ms(9)]);
+    }
+
+    #[test]
+    fn a_write_leaves_only_with_room_in_flight_and_not_into_a_quiet_window() {
+        let now = Instant::now();
+        let mut state = state(now);
+        let after = now + FIRST_QUIET_FOR;
+        state.admit(now, None, Budget::default());
+        assert!(!state.take_off(now), "the first quiet window holds it");
+        assert!(state.take_off(after) && state.take_off(after));
+        assert!(!state.room(), "two aloft at the starting rate, none back yet");
+        state.flights.landed(Duration::from_millis(5));
+        assert!(state.room());
     }
 
     #[test]

@@ -61,6 +61,18 @@ impl KubeSvm {
         args: &[&str],
         kubeconfig: &Path,
     ) -> KubeSvm {
+        Self::start_built(control_plane, &binary(), name, args, kubeconfig)
+    }
+
+    /// Starts `<built> <args>`, a kube-svm binary built elsewhere (another commit's, for the
+    /// bench), with the credentials of `kubeconfig`.
+    pub fn start_built(
+        control_plane: &ControlPlane,
+        built: &Path,
+        name: &str,
+        args: &[&str],
+        kubeconfig: &Path,
+    ) -> KubeSvm {
         let mut args: Vec<&str> = args.to_vec();
         let lease_namespace = format!("--leader-election-namespace={CONTROLLER_NAMESPACE}");
         if args.first() == Some(&"controller") {
@@ -86,7 +98,7 @@ impl KubeSvm {
         }
         let log = control_plane.path(&format!("{name}.log"));
         let out = fs::File::create(&log).expect("log file");
-        let child = Command::new(binary())
+        let child = Command::new(built)
             .args(&args)
             .arg("--kubeconfig")
             .arg(kubeconfig)
