@@ -34,7 +34,8 @@
 //! migrator then runs before it); `BENCH_SWEEP=0` skips the sweep, `BENCH_SWEEP=windows`, `bands` or `rates` runs a
 //! third of it, any other text the settings whose name contains it; `BENCH_REPORT=/tmp/x` writes `/tmp/x.md` and `/tmp/x.json` instead; `BENCH_IDLE_SECONDS`
 //! sets the idle phases' length (20 s); `BENCH_BEFORE_BINARY=PATH` runs that kube-svm build's
-//! defaults too, with and without the burst (`kube-svm-before`), for a before and after in one run. Throughput drifts as
+//! defaults first, alone and with the burst (`kube-svm-before`, `kube-svm-before-burst`), for a
+//! before and after in one run. Throughput drifts as
 //! etcd's history grows: the limit is measured at the start and again at the end, and ratios are
 //! quoted against their mean.
 
@@ -1218,6 +1219,38 @@ async fn main() {
     // their own latency unless told.
     let args = ["controller", "--leader-elect=false", "--crd-trigger=false"];
     let default_args: Vec<&str> = args.iter().copied().chain(["--foreground-budget=3x"]).collect();
+    // The defaults of another build (`BENCH_BEFORE_BINARY`, say the commit before a change),
+    // alone and with the burst, on the same apiserver in the same run, before this build's.
+    let before = std::env::var_os("BENCH_BEFORE_BINARY").map(std::path::PathBuf::from);
+    let before_selected = selected("kube-svm-before") || selected("kube-svm-before-burst");
+    if let Some(before) = before.filter(|_| before_selected) {
+        let kubeconfig = bench.control_plane.controller_kubeconfig().await;
+        let controller = KubeSvm::start_built(
+            &bench.control_plane,
+            &before,
+            "bench-before",
+            &default_args,
+            kubeconfig,
+        );
+        bench.controller = Some(controller);
+        let what = format!("{}'s defaults, end to end", before.display());
+        bench
+            .measure("kube-svm-before", &what, true, SETTLE, |ctx| kube_svm_controller(ctx, None))
+            .await;
+        let config = bench.foreground.config.clone();
+        let burst = |ctx| {
+            let burst = Foreground::burst(config, BURST_AFTER);
+            async move {
+                let pid = kube_svm_controller(ctx, None).await;
+                burst.abort();
+                pid
+            }
+        };
+        let what =
+            format!("{}'s defaults, the burst of kube-svm-controller-burst", before.display());
+        bench.measure("kube-svm-before-burst", &what, true, SETTLE, burst).await;
+        bench.controller = None;
+    }
     if controller_contenders.iter().any(|c| selected(c)) {
         let controller =
             KubeSvm::start(&bench.control_plane, "bench-controller", &default_args).await;
@@ -1254,43 +1287,6 @@ async fn main() {
             burst,
         )
         .await;
-    // The same two with another build's defaults (`BENCH_BEFORE_BINARY`, say the commit before
-    // a change), on the same apiserver in the same run.
-    let before = std::env::var_os("BENCH_BEFORE_BINARY").map(std::path::PathBuf::from);
-    if let Some(before) = before.filter(|_| selected("kube-svm-before")) {
-        bench.controller = None;
-        let kubeconfig = bench.control_plane.controller_kubeconfig().await;
-        let controller = KubeSvm::start_built(
-            &bench.control_plane,
-            &before,
-            "bench-before",
-            &default_args,
-            kubeconfig,
-        );
-        bench.controller = Some(controller);
-        let what = format!("{}'s defaults, end to end", before.display());
-        bench
-            .measure("kube-svm-before", &what, true, SETTLE, |ctx| kube_svm_controller(ctx, None))
-            .await;
-        let config = bench.foreground.config.clone();
-        let burst = |ctx| {
-            let burst = Foreground::burst(config, BURST_AFTER);
-            async move {
-                let pid = kube_svm_controller(ctx, None).await;
-                burst.abort();
-                pid
-            }
-        };
-        let what =
-            format!("{}'s defaults, the burst of kube-svm-controller-burst", before.display());
-        bench.measure("kube-svm-before-burst", &what, true, SETTLE, burst).await;
-        bench.controller = None;
-        if controller_contenders.iter().any(|c| selected(c)) {
-            let controller =
-                KubeSvm::start(&bench.control_plane, "bench-controller", &default_args).await;
-            bench.controller = Some(controller);
-        }
-    }
     // A controller of its own per budget (`BENCH_FOREGROUND_BUDGETS`, comma-separated, default
     // `in-tree,off`), its gentle pace steered by the probe. `in-tree` is the in-tree migrator's
     // foreground p99 in this run, in ms; `in-tree-relative` the same p99 as a multiple of the
