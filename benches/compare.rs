@@ -527,15 +527,23 @@ impl Bench {
     }
 
     /// kube-svm's probe alone for [`PROBE_ALONE`], nothing written: what it costs the
-    /// foreground, and what it reads on this apiserver (its p99 against its quiet baseline).
+    /// foreground and the apiserver's CPU, and what it reads on this apiserver (its p99 against
+    /// its quiet baseline).
     async fn probe_alone(&mut self) {
         if !selected("probe-alone") {
             return;
         }
         let from = Instant::now();
+        let cpu_from = self.meter.cpu_seconds(self.meter.apiserver);
         let probe = Probe::start(&self.account);
         tokio::time::sleep(PROBE_ALONE).await;
-        let note = format!("kube-svm's probe alone, nothing written: {}", probe.stop());
+        let seen = probe.stop();
+        // The apiserver's CPU the probe costs, the idle rate (the foreground's) subtracted.
+        let cpu = self.meter.cpu_seconds(self.meter.apiserver) - cpu_from;
+        let cpu = cpu / from.elapsed().as_secs_f64() - self.meter.idle.0;
+        let note = format!(
+            "kube-svm's probe alone, nothing written: {seen}; apiserver CPU {cpu:+.3} s/s over idle"
+        );
         self.phase("probe-alone", &note, from);
     }
 
