@@ -667,7 +667,7 @@ impl Probe {
             let gate = gate.clone();
             tokio::spawn(async move {
                 loop {
-                    gate.admit(None).await;
+                    drop(gate.admit(None).await);
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             })

@@ -212,14 +212,18 @@ impl Engine {
             let sent = Instant::now();
             let result = self.send(request, run).await;
             let latency = sent.elapsed();
-            drop(flight);
-            slot.leave(match &result {
+            let signal = match &result {
                 Ok(reply) if reply.code == 429 => Signal::Throttled,
                 Ok(reply) if reply.code < 300 || reply.code == 404 || reply.code == 409 => {
                     Signal::Success(latency)
                 }
                 _ => Signal::Neutral,
-            });
+            };
+            match (flight, signal) {
+                (Some(flight), Signal::Success(latency)) => flight.answered(latency),
+                (flight, _) => drop(flight),
+            }
+            slot.leave(signal);
             let failed = match result {
                 Ok(reply) => match self.classify(resource, object, &reply, run).await? {
                     Some(Settled::Done(Outcome::Failed(failure))) => {

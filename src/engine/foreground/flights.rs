@@ -10,43 +10,51 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::Foreground;
 
-/// Flights the fastest recent one is taken from: a few seconds of writes, so that a stall
-/// shorter than that does not widen the room, and a slower resource (a conversion webhook)
-/// widens it within seconds.
+/// Answered writes whose latency is averaged: the writes of a few seconds at the rates a
+/// `3x` budget finds (40 to 90 objects/s), so that a short stall moves the mean a little, and a
+/// slower resource (a conversion webhook) moves it within its first 200 writes.
 const RECENT: usize = 200;
 
-/// The room, as a multiple of the writes the rate keeps in flight at the fastest recent flight
-/// (Little's law): writes up to this many times slower than the fastest keep the rate.
+/// The room, as a multiple of the writes the rate keeps in flight on average (Little's law:
+/// objects/s times the mean latency): chosen, not measured, so that the writes of the rate
+/// keep going while their latency varies by up to this much around its mean, and a stall of
+/// the apiserver still holds back all but a few.
 const HEADROOM: f64 = 3.0;
 
 /// Writes in flight allowed at any rate, so that one slow write does not stop the next.
 const LEAST: usize = 2;
 
 /// A gentle write admitted and not yet answered: it lands when dropped.
+#[must_use = "the write is in flight until this is dropped"]
 pub struct Flight {
     gate: Arc<Foreground>,
-    since: Instant,
+    /// The write's latency, once answered.
+    took: Option<Duration>,
 }
 
 impl Flight {
-    /// A write that left through `gate` now.
+    /// A write that left through `gate`.
     pub(super) fn new(gate: Arc<Foreground>) -> Flight {
-        Flight { gate, since: Instant::now() }
+        Flight { gate, took: None }
+    }
+
+    /// The write was answered after `took` (done, or nothing left to do): the latency counts
+    /// toward the room. A write unanswered, refused or throttled lands without one.
+    pub fn answered(mut self, took: Duration) {
+        self.took = Some(took);
     }
 }
 
 impl Drop for Flight {
     fn drop(&mut self) {
-        self.gate.lock().flights.landed(self.since.elapsed());
+        self.gate.lock().flights.landed(self.took);
         self.gate.landed.notify_one();
     }
 }
 
-/// The gentle writes in flight, and how long the recent ones took.
+/// The gentle writes in flight, and how long the recent answered ones took.
 #[derive(Debug, Default)]
 pub struct Flights {
     aloft: usize,
@@ -61,10 +69,18 @@ impl Flights {
 
     /// The writes allowed in flight at once at `rate`.
     pub fn most(&self, rate: f64) -> usize {
-        let Some(fastest) = self.recent.iter().min() else { return LEAST };
-        let needed = (rate * fastest.as_secs_f64() * HEADROOM).ceil();
-        // A float past usize's range saturates: no limit beyond the writes already bounded.
+        if self.recent.is_empty() {
+            return LEAST;
+        }
+        let mean = self.recent.iter().sum::<Duration>() / self.recent.len() as u32;
+        let needed = (rate * mean.as_secs_f64() * HEADROOM).ceil();
+        // A float past usize's range saturates: the writes are bounded by the window anyway.
         (needed as usize).max(LEAST)
+    }
+
+    /// Whether any write is in flight.
+    pub fn aloft(&self) -> bool {
+        self.aloft > 0
     }
 
     /// A write left.
@@ -72,9 +88,10 @@ impl Flights {
         self.aloft += 1;
     }
 
-    /// A write that left came back after `took`.
-    pub fn landed(&mut self, took: Duration) {
+    /// A write that left came back, answered after `took`, if it was.
+    pub fn landed(&mut self, took: Option<Duration>) {
         self.aloft = self.aloft.saturating_sub(1);
+        let Some(took) = took else { return };
         self.recent.push_back(took);
         while self.recent.len() > RECENT {
             self.recent.pop_front();
@@ -90,14 +107,19 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    fn answered(flights: &mut Flights, times: usize, took: Duration) {
+        for _ in 0..times {
+            flights.left();
+            flights.landed(Some(took));
+        }
+    }
+
     #[test]
-    fn the_room_is_what_the_rate_needs_at_the_fastest_recent_write_with_headroom() {
+    fn the_room_is_what_the_rate_needs_at_the_mean_latency_with_headroom() {
         let mut flights = Flights::default();
-        assert_eq!(flights.most(100.0), LEAST, "before any write came back");
-        flights.left();
-        flights.landed(ms(20));
-        flights.left();
-        flights.landed(ms(10));
+        assert_eq!(flights.most(100.0), LEAST, "before any write was answered");
+        answered(&mut flights, 1, ms(5));
+        answered(&mut flights, 1, ms(15));
         // 100 objects/s at 10 ms keep one in flight; three times that.
         assert_eq!(flights.most(100.0), 3);
         assert_eq!(flights.most(400.0), 12);
@@ -107,30 +129,32 @@ mod tests {
     #[test]
     fn writes_aloft_fill_the_room_and_free_it_as_they_land() {
         let mut flights = Flights::default();
-        assert!(flights.room(50.0));
+        assert!(flights.room(50.0) && !flights.aloft());
         flights.left();
         flights.left();
-        assert!(!flights.room(50.0), "a stall holds the third");
-        flights.landed(ms(5));
+        assert!(!flights.room(50.0) && flights.aloft(), "a stall holds the third");
+        flights.landed(None);
         assert!(flights.room(50.0));
     }
 
     #[test]
-    fn a_stall_shorter_than_the_recent_flights_does_not_widen_the_room_a_slower_resource_does() {
+    fn unanswered_writes_do_not_count_toward_the_room() {
         let mut flights = Flights::default();
+        answered(&mut flights, 10, ms(100));
         for _ in 0..RECENT {
             flights.left();
-            flights.landed(ms(5));
+            flights.landed(None);
         }
-        for _ in 0..3 {
-            flights.left();
-            flights.landed(Duration::from_secs(1));
-        }
-        assert_eq!(flights.most(100.0), LEAST, "the stall's writes are not the fastest");
-        for _ in 0..RECENT {
-            flights.left();
-            flights.landed(ms(100));
-        }
+        assert_eq!(flights.most(100.0), 30, "refusals and cancelled writes took no time");
+    }
+
+    #[test]
+    fn a_short_stall_widens_the_room_a_little_a_slower_resource_fully() {
+        let mut flights = Flights::default();
+        answered(&mut flights, RECENT, ms(5));
+        answered(&mut flights, 2, Duration::from_secs(1));
+        assert_eq!(flights.most(100.0), 5, "two writes of a 1 s stall: 15 ms on average");
+        answered(&mut flights, RECENT, ms(100));
         assert_eq!(flights.most(100.0), 30, "a webhook's 100 ms: the rate still fits");
     }
 }

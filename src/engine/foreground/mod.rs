@@ -401,7 +401,9 @@ impl State {
     /// When the probe should next go, or `None` while no gentle write goes.
     fn next_probe(&self, now: Instant) -> Option<Duration> {
         let quiet = now < self.quiet_until;
-        let writing = self.last_write.is_some_and(|at| now.duration_since(at) < IDLE_AFTER);
+        // Writes held for room in flight write too: the probe sees the stall that holds them.
+        let writing = self.flights.aloft()
+            || self.last_write.is_some_and(|at| now.duration_since(at) < IDLE_AFTER);
         if !quiet && !writing {
             return None;
         }
@@ -572,7 +574,7 @@ mod tests {
         assert!(!state.take_off(now), "the first quiet window holds it");
         assert!(state.take_off(after) && state.take_off(after));
         assert!(!state.room(), "two aloft at the starting rate, none back yet");
-        state.flights.landed(Duration::from_millis(5));
+        state.flights.landed(None);
         assert!(state.room());
     }
 
@@ -584,6 +586,9 @@ mod tests {
         state.admit(now, None, Budget::default());
         assert!(state.next_probe(now).is_some_and(|wait| wait <= QUIET_PROBE_EVERY * 2));
         assert!(state.next_probe(now + FIRST_QUIET_FOR + IDLE_AFTER * 2).is_none());
+        state.flights.left();
+        let stalled = now + FIRST_QUIET_FOR + IDLE_AFTER * 2;
+        assert!(state.next_probe(stalled).is_some(), "a write still in flight: a stall, probed");
     }
 
     #[test]
