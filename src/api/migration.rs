@@ -208,9 +208,10 @@ pub struct MigrationProgress {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holding_back: Option<String>,
     /// What the gentle pace steers by, at the last checkpoint: the p99 of a probe kube-svm sends
-    /// as another client would, against its budget, and the rate of writes that allows (`probe
-    /// p99 7.1ms, budget 12.0ms (3x its quiet 4.0ms); 24.0 objects/s`). Absent at the fast pace,
-    /// and once the migration has ended.
+    /// as another client would, against its budget, the rate of writes that allows, and the
+    /// writes that rate may have in flight at once (`probe p99 7.1ms, budget 12.0ms (3x its
+    /// quiet 4.0ms); 24.0 objects/s, 2 in flight at most`). Absent at the fast pace, and once
+    /// the migration has ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub foreground: Option<String>,
 }

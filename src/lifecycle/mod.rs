@@ -113,7 +113,7 @@ enum Ran {
     },
     /// Completed or failed, with the status it leads to.
     Finished {
-        progress: Progress,
+        progress: Box<Progress>,
         done: StorageVersionMigrationStatus,
     },
 }
@@ -277,7 +277,7 @@ impl<'a, H: Host> Lifecycle<'a, H> {
             Ran::Changed { change, current } => {
                 return Attempt::StartOver { change, current: Box::new(current) };
             }
-            Ran::Finished { progress, done } => (progress, done),
+            Ran::Finished { progress, done } => (*progress, done),
         };
         // The writes are over: the check at the end samples, and writes nothing.
         drop(turn);

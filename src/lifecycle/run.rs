@@ -83,7 +83,7 @@ impl<H: Host> Lifecycle<'_, H> {
         match finished {
             Ok(engine::Finished::Completed(progress)) => {
                 let done = status::completed(Some(&current), target, &progress, now);
-                Ran::Finished { progress, done }
+                Ran::Finished { progress: Box::new(progress), done }
             }
             Ok(engine::Finished::Cancelled(progress)) => {
                 let checkpoint = status::running(Some(&current), target, &progress, now);
@@ -99,7 +99,7 @@ impl<H: Host> Lifecycle<'_, H> {
             Err(error) => {
                 let progress = latest.borrow().clone();
                 let done = status::engine_failed(Some(&current), target, &progress, &error, now);
-                Ran::Finished { progress, done }
+                Ran::Finished { progress: Box::new(progress), done }
             }
         }
     }

@@ -99,13 +99,15 @@ pub struct Steered {
     pub baseline: Option<Duration>,
     /// The budget the limit comes from.
     pub budget: Option<Budget>,
+    /// Writes the rate may have in flight at once (0 before the law first looked).
+    pub in_flight: usize,
 }
 
 // The rate is never NaN: it starts finite and is only multiplied and bounded.
 impl Eq for Steered {}
 
 impl fmt::Display for Steered {
-    /// `probe p99 7.1ms within its budget of 12.0ms (3x its quiet 4.0ms); 24.0 objects/s`.
+    /// `probe p99 7.1ms, budget 12.0ms (3x its quiet 4.0ms); 24.0 objects/s, 2 in flight at most`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = |d: Duration| format!("{:.1}ms", d.as_secs_f64() * 1000.0);
         match self.probe_p99 {
@@ -120,7 +122,11 @@ impl fmt::Display for Steered {
             (Some(limit), _) => write!(f, ", budget {}", ms(limit))?,
             (None, _) => write!(f, ", budget not measured yet")?,
         }
-        write!(f, "; {:.1} objects/s", self.rate)
+        write!(f, "; {:.1} objects/s", self.rate)?;
+        match self.in_flight {
+            0 => Ok(()),
+            most => write!(f, ", {most} in flight at most"),
+        }
     }
 }
 
@@ -454,6 +460,7 @@ impl State {
             limit: budget.limit(baseline),
             baseline,
             budget: Some(budget),
+            in_flight: self.flights.most(self.steering.rate()),
         };
         match change {
             Change::Cut { from, to } => info!(from, to, seen = %self.seen, "gentle rate cut"),
@@ -632,12 +639,18 @@ mod tests {
             limit: Some(ms(12)),
             baseline: Some(ms(4)),
             budget: Some(Budget::Relative(3.0)),
+            in_flight: 2,
         };
         assert_eq!(
             seen.to_string(),
-            "probe p99 7.0ms, budget 12.0ms (3x its quiet 4.0ms); 24.0 objects/s"
+            "probe p99 7.0ms, budget 12.0ms (3x its quiet 4.0ms); 24.0 objects/s, 2 in flight at most"
         );
         let fixed = Steered { budget: Some(Budget::Fixed(ms(25))), limit: Some(ms(25)), ..seen };
-        assert_eq!(fixed.to_string(), "probe p99 7.0ms, budget 25.0ms; 24.0 objects/s");
+        assert_eq!(
+            fixed.to_string(),
+            "probe p99 7.0ms, budget 25.0ms; 24.0 objects/s, 2 in flight at most"
+        );
+        let unlooked = Steered { in_flight: 0, ..fixed };
+        assert_eq!(unlooked.to_string(), "probe p99 7.0ms, budget 25.0ms; 24.0 objects/s");
     }
 }
