@@ -854,6 +854,15 @@ async fn kube_svm_controller(ctx: Ctx, pace: Option<Pace>) -> Option<u32> {
     }
 }
 
+/// [`kube_svm_controller`] at its defaults, with a burst of extra foreground load as `config`
+/// from [`BURST_AFTER`] into the migration.
+async fn kube_svm_controller_with_burst(ctx: Ctx, config: kube::Config) -> Option<u32> {
+    let burst = Foreground::burst(config, BURST_AFTER);
+    let pid = kube_svm_controller(ctx, None).await;
+    burst.abort();
+    pid
+}
+
 /// The in-tree migrator: a `storagemigration.k8s.io/v1` StorageVersionMigration, carried out by
 /// kube-controller-manager.
 async fn in_tree(ctx: Ctx, controller_manager: u32) -> Option<u32> {
@@ -1246,16 +1255,9 @@ async fn main() {
             .measure("kube-svm-before", &what, true, SETTLE, |ctx| kube_svm_controller(ctx, None))
             .await;
         let config = bench.foreground.config.clone();
-        let burst = |ctx| {
-            let burst = Foreground::burst(config, BURST_AFTER);
-            async move {
-                let pid = kube_svm_controller(ctx, None).await;
-                burst.abort();
-                pid
-            }
-        };
         let what =
             format!("{}'s defaults, the burst of kube-svm-controller-burst", before.display());
+        let burst = |ctx| kube_svm_controller_with_burst(ctx, config);
         bench.measure("kube-svm-before-burst", &what, true, SETTLE, burst).await;
         bench.controller = None;
     }
@@ -1274,14 +1276,7 @@ async fn main() {
         )
         .await;
     let config = bench.foreground.config.clone();
-    let burst = |ctx| {
-        let burst = Foreground::burst(config, BURST_AFTER);
-        async move {
-            let pid = kube_svm_controller(ctx, None).await;
-            burst.abort();
-            pid
-        }
-    };
+    let burst = |ctx| kube_svm_controller_with_burst(ctx, config);
     bench
         .measure(
             "kube-svm-controller-burst",
