@@ -64,11 +64,12 @@ const LEAST_CUT: f64 = 0.7;
 /// objects/s for minutes, where the probe then read 3.6 to 8.9 ms against a budget of 10.7 ms.
 const DEEPEST_CUT: f64 = 0.5;
 
-/// The first cut this soon after the rate grew blames the growth: the rate it grew to is remembered as
-/// bad, however far past the budget the probe went. The apiserver's latency hardly moves below
-/// its knee and then rises steeply (measured: the probe at 4.2 ms and 92 objects/s, then at
-/// 19.0 ms and 138), so an overshoot reads as a disturbance; unremembered, the rate climbed by
-/// half again past the same knee, and each overshoot cost the foreground its minute's p99.
+/// The first cut this soon after the rate grew blames the growth: the rate it grew to is
+/// remembered as bad, however far past the budget the probe went. The apiserver's latency hardly
+/// moves below its knee and then rises steeply (measured: the probe at 4.2 ms and 92 objects/s,
+/// then at 19.0 ms and 138), so an overshoot reads as a disturbance; unremembered, the rate
+/// climbed by half again past the same knee, and each overshoot cost the foreground its minute's
+/// p99.
 const BLAMED_WITHIN: Duration = Duration::from_secs(60);
 
 /// The rate after an increase once a rate has hurt, as a multiple of the rate before it.
