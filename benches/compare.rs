@@ -23,7 +23,9 @@
 //!
 //! Per contender: objects/s, the foreground's latency, requests per object (the apiserver's
 //! `apiserver_request_total`), apiserver and etcd CPU seconds per 1,000 objects (from /proc, the
-//! idle rate subtracted), peak RSS of the migrating process. Then a sweep of kube-svm's engine
+//! idle rate subtracted), peak RSS of the migrating process, and the kinds of request the
+//! apiserver spent its time on meanwhile (`apiserver_request_duration_seconds_sum`, every
+//! client's). Then a sweep of kube-svm's engine
 //! over its write window, its gentle latency band and fixed rates (each rate for 90 s at most;
 //! one of them 1.2 times the in-tree migrator's objects/s, where it ran: `BENCH_SWEEP=in-tree`):
 //! the curve of objects/s against the foreground's p99. The table goes to `docs/bench.md`, the numbers to `docs/bench.json`
@@ -167,12 +169,102 @@ struct Meter {
     idle: (f64, f64),
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Sample {
     at: Instant,
     apiserver_cpu: f64,
     etcd_cpu: f64,
-    requests: f64,
+    served: Served,
+}
+
+/// What the apiserver has served so far, by group, resource (with its subresource) and verb:
+/// requests (`apiserver_request_total`) and the seconds they took
+/// (`apiserver_request_duration_seconds_sum`).
+#[derive(Clone, Default)]
+struct Served(std::collections::BTreeMap<(String, String, String), (f64, f64)>);
+
+impl Served {
+    /// From the apiserver's metrics text.
+    fn parse(text: &str) -> Served {
+        let mut served = Served::default();
+        for line in text.lines() {
+            let total = line.starts_with("apiserver_request_total{");
+            if !total && !line.starts_with("apiserver_request_duration_seconds_sum{") {
+                continue;
+            }
+            let Some(value) = line.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()) else {
+                continue;
+            };
+            let resource = match label(line, "subresource") {
+                "" => label(line, "resource").to_owned(),
+                sub => format!("{}/{sub}", label(line, "resource")),
+            };
+            let key = (label(line, "group").to_owned(), resource, label(line, "verb").to_owned());
+            let entry = served.0.entry(key).or_default();
+            if total { entry.0 += value } else { entry.1 += value }
+        }
+        served
+    }
+
+    /// Requests served for `group`.
+    fn requests_of(&self, group: &str) -> f64 {
+        self.0.iter().filter(|((g, _, _), _)| g == group).map(|(_, (n, _))| n).sum()
+    }
+
+    /// The kinds of request the apiserver spent the most time on since `before`, busiest first,
+    /// over `seconds` (watches aside: their time is how long they stayed open).
+    fn busiest_since(&self, before: &Served, seconds: f64) -> Vec<Busy> {
+        let mut busy: Vec<Busy> = self
+            .0
+            .iter()
+            .filter(|((_, _, verb), _)| verb != "WATCH" && verb != "CONNECT")
+            .map(|(key @ (group, resource, verb), (n, took))| {
+                let (n0, took0) = before.0.get(key).copied().unwrap_or_default();
+                let group = if group.is_empty() { "core" } else { group };
+                Busy {
+                    request: format!("{verb} {group}/{resource}"),
+                    per_second: (n - n0) / seconds,
+                    busy_per_second: (took - took0) / seconds,
+                }
+            })
+            .filter(|b| b.per_second > 0.0)
+            .collect();
+        busy.sort_by(|a, b| b.busy_per_second.total_cmp(&a.busy_per_second));
+        busy.truncate(BUSIEST);
+        busy
+    }
+}
+
+/// The value of the label `name` in a metric's line, empty if it has none.
+fn label<'a>(line: &'a str, name: &str) -> &'a str {
+    [format!("{{{name}=\""), format!(",{name}=\"")]
+        .iter()
+        .find_map(|start| line.split_once(start.as_str()))
+        .and_then(|(_, rest)| rest.split_once('"'))
+        .map_or("", |(value, _)| value)
+}
+
+/// Prints what the apiserver was busiest with, one kind of request a line.
+fn print_busiest(busiest: &[Busy]) {
+    for busy in busiest {
+        println!(
+            "    {:<52} {:>7.1} /s  {:>6.3} s/s",
+            busy.request, busy.per_second, busy.busy_per_second
+        );
+    }
+}
+
+/// The kinds of request a row names.
+const BUSIEST: usize = 8;
+
+/// One kind of request while a contender ran: how many a second, and the seconds of the
+/// apiserver's time they took each second (summed latencies: a request in flight for a second
+/// counts a second, whether it worked or waited).
+#[derive(Clone, Debug, serde::Serialize)]
+struct Busy {
+    request: String,
+    per_second: f64,
+    busy_per_second: f64,
 }
 
 impl Meter {
@@ -186,20 +278,16 @@ impl Meter {
         ticks / self.ticks_per_second
     }
 
-    /// Requests the apiserver has served for the bench's resource so far.
-    async fn requests(&self) -> f64 {
+    /// What the apiserver has served so far.
+    async fn served(&self) -> Served {
         let request = http::Request::get("/metrics").body(Vec::new()).expect("a request");
         let text = self.client.request_text(request).await.expect("the apiserver's metrics");
-        let group = format!("group=\"{}\"", self.group);
-        text.lines()
-            .filter(|l| l.starts_with("apiserver_request_total{") && l.contains(&group))
-            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-            .sum()
+        Served::parse(&text)
     }
 
     async fn sample(&self) -> Sample {
         Sample {
-            requests: self.requests().await,
+            served: self.served().await,
             at: Instant::now(),
             apiserver_cpu: self.cpu_seconds(self.apiserver),
             etcd_cpu: self.cpu_seconds(self.etcd),
@@ -221,6 +309,8 @@ struct Row {
     peak_rss_mib: Option<f64>,
     /// The foreground client's requests while the contender ran.
     foreground: Option<Latencies>,
+    /// What the apiserver spent its time on meanwhile, every client's requests together.
+    busiest: Vec<Busy>,
 }
 
 /// Latencies of the foreground client's requests over some time.
@@ -481,6 +571,7 @@ impl Bench {
             controller: self.controller.as_ref().map(|c| c.pid()),
             account: self.account.clone(),
         };
+        let logged = self.controller.as_ref().map_or(0, |c| c.logs().len());
         let pid = migrate(ctx).await;
         let after = self.meter.sample().await;
         let foreground = self.foreground.between(before.at, after.at);
@@ -497,7 +588,9 @@ impl Bench {
             objects: self.objects,
             seconds,
             objects_per_second: self.objects as f64 / seconds,
-            requests_per_object: (after.requests - before.requests) / self.objects as f64,
+            requests_per_object: (after.served.requests_of(&self.meter.group)
+                - before.served.requests_of(&self.meter.group))
+                / self.objects as f64,
             apiserver_cpu_per_1000: per_1000(
                 after.apiserver_cpu - before.apiserver_cpu,
                 self.meter.idle.0,
@@ -505,6 +598,7 @@ impl Bench {
             etcd_cpu_per_1000: per_1000(after.etcd_cpu - before.etcd_cpu, self.meter.idle.1),
             peak_rss_mib: pid.map(peak_rss_mib),
             foreground,
+            busiest: after.served.busiest_since(&before.served, seconds),
         };
         println!(
             "{:<38} {:>8.1} objects/s  foreground {}  {:>6.3} requests/object  apiserver {:>5.2} s, etcd {:>5.2} s CPU per 1,000{}",
@@ -516,6 +610,15 @@ impl Bench {
             row.etcd_cpu_per_1000,
             row.peak_rss_mib.map(|m| format!("  peak RSS {m:.1} MiB")).unwrap_or_default()
         );
+        print_busiest(&row.busiest);
+        // How the gentle rate moved, for whoever tunes the law.
+        if let Some(controller) = &self.controller {
+            let logs = controller.logs();
+            let since = logs.get(logged..).unwrap_or_default();
+            for line in since.lines().filter(|l| l.contains("gentle rate")) {
+                println!("  {line}");
+            }
+        }
         self.rows.push(row);
     }
 
@@ -581,6 +684,7 @@ impl Bench {
             etcd_cpu_per_1000: 0.0,
             peak_rss_mib: None,
             foreground,
+            busiest: Vec::new(),
         });
     }
 
@@ -844,14 +948,32 @@ async fn kube_svm_controller(ctx: Ctx, pace: Option<Pace>) -> Option<u32> {
             Some([(kube_svm::api::PACE_ANNOTATION.to_owned(), pace.name().to_owned())].into());
     }
     api.create(&PostParams::default(), &migration).await.expect("created");
-    loop {
-        let migration = api.get(&name).await.expect("exists");
-        match Phase::of(&migration) {
-            Phase::Succeeded => return ctx.controller,
-            Phase::Failed => panic!("the migration failed: {:?}", migration.status),
-            _ => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
+    let ended = |m: Option<&StorageVersionMigration>| {
+        m.is_some_and(|m| matches!(Phase::of(m), Phase::Succeeded | Phase::Failed))
+    };
+    let migration = finished(api, &name, ended).await;
+    match Phase::of(&migration) {
+        Phase::Succeeded => ctx.controller,
+        _ => panic!("the migration failed: {:?}", migration.status),
     }
+}
+
+/// The object `name` once `ended` holds of it. Watched, not polled: a poll's reads load the
+/// apiserver the foreground and the contender share (a read every 20 ms cost the apiserver more
+/// than kube-svm's probe), and a poll's period is added to the time measured.
+async fn finished<K>(api: Api<K>, name: &str, ended: impl kube::runtime::wait::Condition<K>) -> K
+where
+    K: Clone + std::fmt::Debug + Send + serde::de::DeserializeOwned + kube::Resource + 'static,
+{
+    let watched = tokio::time::timeout(
+        Duration::from_secs(3600),
+        kube::runtime::wait::await_condition(api, name, ended),
+    );
+    watched
+        .await
+        .expect("the migration finishes within an hour")
+        .expect("the migration is watched")
+        .expect("the migration is not deleted")
 }
 
 /// [`kube_svm_controller`] at its defaults, with a burst of extra foreground load as `config`
@@ -878,20 +1000,16 @@ async fn in_tree(ctx: Ctx, controller_manager: u32) -> Option<u32> {
     }))
     .expect("a valid object");
     api.create(&PostParams::default(), &object).await.expect("created");
-    let deadline = Instant::now() + Duration::from_secs(3600);
-    loop {
-        let migration = api.get(&name).await.expect("exists");
-        let conditions =
-            migration.data["status"]["conditions"].as_array().cloned().unwrap_or_default();
-        let holds =
-            |kind: &str| conditions.iter().any(|c| c["type"] == kind && c["status"] == "True");
-        if holds("Succeeded") {
-            return Some(controller_manager);
-        }
-        assert!(!holds("Failed"), "the in-tree migration failed: {conditions:?}");
-        assert!(Instant::now() < deadline, "the in-tree migration never finished");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let holds = |migration: &DynamicObject, kind: &str| {
+        let conditions = migration.data["status"]["conditions"].as_array();
+        conditions.into_iter().flatten().any(|c| c["type"] == kind && c["status"] == "True")
+    };
+    let ended =
+        |m: Option<&DynamicObject>| m.is_some_and(|m| holds(m, "Succeeded") || holds(m, "Failed"));
+    let migration = finished(api, &name, ended).await;
+    let status = &migration.data["status"];
+    assert!(holds(&migration, "Succeeded"), "the in-tree migration failed: {status}");
+    Some(controller_manager)
 }
 
 /// A model of kube-storage-version-migrator's core migrator: one worker, full-object lists of
@@ -1181,6 +1299,7 @@ async fn main() {
         (idle_to.etcd_cpu - idle_from.etcd_cpu) / idle_seconds,
     );
     println!("idle CPU: apiserver {:.3} s/s, etcd {:.3} s/s", meter.idle.0, meter.idle.1);
+    print_busiest(&idle_to.served.busiest_since(&idle_from.served, idle_seconds));
     let idle_before = foreground.between(idle_from.at, idle_to.at);
 
     let mut bench = Bench {
@@ -1206,6 +1325,7 @@ async fn main() {
         etcd_cpu_per_1000: 0.0,
         peak_rss_mib: None,
         foreground: idle_before.clone(),
+        busiest: idle_to.served.busiest_since(&idle_from.served, idle_seconds),
     });
     println!(
         "{:<38} foreground {}",
@@ -1337,12 +1457,6 @@ async fn main() {
                     |ctx| kube_svm_controller(ctx, None),
                 )
                 .await;
-            // How the rate moved, for whoever tunes the law.
-            if let Some(controller) = &bench.controller {
-                for line in controller.logs().lines().filter(|l| l.contains("gentle rate")) {
-                    println!("  {line}");
-                }
-            }
             bench.controller = None;
         }
         if controller_contenders.iter().any(|c| selected(c)) {
@@ -1590,6 +1704,16 @@ fn write_report(bench: &Bench, sweep: &[Point], bytes: usize) {
             row.peak_rss_mib.map(|m| format!("{m:.1} MiB")).unwrap_or_else(dash),
             row.note
         );
+    }
+    table.push_str("\nWhat the apiserver spent its time on while each ran, every client's requests together (requests a second, and the seconds they took each second: summed latencies; watches aside):\n\n");
+    for row in bench.rows.iter().filter(|r| !r.busiest.is_empty()) {
+        let busiest: Vec<String> = row
+            .busiest
+            .iter()
+            .take(5)
+            .map(|b| format!("{} {:.1}/s {:.3} s/s", b.request, b.per_second, b.busy_per_second))
+            .collect();
+        let _ = writeln!(table, "- {}: {}", row.contender, busiest.join("; "));
     }
     if !sweep.is_empty() {
         table.push_str("\nkube-svm's engine (as the chart's ServiceAccount, no client-side rate limit) at fixed windows (the fast pace, at most N writes in flight), at gentle latency bands (grow below a×, shrink above b× the fastest write, at most 64 in flight; spaced: at one write in flight, up to c× its latency idle after each write) and at fixed rates (the fast pace held to N requests/s by the client-side limit, for 90 s at most): the curve of throughput against the foreground's latency. Writes in flight is their summed latency over the run's duration, below 1 when spaced.\n\n| setting | objects/s | × limit | foreground p50 / p99 / max (ms) | mean write latency (ms) | mean window | writes in flight |\n| --- | --- | --- | --- | --- | --- | --- |\n");
