@@ -188,18 +188,21 @@ impl Served {
     fn parse(text: &str) -> Served {
         let mut served = Served::default();
         for line in text.lines() {
-            let total = line.starts_with("apiserver_request_total{");
-            if !total && !line.starts_with("apiserver_request_duration_seconds_sum{") {
-                continue;
-            }
-            let Some(value) = line.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()) else {
-                continue;
+            let (total, rest) = match line.strip_prefix("apiserver_request_total{") {
+                Some(rest) => (true, rest),
+                None => match line.strip_prefix("apiserver_request_duration_seconds_sum{") {
+                    Some(rest) => (false, rest),
+                    None => continue,
+                },
             };
-            let resource = match label(line, "subresource") {
-                "" => label(line, "resource").to_owned(),
-                sub => format!("{}/{sub}", label(line, "resource")),
+            let Some((labels, value)) = rest.rsplit_once('}') else { continue };
+            let Ok(value) = value.trim().parse::<f64>() else { continue };
+            let label = |name| kube_svm::removal::label_value(labels, name).unwrap_or_default();
+            let resource = match label("subresource") {
+                sub if sub.is_empty() => label("resource"),
+                sub => format!("{}/{sub}", label("resource")),
             };
-            let key = (label(line, "group").to_owned(), resource, label(line, "verb").to_owned());
+            let key = (label("group"), resource, label("verb"));
             let entry = served.0.entry(key).or_default();
             if total { entry.0 += value } else { entry.1 += value }
         }
@@ -233,15 +236,6 @@ impl Served {
         busy.truncate(BUSIEST);
         busy
     }
-}
-
-/// The value of the label `name` in a metric's line, empty if it has none.
-fn label<'a>(line: &'a str, name: &str) -> &'a str {
-    [format!("{{{name}=\""), format!(",{name}=\"")]
-        .iter()
-        .find_map(|start| line.split_once(start.as_str()))
-        .and_then(|(_, rest)| rest.split_once('"'))
-        .map_or("", |(value, _)| value)
 }
 
 /// Prints what the apiserver was busiest with, one kind of request a line.
@@ -563,6 +557,8 @@ impl Bench {
         }
         let target = if switch { self.switch().await } else { self.stored };
         tokio::time::sleep(pause).await;
+        // Where this measure's lines of the controller's log begin, read before the measure.
+        let logged = self.controller.as_ref().map_or(0, |c| c.logs().len());
         let before = self.meter.sample().await;
         let ctx = Ctx {
             client: self.client.clone(),
@@ -571,7 +567,6 @@ impl Bench {
             controller: self.controller.as_ref().map(|c| c.pid()),
             account: self.account.clone(),
         };
-        let logged = self.controller.as_ref().map_or(0, |c| c.logs().len());
         let pid = migrate(ctx).await;
         let after = self.meter.sample().await;
         let foreground = self.foreground.between(before.at, after.at);
@@ -1302,7 +1297,8 @@ async fn main() {
         (idle_to.etcd_cpu - idle_from.etcd_cpu) / idle_seconds,
     );
     println!("idle CPU: apiserver {:.3} s/s, etcd {:.3} s/s", meter.idle.0, meter.idle.1);
-    print_busiest(&idle_to.served.busiest_since(&idle_from.served, idle_seconds));
+    let idle_busiest = idle_to.served.busiest_since(&idle_from.served, idle_seconds);
+    print_busiest(&idle_busiest);
     let idle_before = foreground.between(idle_from.at, idle_to.at);
 
     let mut bench = Bench {
@@ -1328,7 +1324,7 @@ async fn main() {
         etcd_cpu_per_1000: 0.0,
         peak_rss_mib: None,
         foreground: idle_before.clone(),
-        busiest: idle_to.served.busiest_since(&idle_from.served, idle_seconds),
+        busiest: idle_busiest,
     });
     println!(
         "{:<38} foreground {}",

@@ -310,8 +310,9 @@ pub fn requests_in(metrics: &str, group: &str, version: &str, resource: &str) ->
     requests
 }
 
-/// The value of label `name` in `a="1",b="2"`, unescaped.
-fn label_value(labels: &str, name: &str) -> Option<String> {
+/// The value of label `name` in `a="1",b="2"` (the labels of one line of the Prometheus text
+/// format), unescaped.
+pub fn label_value(labels: &str, name: &str) -> Option<String> {
     let mut rest = labels;
     while !rest.is_empty() {
         let (key, after) = rest.split_once("=\"")?;
