@@ -472,9 +472,14 @@ async fn foreground_loop(
     let api: Api<ConfigMap> = Api::namespaced(client, FOREGROUND_NAMESPACE);
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let record = |sent: Instant, ok: bool| {
+    // The foreground's own minutes are printed as they end; a burst's are not.
+    let mut minutes = (name == FOREGROUND).then(Minutes::new);
+    let mut record = |sent: Instant, ok: bool| {
         let request = Request { sent, took: sent.elapsed(), ok };
         requests.lock().expect("not poisoned").push(request);
+        if let Some(minutes) = minutes.as_mut() {
+            minutes.record(request.took);
+        }
     };
     let mut n: u64 = 0;
     while !stop.load(Ordering::Relaxed) {
@@ -487,6 +492,42 @@ async fn foreground_loop(
         let sent = Instant::now();
         let ok = api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.is_ok();
         record(sent, ok);
+    }
+}
+
+/// The foreground's latencies of each minute, printed when it ends with the time of day (UTC), so
+/// that a run stopped before its end (a long one) still tells what the foreground felt, minute by
+/// minute, beside the controller's log.
+struct Minutes {
+    from: Instant,
+    millis: Vec<f64>,
+}
+
+impl Minutes {
+    fn new() -> Minutes {
+        Minutes { from: Instant::now(), millis: Vec::new() }
+    }
+
+    fn record(&mut self, took: Duration) {
+        self.millis.push(took.as_secs_f64() * 1000.0);
+        if self.from.elapsed() < Duration::from_secs(60) {
+            return;
+        }
+        self.millis.sort_by(f64::total_cmp);
+        let seconds = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs() % 86_400);
+        eprintln!(
+            "foreground minute to {:02}:{:02}:{:02} UTC: p50 / p99 / max {:.1} / {:.1} / {:.0} ms over {} requests",
+            seconds / 3600,
+            seconds / 60 % 60,
+            seconds % 60,
+            nearest_rank(&self.millis, 0.50),
+            nearest_rank(&self.millis, 0.99),
+            self.millis[self.millis.len() - 1],
+            self.millis.len(),
+        );
+        *self = Minutes::new();
     }
 }
 
