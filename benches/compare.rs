@@ -37,7 +37,9 @@
 //! third of it, any other text the settings whose name contains it; `BENCH_REPORT=/tmp/x` writes `/tmp/x.md` and `/tmp/x.json` instead; `BENCH_IDLE_SECONDS`
 //! sets the idle phases' length (20 s); `BENCH_BEFORE_BINARY=PATH` runs that kube-svm build's
 //! defaults first, alone and with the burst (`kube-svm-before`, `kube-svm-before-burst`), for a
-//! before and after in one run. Throughput drifts as
+//! before and after in one run. The foreground's p50 / p99 / max of each minute is printed to
+//! stderr as the minute ends, with the time of day, so that a run stopped early still tells it.
+//! Throughput drifts as
 //! etcd's history grows: the limit is measured at the start and again at the end, and ratios are
 //! quoted against their mean.
 
