@@ -138,6 +138,17 @@ pub enum Change {
     Held,
 }
 
+/// The rate's last change, as the next cut judges it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Last {
+    /// None yet.
+    None,
+    /// It grew, at this time.
+    Grew(Instant),
+    /// It was cut.
+    Cut,
+}
+
 /// The law's state.
 #[derive(Debug)]
 pub struct Steering {
@@ -148,10 +159,8 @@ pub struct Steering {
     bad: Option<(f64, Instant)>,
     /// A rate well below the remembered one that hurt once, until the rate holds above it.
     doubted: Option<f64>,
-    /// When the rate grew, while that growth is its last change.
-    grew: Option<Instant>,
-    /// Whether the last change was a cut.
-    cut_last: bool,
+    /// The rate's last change.
+    last: Last,
     /// When the rate last changed (or the run began).
     changed: Instant,
 }
@@ -163,8 +172,7 @@ impl Steering {
             quiet: VecDeque::new(),
             bad: None,
             doubted: None,
-            grew: None,
-            cut_last: false,
+            last: Last::None,
             changed: now,
         }
     }
@@ -217,11 +225,13 @@ impl Steering {
             // start-up or its collector), not the rate's own cost: halved, it is not remembered.
             // Unless the rate had just grown: then the growth went past the apiserver's knee.
             // Only the first cut after it: a second one is no longer the growth's.
-            let grown = self.grew.take().is_some_and(|at| now.duration_since(at) < BLAMED_WITHIN);
-            if (room > DEEPEST_CUT || grown) && !self.cut_last {
+            let grown =
+                matches!(self.last, Last::Grew(at) if now.duration_since(at) < BLAMED_WITHIN);
+            // A cut right after a cut is the same trouble going on.
+            if (room > DEEPEST_CUT || grown) && self.last != Last::Cut {
                 self.hurt(from, now);
             }
-            self.cut_last = true;
+            self.last = Last::Cut;
             self.changed = now;
             return Change::Cut { from, to: self.rate };
         }
@@ -244,8 +254,7 @@ impl Steering {
         }
         self.rate = to;
         self.changed = now;
-        self.grew = Some(now);
-        self.cut_last = false;
+        self.last = Last::Grew(now);
         Change::Grew { from, to }
     }
 
@@ -535,13 +544,15 @@ mod tests {
     }
 
     /// A steering that has remembered `bad` as a rate that hurt (a baseline of 4 ms, so a budget
-    /// of 12 ms), and whose rate has since been cut and grown back to `rate`, at `now`.
-    fn remembering(now: Instant, bad: f64, rate: f64) -> Steering {
+    /// of 12 ms), whose rate has since been cut and grown back to `rate`, and is now cut by a
+    /// probe just past its budget (14 ms) at `now`: the steering, and that cut.
+    fn hurt_at(now: Instant, bad: f64, rate: f64) -> (Steering, Change) {
         let mut steering = with_baseline(now, 4);
         steering.bad = Some((bad, now));
         steering.rate = rate;
-        steering.grew = Some(now - HOLD);
-        steering
+        steering.last = Last::Grew(now - HOLD);
+        let cut = steering.steer(now, &steady(14), Budget::default(), true);
+        (steering, cut)
     }
 
     fn remembered(steering: &Steering) -> Option<f64> {
@@ -551,8 +562,7 @@ mod tests {
     #[test]
     fn a_cut_near_the_remembered_rate_takes_its_place() {
         let now = Instant::now();
-        let mut steering = remembering(now, 60.0, 54.0);
-        let cut = steering.steer(now, &steady(14), Budget::default(), true);
+        let (steering, cut) = hurt_at(now, 60.0, 54.0);
         assert_eq!(cut, Change::Cut { from: 54.0, to: 54.0 * LEAST_CUT });
         assert_eq!(remembered(&steering), Some(54.0), "{steering:?}");
     }
@@ -560,8 +570,7 @@ mod tests {
     #[test]
     fn a_cut_right_after_a_cut_remembers_nothing() {
         let now = Instant::now();
-        let mut steering = remembering(now, 60.0, 54.0);
-        steering.steer(now, &steady(14), Budget::default(), true);
+        let (mut steering, _) = hurt_at(now, 60.0, 54.0);
         let again = steering.steer(now + HOLD, &steady(14), Budget::default(), true);
         assert!(matches!(again, Change::Cut { .. }), "{again:?}");
         assert_eq!(remembered(&steering), Some(54.0), "{steering:?}");
@@ -577,8 +586,7 @@ mod tests {
     fn a_rate_well_below_the_remembered_one_is_doubted_until_it_hurts_again() {
         let now = Instant::now();
         // It hurts once at 30, half the remembered 60: the memory stays.
-        let mut steering = remembering(now, 60.0, 30.0);
-        let cut = steering.steer(now, &steady(14), Budget::default(), true);
+        let (mut steering, cut) = hurt_at(now, 60.0, 30.0);
         assert_eq!(cut, Change::Cut { from: 30.0, to: 30.0 * LEAST_CUT });
         assert_eq!(remembered(&steering), Some(60.0), "{steering:?}");
         assert_eq!(steering.doubted, Some(30.0), "{steering:?}");
@@ -599,8 +607,7 @@ mod tests {
     #[test]
     fn a_doubted_rate_is_forgotten_once_the_rate_holds_above_it() {
         let now = Instant::now();
-        let mut steering = remembering(now, 60.0, 30.0);
-        steering.steer(now, &steady(14), Budget::default(), true);
+        let (mut steering, _) = hurt_at(now, 60.0, 30.0);
         let mut at = now;
         while steering.doubted.is_some() {
             at += HOLD;
