@@ -3,8 +3,8 @@
 //! resources, results, verbs and status code classes, never object names or error text.
 
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Every series kube-svm exports, in one registry that the admin server renders.
@@ -46,6 +46,10 @@ pub struct Metrics {
     pub gentle_rate: Gauge,
     /// The latency the probe may reach before the gentle rate is cut.
     pub probe_budget: Gauge,
+    /// The share of the apiserver's goroutines' waits to run that were long, last read.
+    pub apiserver_long_waits: Gauge,
+    /// Readings of the apiserver's scheduler latency that gave a share.
+    pub apiserver_reads: IntCounter,
     build_info: IntGaugeVec,
 }
 
@@ -190,6 +194,19 @@ impl Metrics {
                 "kube_svm_probe_budget_seconds",
                 "The latency the gentle pace's probe may reach (its p99) before the rate is cut; 0 until measured.",
             )?,
+            apiserver_long_waits: float_gauge(
+                &registry,
+                "kube_svm_apiserver_long_sched_waits_ratio",
+                "Of the apiserver's goroutines that waited to run between the gentle pace's last two reads of its /metrics (go_sched_latencies_seconds), the share that waited past about 1 ms; above 0.02 the gentle rate does not grow. 0 until read.",
+            )?,
+            apiserver_reads: {
+                let metric = IntCounter::new(
+                    "kube_svm_apiserver_sched_reads_total",
+                    "Reads of the apiserver's /metrics by the gentle pace that gave a share of long waits to run (none where kube-svm may not read it).",
+                )?;
+                registry.register(Box::new(metric.clone()))?;
+                metric
+            },
             build_info: {
                 let metric = IntGaugeVec::new(
                     Opts::new(

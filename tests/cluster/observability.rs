@@ -281,6 +281,15 @@ async fn a_gentle_pace_steered_by_its_probe_says_what_it_sees() {
     widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 300).await;
     assert!(admin.value("kube_svm_probe_latency_seconds_count").await > 0.0);
     assert!(admin.value("kube_svm_gentle_rate_objects_per_second").await >= 2.0);
+    // Allowed to read the apiserver's /metrics, the pace's guard read its scheduler latency: a
+    // share is of two readings, some seconds apart, while the probe runs.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while admin.value("kube_svm_apiserver_sched_reads_total").await < 1.0 {
+        assert!(Instant::now() < deadline, "the guard never read:\n{}", controller.logs());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let share = admin.value("kube_svm_apiserver_long_sched_waits_ratio").await;
+    assert!((0.0..=1.0).contains(&share), "a share of the apiserver's waits: {share}");
     // The probe wrote too (its count, on the chart's ConfigMap in kube-svm's namespace): a probe
     // that only reads feels nothing of what writes wait for.
     let probes: Api<k8s_openapi::api::core::v1::ConfigMap> =

@@ -13,17 +13,18 @@
 //! migrations at once press the apiserver no harder than one.
 
 mod flights;
+mod guard;
+mod probe;
 mod steering;
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kube::Client;
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::api::Budget;
 use crate::ops::metrics::Metrics;
@@ -101,9 +102,13 @@ pub struct Steered {
     pub budget: Option<Budget>,
     /// Writes the rate may have in flight at once (0 before the law first looked).
     pub in_flight: usize,
+    /// Of the apiserver's goroutines that waited to run lately, the share that waited long,
+    /// where kube-svm may read its `/metrics`: past [`guard::BUSY_SHARE`], the rate does not grow.
+    pub apiserver_long_waits: Option<f64>,
 }
 
-// The rate is never NaN: it starts finite and is only multiplied and bounded.
+// The rate is never NaN: it starts finite and is only multiplied and bounded; a share of long
+// waits is of 200 waits at least.
 impl Eq for Steered {}
 
 impl fmt::Display for Steered {
@@ -123,9 +128,21 @@ impl fmt::Display for Steered {
             (None, _) => write!(f, ", budget not measured yet")?,
         }
         write!(f, "; {:.1} objects/s", self.rate)?;
-        match self.in_flight {
-            0 => Ok(()),
-            most => write!(f, ", {most} in flight at most"),
+        if self.in_flight > 0 {
+            write!(f, ", {} in flight at most", self.in_flight)?;
+        }
+        match self.apiserver_long_waits {
+            Some(share) if share > guard::BUSY_SHARE => {
+                write!(
+                    f,
+                    "; apiserver busy, {:.1}% of its goroutines wait long to run: no growth",
+                    share * 100.0
+                )
+            }
+            Some(share) => {
+                write!(f, "; {:.1}% of the apiserver's goroutines wait long to run", share * 100.0)
+            }
+            None => Ok(()),
         }
     }
 }
@@ -174,6 +191,8 @@ struct State {
     last_look: Instant,
     /// The strictest budget asked for by a migration writing lately.
     strictest: Option<(Budget, Instant)>,
+    /// The guard's last reading of the apiserver (its share of long waits), and when.
+    apiserver: Option<(f64, Instant)>,
     seen: Steered,
 }
 
@@ -244,78 +263,6 @@ impl Foreground {
         // A poisoned lock only means another task panicked mid-update; the state is still valid.
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
-
-    fn start_probing(self: &Arc<Self>) {
-        if self.probing.swap(true, Ordering::Relaxed) {
-            return;
-        }
-        let (gate, config) = (Arc::downgrade(self), self.config.clone());
-        let spawned = std::thread::Builder::new().name("kube-svm-probe".into()).spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
-            match runtime {
-                Ok(runtime) => runtime.block_on(probe(gate, config)),
-                Err(error) => {
-                    warn!(%error, "the probe cannot start: the gentle rate stays as it is")
-                }
-            }
-        });
-        if let Err(error) = spawned {
-            warn!(%error, "the probe cannot start: the gentle rate stays as it is");
-        }
-    }
-
-    /// One probe through `client`, a read or now and then a write: its latency, or `None` when
-    /// no answer came (the connection failed).
-    async fn probe_once(&self, client: &Client) -> Option<Duration> {
-        let nth = self.probes.fetch_add(1, Ordering::Relaxed);
-        let write = self.writes.load(Ordering::Relaxed) && nth.is_multiple_of(WRITE_ONE_IN);
-        let request = match write {
-            true => http::Request::patch(&self.path)
-                .header(http::header::CONTENT_TYPE, "application/merge-patch+json")
-                .body(
-                    serde_json::json!({ "metadata": { "annotations": { PROBE_ANNOTATION: nth.to_string() } } })
-                        .to_string()
-                        .into_bytes(),
-                ),
-            false => http::Request::get(&self.path).body(Vec::new()),
-        };
-        let request = request.ok()?;
-        let sent = Instant::now();
-        let answered = tokio::time::timeout(PROBE_TIMEOUT, async {
-            let response = client.send(request.map(kube::client::Body::from)).await.ok()?;
-            let code = response.status();
-            // The latency a client feels includes reading the answer.
-            response.into_body().collect_bytes().await.ok().map(|_| code)
-        })
-        .await;
-        match answered {
-            Ok(Some(code)) => {
-                // Refused for good (no such object, no permission, an admission webhook that
-                // rejects the annotation): the probe reads only. A 429 is the apiserver's load,
-                // which is what the probe measures.
-                let refused = code.is_client_error() && code.as_u16() != 429;
-                if write && refused && self.writes.swap(false, Ordering::Relaxed) {
-                    warn!(
-                        code = code.as_u16(),
-                        object = %self.path,
-                        "the probe reads only, and feels no write's wait: its ConfigMap cannot be written here (the chart creates it in the release's namespace and lets kube-svm patch it)"
-                    );
-                }
-                Some(sent.elapsed())
-            }
-            Ok(None) => None,
-            Err(_) => Some(PROBE_TIMEOUT),
-        }
-    }
-
-    /// Records one probe sent at `sent`, taking `latency`, and lets the law look.
-    fn record(&self, sent: Instant, latency: Duration) {
-        self.metrics.probe_latency.observe(latency.as_secs_f64());
-        let mut state = self.lock();
-        state.record(sent, latency, self.budget);
-        self.metrics.gentle_rate.set(state.seen.rate);
-        self.metrics.probe_budget.set(state.seen.limit.map_or(0.0, |l| l.as_secs_f64()));
-    }
 }
 
 impl State {
@@ -335,6 +282,7 @@ impl State {
             last_write: None,
             last_look: now,
             strictest: None,
+            apiserver: None,
             seen: Steered { rate: steering::START_RATE, ..Steered::default() },
         }
     }
@@ -452,7 +400,13 @@ impl State {
             Some(limit) => steering::without_spells(&recent, limit),
             None => recent.into_iter().map(|(_, latency)| latency).collect(),
         };
-        let change = self.steering.steer(now, &recent, budget, self.waited);
+        // The apiserver short of CPU by its own account: the rate does not grow.
+        let apiserver = self
+            .apiserver
+            .filter(|(_, at)| now.duration_since(*at) < guard::STALE_AFTER)
+            .map(|(share, _)| share);
+        let busy = apiserver.is_some_and(|share| share > guard::BUSY_SHARE);
+        let change = self.steering.steer(now, &recent, budget, self.waited && !busy);
         self.waited = false;
         self.seen = Steered {
             rate: self.steering.rate(),
@@ -461,37 +415,12 @@ impl State {
             baseline,
             budget: Some(budget),
             in_flight: self.flights.most(self.steering.rate()),
+            apiserver_long_waits: apiserver,
         };
         match change {
             Change::Cut { from, to } => info!(from, to, seen = %self.seen, "gentle rate cut"),
             Change::Grew { from, to } => debug!(from, to, seen = %self.seen, "gentle rate grew"),
             Change::Held => {}
-        }
-    }
-}
-
-/// The probe task, on its own runtime: probes while gentle writes go (and in quiet windows),
-/// rests otherwise, and ends with its gate.
-async fn probe(gate: Weak<Foreground>, config: kube::Config) {
-    let client = match Client::try_from(config) {
-        Ok(client) => client,
-        Err(error) => {
-            warn!(%error, "the probe has no client: the gentle rate stays as it is");
-            return;
-        }
-    };
-    loop {
-        let Some(foreground) = gate.upgrade() else { return };
-        let next = foreground.lock().next_probe(Instant::now());
-        let Some(wait) = next else {
-            drop(foreground);
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            continue;
-        };
-        tokio::time::sleep(wait).await;
-        let sent = Instant::now();
-        if let Some(latency) = foreground.probe_once(&client).await {
-            foreground.record(sent, latency);
         }
     }
 }
@@ -640,6 +569,7 @@ mod tests {
             baseline: Some(ms(4)),
             budget: Some(Budget::Relative(3.0)),
             in_flight: 2,
+            apiserver_long_waits: None,
         };
         assert_eq!(
             seen.to_string(),
@@ -652,5 +582,45 @@ mod tests {
         );
         let unlooked = Steered { in_flight: 0, ..fixed };
         assert_eq!(unlooked.to_string(), "probe p99 7.0ms, budget 25.0ms; 24.0 objects/s");
+        let guarded = Steered { apiserver_long_waits: Some(0.004), ..unlooked };
+        assert_eq!(
+            guarded.to_string(),
+            "probe p99 7.0ms, budget 25.0ms; 24.0 objects/s; 0.4% of the apiserver's goroutines wait long to run"
+        );
+        let busy = Steered { apiserver_long_waits: Some(0.084), ..unlooked };
+        assert_eq!(
+            busy.to_string(),
+            "probe p99 7.0ms, budget 25.0ms; 24.0 objects/s; apiserver busy, 8.4% of its goroutines wait long to run: no growth"
+        );
+    }
+
+    /// Whether the rate grows at a look with the probe well within its budget and writes
+    /// waiting, the guard having read `apiserver` (a share of long waits, so long ago).
+    fn grows_with(apiserver: Option<(f64, Duration)>) -> (bool, Steered) {
+        let now = Instant::now();
+        let mut state = state(now);
+        state.steering.quiet_sample(Duration::from_millis(4));
+        let later = now + Duration::from_secs(30);
+        for n in 1..=200 {
+            state.samples.push_back((later - Duration::from_millis(n), Duration::from_millis(4)));
+        }
+        state.waited = true;
+        state.apiserver = apiserver.map(|(share, ago)| (share, later - ago));
+        state.look(later, Budget::default());
+        (state.steering.rate() > steering::START_RATE, state.seen)
+    }
+
+    #[test]
+    fn the_rate_does_not_grow_while_the_apiserver_says_it_is_busy() {
+        assert!(grows_with(None).0, "no reading: the probe alone steers");
+        let (grew, seen) = grows_with(Some((0.01, Duration::from_secs(1))));
+        assert!(grew, "an apiserver with CPU to spare");
+        assert_eq!(seen.apiserver_long_waits, Some(0.01));
+        let (grew, seen) = grows_with(Some((0.05, Duration::from_secs(1))));
+        assert!(!grew, "a busy apiserver holds the rate");
+        assert_eq!(seen.apiserver_long_waits, Some(0.05));
+        let (grew, seen) = grows_with(Some((0.05, guard::STALE_AFTER)));
+        assert!(grew, "a reading too old to tell");
+        assert_eq!(seen.apiserver_long_waits, None);
     }
 }
