@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use kube::Client;
+use tokio::time::Instant;
 
 /// The request: only the two series the guard reads, which the apiserver filters for it
 /// (a whole `/metrics` of the apiserver is over a megabyte).
@@ -102,21 +103,27 @@ pub fn long_share(before: &Reading, after: &Reading) -> Option<f64> {
     Some((waits - short) / waits)
 }
 
-/// The guard's memory: the last reading of each apiserver process seen.
+/// The guard's memory: the last reading of each apiserver process seen, and when.
 #[derive(Default)]
 pub struct Guard {
-    last: HashMap<u64, Reading>,
+    last: HashMap<u64, (Reading, Instant)>,
 }
 
 impl Guard {
-    /// Takes `reading`, and gives the share of long waits since the last reading of its process.
-    pub fn read(&mut self, reading: Reading) -> Option<f64> {
+    /// Takes `reading`, made at `now`, and gives the share of long waits since the last reading
+    /// of its process, unless that is too old to say anything of the apiserver now (the probe
+    /// rested meanwhile).
+    pub fn read(&mut self, reading: Reading, now: Instant) -> Option<f64> {
         let process = reading.started.to_bits();
-        let share = self.last.get(&process).and_then(|before| long_share(before, &reading));
+        let share = self
+            .last
+            .get(&process)
+            .filter(|(_, at)| now.duration_since(*at) <= STALE_AFTER)
+            .and_then(|(before, _)| long_share(before, &reading));
         if self.last.len() >= PROCESSES && !self.last.contains_key(&process) {
             self.last.clear();
         }
-        self.last.insert(process, reading);
+        self.last.insert(process, (reading, now));
         share
     }
 }
@@ -210,9 +217,14 @@ mod tests {
     #[test]
     fn the_guard_compares_each_process_with_its_own_last_reading() {
         let mut guard = Guard::default();
-        assert_eq!(guard.read(reading(1.0, 1000, 1100)), None, "a first reading");
-        assert_eq!(guard.read(reading(2.0, 50, 60)), None, "another apiserver's first");
-        assert_eq!(guard.read(reading(1.0, 1900, 2100)), Some(0.1));
-        assert_eq!(guard.read(reading(2.0, 450, 560)), Some(0.2));
+        let now = Instant::now();
+        assert_eq!(guard.read(reading(1.0, 1000, 1100), now), None, "a first reading");
+        assert_eq!(guard.read(reading(2.0, 50, 60), now), None, "another apiserver's first");
+        let later = now + READ_EVERY;
+        assert_eq!(guard.read(reading(1.0, 1900, 2100), later), Some(0.1));
+        assert_eq!(guard.read(reading(2.0, 450, 560), later), Some(0.2));
+        let rested = later + STALE_AFTER + READ_EVERY;
+        assert_eq!(guard.read(reading(1.0, 2000, 3100), rested), None, "too old to compare");
+        assert_eq!(guard.read(reading(1.0, 2500, 4100), rested + READ_EVERY), Some(0.5));
     }
 }

@@ -118,7 +118,7 @@ pub(super) async fn probe(gate: Weak<Foreground>, config: kube::Config) {
             next_read = Instant::now() + guard::READ_EVERY;
             match guard::read(&client).await {
                 Ok(Some(read)) => {
-                    if let Some(share) = guard.read(read) {
+                    if let Some(share) = guard.read(read, Instant::now()) {
                         foreground.apiserver_read(share);
                     }
                 }
