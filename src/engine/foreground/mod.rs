@@ -2,15 +2,16 @@
 //! kube-svm's own writes: at one write in flight, kube-svm's own latency hardly moves while
 //! every other client of a small apiserver waits.
 //!
-//! A probe task, outside the write window, reads a small object often and writes it now and
-//! then, as any client would ([`PROBE_OBJECT`]), and its latency is the signal. Gentle writes
-//! pass through
-//! [`Foreground::admit`], which spaces them at the rate the law in `steering` allows and now and
-//! then holds them all back for a quiet window, in which the probe measures its baseline; no
-//! more of them are in flight than the rate needs (`flights`), so a stall of the apiserver
-//! queues few of them. One
-//! `Foreground` serves every gentle migration of the process: they share the rate, so two
-//! migrations at once press the apiserver no harder than one.
+//! A probe task (`probe`), outside the write window, reads a small object often and writes it
+//! now and then, as any client would ([`PROBE_OBJECT`]), and its latency is the signal. Gentle
+//! writes pass through [`Foreground::admit`], which spaces them at the rate the law in
+//! `steering` allows and now and then holds them all back for a quiet window, in which the probe
+//! measures its baseline; no more of them are in flight than the rate needs (`flights`), so a
+//! stall of the apiserver queues few of them. Where kube-svm may read the apiserver's
+//! `/metrics`, the probe task also reads how long the apiserver's goroutines wait to run
+//! (`guard`), and while they wait long the rate does not grow. One `Foreground` serves every
+//! gentle migration of the process: they share the rate, so two migrations at once press the
+//! apiserver no harder than one.
 
 mod flights;
 mod guard;

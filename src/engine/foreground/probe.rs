@@ -14,6 +14,7 @@ use super::guard::{self, Guard};
 use super::{Foreground, PROBE_ANNOTATION, PROBE_TIMEOUT, WRITE_ONE_IN};
 
 impl Foreground {
+    /// Starts the probe task on its first call; later calls do nothing.
     pub(super) fn start_probing(self: &Arc<Self>) {
         if self.probing.swap(true, Ordering::Relaxed) {
             return;
