@@ -408,6 +408,15 @@ impl State {
             .map(|(share, _)| share);
         let busy = apiserver.is_some_and(|share| share > guard::BUSY_SHARE);
         let change = self.steering.steer(now, &recent, budget, self.waited && !busy);
+        // A growth the guard held back is said as the law's changes are: a look that holds
+        // leaves the law as it was, so a copy of it tells what it would have done.
+        let held = match (change, busy && self.waited) {
+            (Change::Held, true) => match self.steering.clone().steer(now, &recent, budget, true) {
+                Change::Grew { from, to } => Some((from, to)),
+                _ => None,
+            },
+            _ => None,
+        };
         self.waited = false;
         self.seen = Steered {
             rate: self.steering.rate(),
@@ -421,7 +430,11 @@ impl State {
         match change {
             Change::Cut { from, to } => info!(from, to, seen = %self.seen, "gentle rate cut"),
             Change::Grew { from, to } => debug!(from, to, seen = %self.seen, "gentle rate grew"),
-            Change::Held => {}
+            Change::Held => {
+                if let Some((from, to)) = held {
+                    debug!(from, to, seen = %self.seen, "gentle rate held, not grown: the apiserver is busy by its own account");
+                }
+            }
         }
     }
 }

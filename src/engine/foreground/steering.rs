@@ -150,7 +150,7 @@ enum Last {
 }
 
 /// The law's state.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Steering {
     rate: f64,
     /// The probe's p99 in each recent quiet window, newest last.
