@@ -470,36 +470,62 @@ async fn foreground_loop(
     requests: Arc<Mutex<Vec<Request>>>,
     stop: Arc<AtomicBool>,
 ) {
+    // The apiserver's own account of its heap, read as the bench's admin.
+    let mut admin = config.clone();
+    admin.auth_info.impersonate = None;
+    let admin = Client::try_from(admin).expect("a client");
     let client = Client::try_from(config).expect("a client");
     let api: Api<ConfigMap> = Api::namespaced(client, FOREGROUND_NAMESPACE);
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The foreground's own minutes are printed as they end; a burst's are not.
     let mut minutes = (name == FOREGROUND).then(Minutes::new);
-    let mut record = |sent: Instant, ok: bool| {
-        let request = Request { sent, took: sent.elapsed(), ok };
-        requests.lock().expect("not poisoned").push(request);
-        if let Some(minutes) = minutes.as_mut() {
-            minutes.record(request.took);
-        }
-    };
+    let mut collections = None;
     let mut n: u64 = 0;
     while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
         let sent = Instant::now();
         let ok = api.get(name).await.is_ok();
-        record(sent, ok);
+        let got = Request { sent, took: sent.elapsed(), ok };
         n += 1;
         let patch = json!({ "data": { "tick": n.to_string() } });
         let sent = Instant::now();
         let ok = api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.is_ok();
-        record(sent, ok);
+        let patched = Request { sent, took: sent.elapsed(), ok };
+        requests.lock().expect("not poisoned").extend([got, patched]);
+        let Some(minutes) = minutes.as_mut() else { continue };
+        minutes.record(got.took);
+        if let Some(line) = minutes.record(patched.took) {
+            let heap = apiserver_heap(&admin).await;
+            let collected = match (heap, collections) {
+                (Some((count, inuse)), Some(before)) => format!(
+                    "; the apiserver collected its heap {} times, {:.2} GiB in use",
+                    count - before,
+                    inuse / f64::from(1 << 30)
+                ),
+                _ => String::new(),
+            };
+            collections = heap.map(|(count, _)| count);
+            eprintln!("{line}{collected}");
+        }
     }
 }
 
-/// The foreground's latencies of each minute, printed when it ends with the time of day (UTC), so
-/// that a run stopped before its end (a long one) still tells what the foreground felt, minute by
-/// minute, beside the controller's log.
+/// The apiserver's garbage collections so far and the bytes of its heap in use, by its own
+/// `/metrics` (filtered by name, a few hundred bytes); `None` when it does not say.
+async fn apiserver_heap(admin: &Client) -> Option<(f64, f64)> {
+    let path = "/metrics?name[]=go_gc_duration_seconds&name[]=go_memstats_heap_inuse_bytes";
+    let request = http::Request::get(path).body(Vec::new()).ok()?;
+    let text = admin.request_text(request).await.ok()?;
+    let value = |name: &str| {
+        text.lines().find_map(|line| line.strip_prefix(name)?.trim().parse::<f64>().ok())
+    };
+    Some((value("go_gc_duration_seconds_count ")?, value("go_memstats_heap_inuse_bytes ")?))
+}
+
+/// The foreground's latencies of each minute, printed when it ends with the time of day (UTC) and
+/// how often the apiserver collected its heap meanwhile, so that a run stopped before its end (a
+/// long one) still tells what the foreground felt, minute by minute, beside the controller's log.
 struct Minutes {
     from: Instant,
     millis: Vec<f64>,
@@ -510,16 +536,17 @@ impl Minutes {
         Minutes { from: Instant::now(), millis: Vec::new() }
     }
 
-    fn record(&mut self, took: Duration) {
+    /// Records one latency; the minute's line once it ends.
+    fn record(&mut self, took: Duration) -> Option<String> {
         self.millis.push(took.as_secs_f64() * 1000.0);
         if self.from.elapsed() < Duration::from_secs(60) {
-            return;
+            return None;
         }
         self.millis.sort_by(f64::total_cmp);
         let seconds = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |since| since.as_secs() % 86_400);
-        eprintln!(
+        let line = format!(
             "foreground minute to {:02}:{:02}:{:02} UTC: p50 / p99 / max {:.1} / {:.1} / {:.0} ms over {} requests",
             seconds / 3600,
             seconds / 60 % 60,
@@ -530,6 +557,7 @@ impl Minutes {
             self.millis.len(),
         );
         *self = Minutes::new();
+        Some(line)
     }
 }
 
@@ -653,7 +681,8 @@ impl Bench {
         if let Some(controller) = &self.controller {
             let logs = controller.logs();
             let since = logs.get(logged..).unwrap_or_default();
-            for line in since.lines().filter(|l| l.contains("gentle rate")) {
+            let steering = |l: &&str| l.contains("gentle rate") || l.contains("gentle writes wait");
+            for line in since.lines().filter(steering) {
                 println!("  {line}");
             }
         }

@@ -50,6 +50,8 @@ pub struct Metrics {
     pub apiserver_long_waits: Gauge,
     /// Readings of the apiserver's scheduler latency that gave a share.
     pub apiserver_reads: IntCounter,
+    /// Spells of the apiserver's that gentle writes waited out.
+    pub spell_waits: IntCounter,
     build_info: IntGaugeVec,
 }
 
@@ -203,6 +205,14 @@ impl Metrics {
                 let metric = IntCounter::new(
                     "kube_svm_apiserver_sched_reads_total",
                     "Reads of the apiserver's /metrics by the gentle pace that gave a share of long waits to run (none where kube-svm may not read it).",
+                )?;
+                registry.register(Box::new(metric.clone()))?;
+                metric
+            },
+            spell_waits: {
+                let metric = IntCounter::new(
+                    "kube_svm_gentle_spell_waits_total",
+                    "Spells of the apiserver (the gentle pace's probe at twice its budget or more, for up to 5 s) that gentle writes waited out rather than queue behind.",
                 )?;
                 registry.register(Box::new(metric.clone()))?;
                 metric

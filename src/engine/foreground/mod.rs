@@ -16,6 +16,7 @@
 mod flights;
 mod guard;
 mod probe;
+mod spell;
 mod steering;
 
 use std::collections::VecDeque;
@@ -31,6 +32,7 @@ use crate::api::Budget;
 use crate::ops::metrics::Metrics;
 pub use flights::Flight;
 use flights::Flights;
+use spell::Spells;
 use steering::{Change, Steering, percentile};
 
 /// The object the probe reads, and now and then writes: a ConfigMap of this name in kube-svm's
@@ -194,6 +196,10 @@ struct State {
     strictest: Option<(Budget, Instant)>,
     /// The guard's last reading of the apiserver (its share of long waits), and when.
     apiserver: Option<(f64, Instant)>,
+    /// The apiserver's spell under way, which writes wait out.
+    spells: Spells,
+    /// A spell began to make writes wait, not yet counted in the metrics.
+    spell_began: bool,
     seen: Steered,
 }
 
@@ -239,7 +245,15 @@ impl Foreground {
                 }
                 landed.await;
             }
-            let (until, admitted) = self.lock().admit(Instant::now(), budget, self.budget);
+            let (until, admitted) = {
+                let mut state = self.lock();
+                let admission = state.admit(Instant::now(), budget, self.budget);
+                if state.spell_began {
+                    state.spell_began = false;
+                    self.metrics.spell_waits.inc();
+                }
+                admission
+            };
             tokio::time::sleep_until(until).await;
             // A slot taken before a quiet window began is given up: the window stays quiet.
             if admitted && self.lock().take_off(Instant::now()) {
@@ -284,6 +298,8 @@ impl State {
             last_look: now,
             strictest: None,
             apiserver: None,
+            spells: Spells::default(),
+            spell_began: false,
             seen: Steered { rate: steering::START_RATE, ..Steered::default() },
         }
     }
@@ -328,6 +344,15 @@ impl State {
             self.quiet.clear();
             return (self.quiet_until, false);
         }
+        // The apiserver in a spell: writes wait for it to pass rather than queue behind it.
+        let limit = self.budget(now, default).limit(self.steering.baseline());
+        if let Some((until, first)) = limit.and_then(|limit| self.spells.wait(now, limit)) {
+            if first {
+                self.spell_began = true;
+                debug!(seen = %self.seen, "gentle writes wait out a spell of the apiserver's");
+            }
+            return (until, false);
+        }
         let slot = self.next_slot.max(now);
         self.next_slot = slot + Duration::from_secs_f64(1.0 / self.steering.rate());
         self.waited |= slot > now;
@@ -368,6 +393,8 @@ impl State {
 
     fn record(&mut self, sent: Instant, latency: Duration, default: Budget) {
         let answered = sent + latency;
+        let limit = self.budget(answered, default).limit(self.steering.baseline());
+        self.spells.answered(sent, Some(latency), limit);
         let (settled, until) = (self.quiet_from + QUIET_SETTLE, self.quiet_until);
         if sent >= settled && answered <= until {
             self.quiet.push(latency);
@@ -386,13 +413,19 @@ impl State {
         }
     }
 
+    /// The budget that steers at `now`: the strictest a migration asked for lately, or the
+    /// `default`.
+    fn budget(&self, now: Instant, default: Budget) -> Budget {
+        match self.strictest {
+            Some((budget, at)) if now.duration_since(at) < BUDGET_MEMORY => budget,
+            _ => default,
+        }
+    }
+
     /// The law's look at the probe samples since the rate last changed.
     fn look(&mut self, now: Instant, default: Budget) {
         self.last_look = now;
-        let budget = match self.strictest {
-            Some((budget, at)) if now.duration_since(at) < BUDGET_MEMORY => budget,
-            _ => default,
-        };
+        let budget = self.budget(now, default);
         let since = self.steering.changed();
         let baseline = self.steering.baseline();
         let recent: Vec<(Instant, Duration)> =
@@ -539,6 +572,21 @@ mod tests {
         state.flights.left();
         let stalled = now + FIRST_QUIET_FOR + IDLE_AFTER * 2;
         assert!(state.next_probe(stalled).is_some(), "a write still in flight: a stall, probed");
+    }
+
+    #[test]
+    fn writes_wait_out_a_spell_of_the_apiserver_and_go_on_after_it() {
+        let now = Instant::now();
+        let ms = Duration::from_millis;
+        let fixed = Budget::Fixed(ms(10));
+        let mut state = state(now);
+        assert!(state.admit(now, None, fixed).1);
+        state.record(now, ms(25), fixed);
+        let (until, admitted) = state.admit(now + ms(25), None, fixed);
+        assert!(!admitted && until > now + ms(25), "a probe at 2.5 times its budget");
+        assert!(state.spell_began, "counted once");
+        state.record(now + ms(100), ms(3), fixed);
+        assert!(state.admit(now + ms(103), None, fixed).1, "the spell passed");
     }
 
     #[test]

@@ -132,8 +132,10 @@ pub(super) async fn probe(gate: Weak<Foreground>, config: kube::Config) {
         }
         tokio::time::sleep(wait).await;
         let sent = Instant::now();
-        if let Some(latency) = foreground.probe_once(&client).await {
-            foreground.record(sent, latency);
+        foreground.lock().spells.sent(sent);
+        match foreground.probe_once(&client).await {
+            Some(latency) => foreground.record(sent, latency),
+            None => foreground.lock().spells.answered(sent, None, None),
         }
     }
 }
