@@ -494,8 +494,8 @@ async fn foreground_loop(
         let patched = Request { sent, took: sent.elapsed(), ok };
         requests.lock().expect("not poisoned").extend([got, patched]);
         let Some(minutes) = minutes.as_mut() else { continue };
-        minutes.record(got.took);
-        if let Some(line) = minutes.record(patched.took) {
+        let ended = minutes.record(got.took);
+        if let Some(line) = minutes.record(patched.took).or(ended) {
             let heap = apiserver_heap(&admin).await;
             let collected = match (heap, collections) {
                 (Some((count, inuse)), Some(before)) => format!(

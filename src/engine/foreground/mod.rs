@@ -7,7 +7,8 @@
 //! writes pass through [`Foreground::admit`], which spaces them at the rate the law in
 //! `steering` allows and now and then holds them all back for a quiet window, in which the probe
 //! measures its baseline; no more of them are in flight than the rate needs (`flights`), so a
-//! stall of the apiserver queues few of them. Where kube-svm may read the apiserver's
+//! stall of the apiserver queues few of them; while the probe says the apiserver is in a spell
+//! (`spell`), the writes wait for it to pass. Where kube-svm may read the apiserver's
 //! `/metrics`, the probe task also reads how long the apiserver's goroutines wait to run
 //! (`guard`), and while they wait long the rate does not grow. One `Foreground` serves every
 //! gentle migration of the process: they share the rate, so two migrations at once press the
