@@ -4,12 +4,15 @@
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube_svm::api::{Phase, StorageVersionMigration};
 
 use crate::support::fixtures::{WidgetCrd, install_kube_svm_crds};
 use crate::support::migrations::{create_migration, is_terminal, phase_is, progress, wait_for};
 use crate::support::process::KubeSvm;
+use crate::support::webhook::{Answer, Webhook};
 use crate::support::{ControlPlane, Scenario};
 
 struct Admin {
@@ -292,10 +295,67 @@ async fn a_gentle_pace_steered_by_its_probe_says_what_it_sees() {
     assert!((0.0..=1.0).contains(&share), "a share of the apiserver's waits: {share}");
     // The probe wrote too (its count, on the chart's ConfigMap in kube-svm's namespace): a probe
     // that only reads feels nothing of what writes wait for.
-    let probes: Api<k8s_openapi::api::core::v1::ConfigMap> =
+    let probes: Api<ConfigMap> =
         Api::namespaced(client.clone(), crate::support::CONTROLLER_NAMESPACE);
     let probe = probes.get(kube_svm::engine::PROBE_OBJECT).await.expect("the chart's ConfigMap");
     let annotations = probe.metadata.annotations.unwrap_or_default();
     let count = annotations.get(kube_svm::engine::PROBE_ANNOTATION);
     assert!(count.is_some_and(|n| n.parse::<u64>().is_ok()), "the probe wrote: {annotations:?}");
+}
+
+/// While the probe is held past twice its budget (a webhook holds its writes, as a spell of the
+/// apiserver's would), the gentle writes wait for it, and say so in
+/// `kube_svm_gentle_spell_waits_total`; a spell that does not end holds them for a few seconds
+/// only, and every object is migrated (in etcd) while the probe's writes are still held.
+#[tokio::test]
+async fn gentle_writes_wait_out_a_spell_the_probe_sees_and_still_finish() {
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
+    let port =
+        TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
+    let address = format!("--metrics-bind-address=127.0.0.1:{port}");
+    let args = [
+        "controller",
+        "--leader-elect=false",
+        &address,
+        "--foreground-budget=25ms",
+        "--checkpoint-interval=0",
+        "--page-size=50",
+    ];
+    // The probe's writes are held from its first on, until the end of the test.
+    let webhook = Webhook::install(&client, "hold-the-probe", "", &["configmaps"], 10).await;
+    webhook.answer([kube_svm::engine::PROBE_OBJECT.to_owned()], Answer::Hold);
+    let touched: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let touch: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "touched" }, "data": { "n": "0" }
+    }))
+    .expect("a ConfigMap");
+    touched.create(&PostParams::default(), &touch).await.expect("created");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for n in 1.. {
+        let patch = serde_json::json!({ "data": { "n": n.to_string() } });
+        let _ = touched.patch("touched", &PatchParams::default(), &Patch::Merge(&patch)).await;
+        if webhook.reviews() > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the apiserver never called the webhook");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let controller = KubeSvm::start(&control_plane, "controller", &args).await;
+    let admin =
+        Admin { base: format!("http://127.0.0.1:{port}"), http: crate::support::http_client() };
+    admin.wait_for("/readyz", 200, &controller).await;
+
+    let widgets = WidgetCrd::stale(&client, "spell", 60).await;
+    create_migration(&client, "waited", &widgets.group, "widgets").await;
+    let done = wait_for(&client, "waited", Duration::from_secs(180), &[&controller], |m| {
+        is_terminal(m)
+    })
+    .await;
+    assert!(phase_is(Phase::Succeeded)(&done), "{:?}\n{}", done.status, controller.logs());
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 60).await;
+    assert!(webhook.held() >= 1, "the probe's writes were held throughout");
+    let waits = admin.value("kube_svm_gentle_spell_waits_total").await;
+    assert!(waits >= 1.0, "the writes waited out the spell: {waits}\n{}", controller.logs());
+    webhook.release();
+    webhook.remove().await;
 }
