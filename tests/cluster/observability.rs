@@ -348,8 +348,7 @@ async fn gentle_writes_wait_out_a_spell_the_probe_sees_and_still_finish() {
     let widgets = WidgetCrd::stale(&client, "spell", 60).await;
     create_migration(&client, "waited", &widgets.group, "widgets").await;
     let done =
-        wait_for(&client, "waited", Duration::from_secs(180), &[&controller], |m| is_terminal(m))
-            .await;
+        wait_for(&client, "waited", Duration::from_secs(180), &[&controller], is_terminal).await;
     assert!(phase_is(Phase::Succeeded)(&done), "{:?}\n{}", done.status, controller.logs());
     widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 60).await;
     assert!(webhook.held() >= 1, "the probe's writes were held throughout");
