@@ -585,7 +585,10 @@ mod tests {
         state.record(now, ms(25), fixed);
         let (until, admitted) = state.admit(now + ms(25), None, fixed);
         assert!(!admitted && until > now + ms(25), "a probe at 2.5 times its budget");
-        assert!(state.spell_began, "counted once");
+        assert!(state.spell_began, "a spell begins to hold writes");
+        state.spell_began = false;
+        assert!(!state.admit(now + ms(50), None, fixed).1, "it holds them still");
+        assert!(!state.spell_began, "counted once");
         state.record(now + ms(100), ms(3), fixed);
         assert!(state.admit(now + ms(103), None, fixed).1, "the spell passed");
     }
