@@ -201,22 +201,16 @@ impl Metrics {
                 "kube_svm_apiserver_long_sched_waits_ratio",
                 "Of the apiserver's goroutines that waited to run between the gentle pace's last two reads of its /metrics (go_sched_latencies_seconds), the share that waited past about 1 ms; above 0.02 the gentle rate does not grow. 0 until read.",
             )?,
-            apiserver_reads: {
-                let metric = IntCounter::new(
-                    "kube_svm_apiserver_sched_reads_total",
-                    "Reads of the apiserver's /metrics by the gentle pace that gave a share of long waits to run (none where kube-svm may not read it).",
-                )?;
-                registry.register(Box::new(metric.clone()))?;
-                metric
-            },
-            spell_waits: {
-                let metric = IntCounter::new(
-                    "kube_svm_gentle_spell_waits_total",
-                    "Spells of the apiserver (the gentle pace's probe at twice its budget or more, for up to 5 s) that gentle writes waited out rather than queue behind.",
-                )?;
-                registry.register(Box::new(metric.clone()))?;
-                metric
-            },
+            apiserver_reads: int_counter(
+                &registry,
+                "kube_svm_apiserver_sched_reads_total",
+                "Reads of the apiserver's /metrics by the gentle pace that gave a share of long waits to run (none where kube-svm may not read it).",
+            )?,
+            spell_waits: int_counter(
+                &registry,
+                "kube_svm_gentle_spell_waits_total",
+                "Spells of the apiserver (the gentle pace's probe at twice its budget or more, for up to 5 s) that gentle writes waited out rather than queue behind.",
+            )?,
             build_info: {
                 let metric = IntGaugeVec::new(
                     Opts::new(
@@ -266,6 +260,16 @@ impl Metrics {
 
 fn gauge(registry: &Registry, name: &str, help: &str) -> Result<IntGauge, prometheus::Error> {
     let metric = IntGauge::new(name, help)?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+fn int_counter(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+) -> Result<IntCounter, prometheus::Error> {
+    let metric = IntCounter::new(name, help)?;
     registry.register(Box::new(metric.clone()))?;
     Ok(metric)
 }

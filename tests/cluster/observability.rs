@@ -21,6 +21,21 @@ struct Admin {
 }
 
 impl Admin {
+    /// A `kube-svm controller` without leader election, with `args` besides, and its admin
+    /// server on a free local port.
+    async fn controller(control_plane: &ControlPlane, args: &[&str]) -> (KubeSvm, Admin) {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .expect("a free port")
+            .local_addr()
+            .expect("addr")
+            .port();
+        let address = format!("--metrics-bind-address=127.0.0.1:{port}");
+        let all = [&["controller", "--leader-elect=false", &address][..], args].concat();
+        let controller = KubeSvm::start(control_plane, "controller", &all).await;
+        let base = format!("http://127.0.0.1:{port}");
+        (controller, Admin { base, http: crate::support::http_client() })
+    }
+
     async fn get(&self, path: &str) -> (u16, String) {
         match self.http.get(format!("{}{path}", self.base)).send().await {
             Ok(response) => (response.status().as_u16(), response.text().await.unwrap_or_default()),
@@ -63,24 +78,8 @@ impl Admin {
 async fn probes_and_metrics_follow_a_real_migration() {
     let control_plane = ControlPlane::start(&[]).await.expect("control plane");
     let client = control_plane.client().await;
-    let port =
-        TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
-    let address = format!("--metrics-bind-address=127.0.0.1:{port}");
-    let controller = KubeSvm::start(
-        &control_plane,
-        "controller",
-        &[
-            "controller",
-            "--leader-elect=false",
-            &address,
-            "--page-size=50",
-            "--kube-api-qps=60",
-            "--kube-api-burst=1",
-        ],
-    )
-    .await;
-    let admin =
-        Admin { base: format!("http://127.0.0.1:{port}"), http: crate::support::http_client() };
+    let args = ["--page-size=50", "--kube-api-qps=60", "--kube-api-burst=1"];
+    let (controller, admin) = Admin::controller(&control_plane, &args).await;
 
     admin.wait_for("/healthz", 200, &controller).await;
     // Not ready before kube-svm's CRDs exist, and it says so once it has looked.
@@ -249,20 +248,8 @@ async fn an_outage_is_said_once_and_its_end_once() {
 #[tokio::test]
 async fn a_gentle_pace_steered_by_its_probe_says_what_it_sees() {
     let Scenario { control_plane, client } = Scenario::own(&[]).await;
-    let port =
-        TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
-    let address = format!("--metrics-bind-address=127.0.0.1:{port}");
-    let args = [
-        "controller",
-        "--leader-elect=false",
-        &address,
-        "--foreground-budget=3x",
-        "--checkpoint-interval=0",
-        "--page-size=50",
-    ];
-    let controller = KubeSvm::start(&control_plane, "controller", &args).await;
-    let admin =
-        Admin { base: format!("http://127.0.0.1:{port}"), http: crate::support::http_client() };
+    let args = ["--foreground-budget=3x", "--checkpoint-interval=0", "--page-size=50"];
+    let (controller, admin) = Admin::controller(&control_plane, &args).await;
     admin.wait_for("/readyz", 200, &controller).await;
 
     let widgets = WidgetCrd::stale(&client, "probe", 300).await;
@@ -310,17 +297,7 @@ async fn a_gentle_pace_steered_by_its_probe_says_what_it_sees() {
 #[tokio::test]
 async fn gentle_writes_wait_out_a_spell_the_probe_sees_and_still_finish() {
     let Scenario { control_plane, client } = Scenario::own(&[]).await;
-    let port =
-        TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
-    let address = format!("--metrics-bind-address=127.0.0.1:{port}");
-    let args = [
-        "controller",
-        "--leader-elect=false",
-        &address,
-        "--foreground-budget=25ms",
-        "--checkpoint-interval=0",
-        "--page-size=50",
-    ];
+    let args = ["--foreground-budget=25ms", "--checkpoint-interval=0", "--page-size=50"];
     // The probe's writes are held from its first on, until the end of the test.
     let webhook = Webhook::install(&client, "hold-the-probe", "", &["configmaps"], 10).await;
     webhook.answer([kube_svm::engine::PROBE_OBJECT.to_owned()], Answer::Hold);
@@ -330,19 +307,15 @@ async fn gentle_writes_wait_out_a_spell_the_probe_sees_and_still_finish() {
     }))
     .expect("a ConfigMap");
     touched.create(&PostParams::default(), &touch).await.expect("created");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for n in 1.. {
-        let patch = serde_json::json!({ "data": { "n": n.to_string() } });
-        let _ = touched.patch("touched", &PatchParams::default(), &Patch::Merge(&patch)).await;
-        if webhook.reviews() > 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the apiserver never called the webhook");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let controller = KubeSvm::start(&control_plane, "controller", &args).await;
-    let admin =
-        Admin { base: format!("http://127.0.0.1:{port}"), http: crate::support::http_client() };
+    let mut n: u64 = 0;
+    webhook
+        .wait_until_called(async || {
+            n += 1;
+            let patch = serde_json::json!({ "data": { "n": n.to_string() } });
+            let _ = touched.patch("touched", &PatchParams::default(), &Patch::Merge(&patch)).await;
+        })
+        .await;
+    let (controller, admin) = Admin::controller(&control_plane, &args).await;
     admin.wait_for("/readyz", 200, &controller).await;
 
     let widgets = WidgetCrd::stale(&client, "spell", 60).await;

@@ -108,13 +108,23 @@ impl Webhook {
             Webhook::install(client, &name, &widgets.group, &["widgets"], timeout_seconds).await;
         let api = widgets.api(client, "v1", None);
         let touch = json!({ "metadata": { "annotations": { "probe": "yes" } } });
+        webhook
+            .wait_until_called(async || {
+                let _ = api.patch("w-1", &PatchParams::default(), &Patch::Merge(&touch)).await;
+            })
+            .await;
+        webhook
+    }
+
+    /// Runs `update` (an update the webhook is registered for) again and again until the
+    /// apiserver calls the webhook: it does once its informers see the registration.
+    pub async fn wait_until_called(&self, mut update: impl AsyncFnMut()) {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while webhook.reviews() == 0 {
+        while self.reviews() == 0 {
             assert!(Instant::now() < deadline, "the apiserver never called the webhook");
-            let _ = api.patch("w-1", &PatchParams::default(), &Patch::Merge(&touch)).await;
+            update().await;
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        webhook
     }
 
     /// Unregisters the webhook and waits until the apiserver stops calling it (once its
