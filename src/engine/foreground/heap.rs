@@ -1,9 +1,12 @@
 //! The gentle pace's ceiling from the apiserver's heap, where kube-svm may read its `/metrics`.
 //!
-//! The apiserver collects its heap each time its clients have made it allocate the headroom its
-//! collector left (`go_gc_heap_goal_bytes` less `go_gc_heap_live_bytes`), and each gentle write
-//! makes it allocate some: decoding, the schema, `managedFields`, the watch event (hundreds of
-//! KiB for a merge patch of a small custom resource). A collection of a small heap
+//! The apiserver collects its heap each time its clients have made it allocate so much, and each
+//! gentle write makes it allocate some: decoding, the schema, `managedFields`, the watch event
+//! (hundreds of KiB for a merge patch of a small custom resource). How much between two
+//! collections is measured too (`go_memstats_alloc_bytes_total` over `go_gc_duration_seconds`'
+//! count): Go starts a collection well before its heap reaches its goal (measured on a large
+//! apiserver: about half of the headroom `go_gc_heap_goal_bytes` less `go_gc_heap_live_bytes`
+//! leaves), so the headroom only bounds it. A collection of a small heap
 //! passes unseen; one of a large heap is a spell every client feels, and at 100,000 objects the
 //! foreground's minutes past its budget were the minutes in which the apiserver collected twice
 //! or more (docs/performance.md). So where the headroom is large ([`COSTLY`]), the writes are
@@ -38,6 +41,11 @@ pub const LEAST_SHARE: f64 = 0.25;
 /// How far back the apiserver's allocation is measured.
 pub const WINDOW: Duration = Duration::from_secs(60);
 
+/// How far back what it allocates between two collections is measured, over at least
+/// [`FEWEST_COLLECTIONS`]: fewer in that time, and its collections are rare.
+pub const COLLECTED_OVER: Duration = Duration::from_secs(300);
+const FEWEST_COLLECTIONS: f64 = 2.0;
+
 /// Less than this span, or fewer writes than [`FEWEST_WRITES`] in it, says nothing of what a
 /// write costs.
 const SHORTEST: Duration = Duration::from_secs(20);
@@ -67,11 +75,26 @@ pub enum Quiet {
     Ends,
 }
 
+/// What one reading of the apiserver's `/metrics` says of its heap.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Counters {
+    /// Bytes allocated so far (`go_memstats_alloc_bytes_total`).
+    pub allocated: f64,
+    /// Collections so far (`go_gc_duration_seconds_count`), where it says.
+    pub collections: Option<f64>,
+    /// What it may allocate before its next collection, at most (`go_gc_heap_goal_bytes` less
+    /// `go_gc_heap_live_bytes`), where it says.
+    pub headroom: Option<f64>,
+}
+
 /// What the heap lets the gentle writes do.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Ceiling {
     /// The apiserver's headroom before its next collection, in bytes.
     pub headroom: f64,
+    /// What it allocates between two collections, in bytes: as measured over the last minutes
+    /// ([`COLLECTED_OVER`]), and at most its headroom.
+    pub per_collection: f64,
     /// What one gentle write made it allocate, in bytes, once measured: not while what its
     /// other clients make it allocate hides the writes' share.
     pub per_write: Option<f64>,
@@ -79,17 +102,19 @@ pub struct Ceiling {
     pub rate: Option<f64>,
 }
 
-/// One reading: when, the bytes allocated so far, the gentle writes sent so far.
+/// One reading: when, what it says, the gentle writes sent so far.
 #[derive(Clone, Copy, Debug)]
 struct Sample {
     at: Instant,
     allocated: f64,
+    collections: Option<f64>,
     writes: u64,
 }
 
 /// The readings of one apiserver process.
 #[derive(Default)]
 struct Process {
+    /// Its readings over the last [`COLLECTED_OVER`], oldest first.
     window: VecDeque<Sample>,
     /// Its allocation rates (bytes per second) in quiet windows, newest last.
     quiet: VecDeque<f64>,
@@ -105,13 +130,12 @@ pub struct Heap {
 }
 
 impl Heap {
-    /// Takes a reading of `process` at `now`: `allocated` bytes so far, its `headroom`, with
-    /// `writes` gentle writes sent so far, `quiet` telling where it falls.
+    /// Takes a reading of `process` at `now` (its `counters`), with `writes` gentle writes
+    /// sent so far, `quiet` telling where it falls.
     pub fn read(
         &mut self,
         process: f64,
-        allocated: f64,
-        headroom: Option<f64>,
+        counters: Counters,
         writes: u64,
         now: Instant,
         quiet: Quiet,
@@ -121,14 +145,23 @@ impl Heap {
             self.processes.clear();
         }
         let process = self.processes.entry(key).or_default();
-        let sample = Sample { at: now, allocated, writes };
+        let Counters { allocated, collections, headroom } = counters;
+        let sample = Sample { at: now, allocated, collections, writes };
         // A counter gone back is another process under the same start time: start again.
-        if process.window.back().is_some_and(|last| last.allocated > allocated) {
+        let back = |last: &Sample| {
+            last.allocated > allocated
+                || last.collections.zip(collections).is_some_and(|(a, b)| a > b)
+        };
+        if process.window.back().is_some_and(back) {
             *process = Process::default();
         }
         process.headroom = headroom;
         process.window.push_back(sample);
-        while process.window.front().is_some_and(|first| now.duration_since(first.at) > WINDOW) {
+        while process
+            .window
+            .front()
+            .is_some_and(|first| now.duration_since(first.at) > COLLECTED_OVER)
+        {
             process.window.pop_front();
         }
         match quiet {
@@ -161,23 +194,37 @@ impl Heap {
 
 impl Process {
     fn ceiling(&self, now: Instant) -> Option<Ceiling> {
-        let (first, last) = (self.window.front()?, self.window.back()?);
+        let last = self.window.back()?;
         if now.duration_since(last.at) > STALE_AFTER {
             return None;
         }
         let headroom = self.headroom?;
+        let per_collection = self.per_collection().map_or(headroom, |bytes| bytes.min(headroom));
         // Without a quiet measurement yet, all of it is counted as the writes': the stricter.
         let others = median(&self.quiet).unwrap_or(0.0);
-        let per_write = self.per_write(first, last, others);
-        let once = headroom / EVERY.as_secs_f64();
+        let per_write = self.per_write(others);
+        let once = per_collection / EVERY.as_secs_f64();
         let allowed = (once - others).max(once * LEAST_SHARE);
         let rate = per_write.filter(|_| headroom >= COSTLY).map(|per_write| allowed / per_write);
-        Some(Ceiling { headroom, per_write, rate })
+        Some(Ceiling { headroom, per_collection, per_write, rate })
     }
 
-    /// What a write made the apiserver allocate between `first` and `last`, beyond what it
+    /// What the apiserver allocated between two collections over the window, where it
+    /// collected often enough to tell.
+    fn per_collection(&self) -> Option<f64> {
+        let counted = |sample: &&Sample| sample.collections.is_some();
+        let first = self.window.iter().find(counted)?;
+        let last = self.window.iter().rev().find(counted)?;
+        let collections = last.collections? - first.collections?;
+        (collections >= FEWEST_COLLECTIONS)
+            .then(|| (last.allocated - first.allocated) / collections)
+    }
+
+    /// What a write made the apiserver allocate over the last [`WINDOW`], beyond what it
     /// allocates for its `others` (bytes a second).
-    fn per_write(&self, first: &Sample, last: &Sample, others: f64) -> Option<f64> {
+    fn per_write(&self, others: f64) -> Option<f64> {
+        let last = self.window.back()?;
+        let first = self.window.iter().find(|s| last.at.duration_since(s.at) <= WINDOW)?;
         let span = last.at.duration_since(first.at);
         let writes = last.writes - first.writes;
         if span < SHORTEST || writes < FEWEST_WRITES {
@@ -208,18 +255,22 @@ mod tests {
     fn measured(others: f64, per_write: f64, rate: f64, headroom: f64) -> (Heap, Instant) {
         let start = Instant::now();
         let mut heap = Heap::default();
-        heap.read(1.0, 0.0, Some(headroom), 0, start, Quiet::Begins);
+        heap.read(1.0, counters(0.0, headroom), 0, start, Quiet::Begins);
         let quiet_end = start + Duration::from_secs(2);
-        heap.read(1.0, others * 2.0, Some(headroom), 0, quiet_end, Quiet::Ends);
+        heap.read(1.0, counters(others * 2.0, headroom), 0, quiet_end, Quiet::Ends);
         let (mut allocated, mut writes) = (others * 2.0, 0.0);
         let mut at = quiet_end;
         for _ in 0..12 {
             at += Duration::from_secs(5);
             allocated += 5.0 * (others + rate * per_write);
             writes += 5.0 * rate;
-            heap.read(1.0, allocated, Some(headroom), writes as u64, at, Quiet::No);
+            heap.read(1.0, counters(allocated, headroom), writes as u64, at, Quiet::No);
         }
         (heap, at)
+    }
+
+    fn counters(allocated: f64, headroom: f64) -> Counters {
+        Counters { allocated, collections: None, headroom: Some(headroom) }
     }
 
     fn close(a: f64, b: f64) -> bool {
@@ -234,6 +285,33 @@ mod tests {
         assert!(close(ceiling.per_write.expect("measured"), MIB), "{ceiling:?}");
         let expected = (1.5 * GIB / 60.0 - 4.0 * MIB) / MIB;
         assert!(close(ceiling.rate.expect("costly"), expected), "{ceiling:?}");
+    }
+
+    #[test]
+    fn what_it_allocates_between_two_collections_is_measured_and_bounded_by_its_headroom() {
+        let start = Instant::now();
+        let mut heap = Heap::default();
+        // 20 MiB/s, a collection every 30 s (600 MiB), 1.5 GiB of headroom: 20 writes a second,
+        // 1 MiB each, nothing else.
+        let read = |heap: &mut Heap, step: u32, collections: Option<f64>| {
+            let at = start + Duration::from_secs(5) * step;
+            let allocated = 100.0 * MIB * f64::from(step);
+            let counters = Counters { allocated, collections, headroom: Some(1.5 * GIB) };
+            heap.read(1.0, counters, 100 * u64::from(step), at, Quiet::No);
+        };
+        for step in 0..=11 {
+            read(&mut heap, step, Some(f64::from(step / 6)));
+        }
+        let at = start + Duration::from_secs(55);
+        assert_eq!(heap.ceiling(at).map(|c| c.per_collection), Some(1.5 * GIB), "one collection");
+        read(&mut heap, 12, Some(2.0));
+        let ceiling = heap.ceiling(start + Duration::from_secs(60)).expect("measured");
+        assert!(close(ceiling.per_collection, 600.0 * MIB), "{ceiling:?}");
+        // 10 MiB/s for one collection a minute: 10 writes a second.
+        assert!(close(ceiling.rate.expect("costly"), 10.0), "{ceiling:?}");
+        // A counter gone back: another process.
+        read(&mut heap, 13, Some(0.0));
+        assert_eq!(heap.processes[&1.0f64.to_bits()].window.len(), 1);
     }
 
     #[test]
@@ -259,7 +337,7 @@ mod tests {
             let at = start + Duration::from_secs(5) * i;
             // 10 MiB/s, 20 writes/s.
             let allocated = 50.0 * MIB * f64::from(i);
-            heap.read(1.0, allocated, Some(1.5 * GIB), 100 * u64::from(i), at, Quiet::No);
+            heap.read(1.0, counters(allocated, 1.5 * GIB), 100 * u64::from(i), at, Quiet::No);
         }
         let ceiling = heap.ceiling(start + Duration::from_secs(60)).expect("a ceiling");
         assert!(close(ceiling.per_write.expect("measured"), 0.5 * MIB), "{ceiling:?}");
@@ -269,11 +347,11 @@ mod tests {
     fn a_quiet_window_in_which_a_write_went_measures_nothing() {
         let start = Instant::now();
         let mut heap = Heap::default();
-        heap.read(1.0, 0.0, Some(GIB), 10, start, Quiet::Begins);
-        heap.read(1.0, MIB, Some(GIB), 11, start + Duration::from_secs(2), Quiet::Ends);
+        heap.read(1.0, counters(0.0, GIB), 10, start, Quiet::Begins);
+        heap.read(1.0, counters(MIB, GIB), 11, start + Duration::from_secs(2), Quiet::Ends);
         assert!(heap.processes.values().all(|process| process.quiet.is_empty()));
-        heap.read(1.0, MIB, Some(GIB), 11, start + Duration::from_secs(3), Quiet::Begins);
-        heap.read(1.0, 3.0 * MIB, Some(GIB), 11, start + Duration::from_secs(5), Quiet::Ends);
+        heap.read(1.0, counters(MIB, GIB), 11, start + Duration::from_secs(3), Quiet::Begins);
+        heap.read(1.0, counters(3.0 * MIB, GIB), 11, start + Duration::from_secs(5), Quiet::Ends);
         let quiet: Vec<f64> = heap.processes.values().flat_map(|p| p.quiet.clone()).collect();
         assert_eq!(quiet, vec![MIB]);
     }
@@ -282,13 +360,18 @@ mod tests {
     fn too_short_a_span_too_few_writes_or_too_old_a_reading_tell_nothing() {
         let (heap, now) = measured(4.0 * MIB, MIB, 30.0, 1.5 * GIB);
         assert!(heap.ceiling(now + STALE_AFTER + Duration::from_secs(1)).is_none(), "stale");
-        let unmeasured = Some(Ceiling { headroom: 1.5 * GIB, per_write: None, rate: None });
+        let unmeasured = Some(Ceiling {
+            headroom: 1.5 * GIB,
+            per_collection: 1.5 * GIB,
+            per_write: None,
+            rate: None,
+        });
         let (idle, now) = measured(4.0 * MIB, MIB, 0.5, 1.5 * GIB);
         assert_eq!(idle.ceiling(now), unmeasured, "30 writes in a minute");
         let start = Instant::now();
         let mut short = Heap::default();
-        short.read(1.0, 0.0, Some(1.5 * GIB), 0, start, Quiet::No);
-        short.read(1.0, 1e9, Some(1.5 * GIB), 500, start + Duration::from_secs(10), Quiet::No);
+        short.read(1.0, counters(0.0, 1.5 * GIB), 0, start, Quiet::No);
+        short.read(1.0, counters(1e9, 1.5 * GIB), 500, start + Duration::from_secs(10), Quiet::No);
         assert_eq!(short.ceiling(start + Duration::from_secs(10)), unmeasured, "10 s");
         // Others allocating more in the quiet windows than the writes and they do at once.
         let (hidden, now) = measured(4.0 * MIB, 0.0, 30.0, 1.5 * GIB);
@@ -304,12 +387,12 @@ mod tests {
         for i in 0..=12u32 {
             let at = start + Duration::from_secs(5) * i;
             let writes = 150 * u64::from(i);
-            heap.read(2.0, 2.0 * MIB * writes as f64, Some(1.5 * GIB), writes, at, Quiet::No);
+            heap.read(2.0, counters(2.0 * MIB * writes as f64, 1.5 * GIB), writes, at, Quiet::No);
         }
         let least = heap.ceiling(now).and_then(|c| c.rate).expect("costly");
         assert!(least < one, "{least} < {one}");
         // The first process's counter went back: its readings start again.
-        heap.read(1.0, 0.0, Some(1.5 * GIB), 5000, now, Quiet::No);
+        heap.read(1.0, counters(0.0, 1.5 * GIB), 5000, now, Quiet::No);
         assert_eq!(heap.processes[&1.0f64.to_bits()].window.len(), 1);
     }
 }

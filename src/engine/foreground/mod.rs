@@ -659,14 +659,18 @@ mod tests {
         state.steering.quiet_sample(Duration::from_millis(4));
         // A quiet measurement (no write), then a minute of writes at 30 a second, each making
         // the apiserver allocate 2 MiB, others 4 MiB/s, with 1.5 GiB of headroom.
-        let headroom = Some(1536.0 * mib);
-        state.heap.read(1.0, 0.0, headroom, 0, now, heap::Quiet::Begins);
+        let counted = |allocated| heap::Counters {
+            allocated,
+            collections: None,
+            headroom: Some(1536.0 * mib),
+        };
+        state.heap.read(1.0, counted(0.0), 0, now, heap::Quiet::Begins);
         let quiet_end = now + Duration::from_secs(2);
-        state.heap.read(1.0, 8.0 * mib, headroom, 0, quiet_end, heap::Quiet::Ends);
+        state.heap.read(1.0, counted(8.0 * mib), 0, quiet_end, heap::Quiet::Ends);
         for step in 1..=12u32 {
             let at = quiet_end + Duration::from_secs(5) * step;
             let allocated = 8.0 * mib + f64::from(step) * 5.0 * (4.0 + 30.0 * 2.0) * mib;
-            state.heap.read(1.0, allocated, headroom, 150 * u64::from(step), at, heap::Quiet::No);
+            state.heap.read(1.0, counted(allocated), 150 * u64::from(step), at, heap::Quiet::No);
         }
         let later = quiet_end + Duration::from_secs(60);
         state.look(later, Budget::default());

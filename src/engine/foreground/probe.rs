@@ -103,9 +103,9 @@ impl Foreground {
             self.metrics.apiserver_reads.inc();
             state.apiserver = Some((share, now));
         }
-        if let Some(allocated) = read.allocated {
+        if let Some(counters) = read.heap {
             let written = state.written;
-            state.heap.read(read.started, allocated, read.headroom, written, now, quiet);
+            state.heap.read(read.started, counters, written, now, quiet);
         }
     }
 }

@@ -69,7 +69,11 @@ impl fmt::Display for Steered {
         }?;
         if let Some(heap) = self.heap {
             let mib = |bytes: f64| bytes / (1024.0 * 1024.0);
-            write!(f, "; the apiserver collects its heap every {:.0} MiB", mib(heap.headroom))?;
+            write!(
+                f,
+                "; the apiserver collects its heap every {:.0} MiB",
+                mib(heap.per_collection)
+            )?;
             if let Some(per_write) = heap.per_write {
                 write!(f, " it allocates, {:.2} MiB a write", mib(per_write))?;
             }
@@ -120,7 +124,12 @@ mod tests {
             "probe p99 7.0ms, budget 25.0ms; 24.0 objects/s; apiserver busy, 8.4% of its goroutines wait long to run: no growth"
         );
         let mib = 1024.0 * 1024.0;
-        let read = heap::Ceiling { headroom: 400.0 * mib, per_write: None, rate: None };
+        let read = heap::Ceiling {
+            headroom: 800.0 * mib,
+            per_collection: 400.0 * mib,
+            per_write: None,
+            rate: None,
+        };
         assert_eq!(
             Steered { heap: Some(read), ..unlooked }.to_string(),
             "probe p99 7.0ms, budget 25.0ms; 24.0 objects/s; the apiserver collects its heap every 400 MiB"
@@ -130,7 +139,12 @@ mod tests {
             Steered { heap: Some(small), ..unlooked }.to_string(),
             "probe p99 7.0ms, budget 25.0ms; 24.0 objects/s; the apiserver collects its heap every 400 MiB it allocates, 0.38 MiB a write"
         );
-        let costly = heap::Ceiling { headroom: 1536.0 * mib, rate: Some(21.6), ..small };
+        let costly = heap::Ceiling {
+            headroom: 3072.0 * mib,
+            per_collection: 1536.0 * mib,
+            rate: Some(21.6),
+            ..small
+        };
         assert_eq!(
             Steered { heap: Some(costly), ..unlooked }.to_string(),
             "probe p99 7.0ms, budget 25.0ms; 24.0 objects/s; the apiserver collects its heap every 1536 MiB it allocates, 0.38 MiB a write: once a minute at 21.6 objects/s"
