@@ -11,11 +11,10 @@
 //! (`spell`), the writes wait for it to pass. Where kube-svm may read the apiserver's
 //! `/metrics`, the probe task also reads how long the apiserver's goroutines wait to run
 //! (`guard`), and while they wait long the rate does not grow; and how much it allocates for
-//! each gentle write, against the headroom its collector leaves (`heap`): where a collection
-//! is costly, the rate stays below the one at which it collects more than once a minute. One
-//! `Foreground` serves every
-//! gentle migration of the process: they share the rate, so two migrations at once press the
-//! apiserver no harder than one.
+//! each gentle write and between two collections of its heap (`heap`): where a collection is
+//! costly, the rate stays below the one at which it collects more than once a minute. One
+//! `Foreground` serves every gentle migration of the process: they share the rate, so two
+//! migrations at once press the apiserver no harder than one.
 
 mod flights;
 mod guard;
