@@ -4,15 +4,14 @@
 //! gentle write makes it allocate some: decoding, the schema, `managedFields`, the watch event
 //! (hundreds of KiB for a merge patch of a small custom resource). How much between two
 //! collections is measured too (`go_memstats_alloc_bytes_total` over `go_gc_duration_seconds`'
-//! count): Go starts a collection well before its heap reaches its goal (measured on a large
-//! apiserver: about half of the headroom `go_gc_heap_goal_bytes` less `go_gc_heap_live_bytes`
-//! leaves), so the headroom only bounds it. A collection of a small heap
-//! passes unseen; one of a large heap is a spell every client feels, and at 100,000 objects the
-//! foreground's minutes past its budget were the minutes in which the apiserver collected twice
-//! or more (docs/performance.md). So where the headroom is large ([`COSTLY`]), the writes are
-//! held to the rate at which the apiserver collects at most once a minute ([`EVERY`]), what
-//! its other clients make it allocate included, and to no less than [`LEAST_SHARE`] of that for
-//! kube-svm's own.
+//! count): Go starts a collection before its heap reaches its goal (`go_gc_heap_goal_bytes`),
+//! so the headroom (the goal less `go_gc_heap_live_bytes`) only bounds it. A collection of a
+//! small heap passes unseen; one of a large heap is a spell every client feels, and at 100,000
+//! objects the foreground's minutes past its budget were the minutes in which the apiserver
+//! collected twice or more (docs/performance.md). So where the headroom is large ([`COSTLY`]),
+//! the writes are held to the rate at which the apiserver collects at most once a minute
+//! ([`EVERY`]), what its other clients make it allocate included, and to no less than
+//! [`LEAST_SHARE`] of that for kube-svm's own.
 //!
 //! What a write costs is measured, not assumed: the apiserver's allocation over the last minute
 //! ([`WINDOW`]), less what it allocates without kube-svm's writes (measured in the pace's quiet
@@ -24,11 +23,12 @@
 //! ([`COSTS_OVER`]): what a write costs is the resource's, and does not change in a minute. Not
 //! the median: at 100,000 objects the apiserver's own consistency check (every object listed
 //! from etcd every 5 minutes, its collections for 2 to 3 minutes after) touched half of the
-//! readings, and their median read 0.44 to 0.48 MiB, then flipped between 0.43 and 2.09,
-//! where the 25th percentile held at 0.46 through the minutes it ran.
-//! Each apiserver process is
-//! judged by its own counters: behind a load balancer every one of them allocates for kube-svm's
-//! writes (their watch events), and the ceiling is the least of theirs.
+//! readings, and their median read 0.44 to 0.48 MiB, then flipped between 0.43 and 2.09, where
+//! the 25th percentile held at 0.46 through the minutes it ran.
+//!
+//! Each apiserver process is judged by its own counters: behind a load balancer every one of
+//! them allocates for kube-svm's writes (their watch events), and the ceiling is the least of
+//! theirs.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
