@@ -52,10 +52,6 @@ pub struct Metrics {
     pub apiserver_reads: IntCounter,
     /// Spells of the apiserver's that gentle writes waited out.
     pub spell_waits: IntCounter,
-    /// What one gentle write makes the apiserver allocate, last measured.
-    pub allocated_per_write: Gauge,
-    /// The gentle rate at which the apiserver would collect a costly heap once a minute.
-    pub heap_ceiling: Gauge,
     build_info: IntGaugeVec,
 }
 
@@ -214,16 +210,6 @@ impl Metrics {
                 &registry,
                 "kube_svm_gentle_spell_waits_total",
                 "Spells of the apiserver (the gentle pace's probe at twice its budget or more, for up to 5 s) that gentle writes waited out rather than queue behind.",
-            )?,
-            allocated_per_write: float_gauge(
-                &registry,
-                "kube_svm_apiserver_allocated_bytes_per_write",
-                "Bytes the apiserver allocates for one gentle write (its /metrics' go_memstats_alloc_bytes_total over the last minute, less what it allocates in the gentle pace's quiet windows, per write); 0 until measured.",
-            )?,
-            heap_ceiling: float_gauge(
-                &registry,
-                "kube_svm_gentle_heap_ceiling_objects_per_second",
-                "The gentle rate at which the apiserver would collect its heap once a minute, its other clients' allocation included, where its headroom (go_gc_heap_goal_bytes less go_gc_heap_live_bytes) is 1 GiB or more: the gentle rate stays below it. 0 where there is none.",
             )?,
             build_info: {
                 let metric = IntGaugeVec::new(

@@ -16,13 +16,10 @@ use std::time::Duration;
 use kube::Client;
 use tokio::time::Instant;
 
-use super::heap::Counters;
-
-/// The request: only the series the guard and the heap's ceiling (`heap`) read, which the
-/// apiserver filters for them (a whole `/metrics` of the apiserver is over a megabyte).
-pub const METRICS_PATH: &str = "/metrics?name[]=go_sched_latencies_seconds&name[]=process_start_time_seconds\
-     &name[]=go_memstats_alloc_bytes_total&name[]=go_gc_duration_seconds\
-     &name[]=go_gc_heap_goal_bytes&name[]=go_gc_heap_live_bytes";
+/// The request: only the two series the guard reads, which the apiserver filters for it
+/// (a whole `/metrics` of the apiserver is over a megabyte).
+pub const METRICS_PATH: &str =
+    "/metrics?name[]=go_sched_latencies_seconds&name[]=process_start_time_seconds";
 
 /// How often the guard reads.
 pub const READ_EVERY: Duration = Duration::from_secs(5);
@@ -56,21 +53,18 @@ const PROCESSES: usize = 8;
 #[derive(Clone, Debug, PartialEq)]
 pub struct Reading {
     /// `process_start_time_seconds`: which apiserver process answered.
-    pub started: f64,
+    started: f64,
     /// Waits at most the bound [`LONG_WAIT`] picks, and its bound.
     short: f64,
     bound: f64,
     /// All waits.
     count: f64,
-    /// What it says of its heap, where it says what it has allocated.
-    pub heap: Option<Counters>,
 }
 
 impl Reading {
     /// The reading in a `/metrics` answer, or what it lacks.
     pub fn parse(text: &str) -> Result<Reading, &'static str> {
         let (mut started, mut count) = (None, None);
-        let (mut allocated, mut collections, mut goal, mut live) = (None, None, None, None);
         let mut short: Option<(f64, f64)> = None;
         for line in text.lines().filter(|line| !line.starts_with('#')) {
             let Some((series, value)) = line.rsplit_once(' ') else { continue };
@@ -79,14 +73,6 @@ impl Reading {
                 started = Some(value);
             } else if series == "go_sched_latencies_seconds_count" {
                 count = Some(value);
-            } else if series == "go_memstats_alloc_bytes_total" {
-                allocated = Some(value);
-            } else if series == "go_gc_duration_seconds_count" {
-                collections = Some(value);
-            } else if series == "go_gc_heap_goal_bytes" {
-                goal = Some(value);
-            } else if series == "go_gc_heap_live_bytes" {
-                live = Some(value);
             } else if let Some(labels) = series.strip_prefix("go_sched_latencies_seconds_bucket{") {
                 let bound = labels
                     .split(',')
@@ -101,9 +87,7 @@ impl Reading {
         let (Some(started), Some(count), Some((bound, short))) = (started, count, short) else {
             return Err("it publishes no go_sched_latencies_seconds or process_start_time_seconds");
         };
-        let headroom = goal.zip(live).map(|(goal, live)| goal - live).filter(|room| *room > 0.0);
-        let heap = allocated.map(|allocated| Counters { allocated, collections, headroom });
-        Ok(Reading { started, short, bound, count, heap })
+        Ok(Reading { started, short, bound, count })
     }
 }
 
@@ -208,27 +192,6 @@ mod tests {
         let read = reading(1.7e9, 6120, 6265);
         assert_eq!(read.bound, 0.0009175039999999999);
         assert_eq!((read.short, read.count, read.started), (6120.0, 6265.0, 1.7e9));
-    }
-
-    #[test]
-    fn a_reading_takes_the_heap_s_counters_where_the_apiserver_gives_them() {
-        assert_eq!(reading(1.7e9, 1, 2).heap, None);
-        let heap = "go_memstats_alloc_bytes_total 4.5240966176e+10\n\
-                    go_gc_duration_seconds{quantile=\"0.5\"} 5.1e-05\n\
-                    go_gc_duration_seconds_sum 0.12\n\
-                    go_gc_duration_seconds_count 105\n\
-                    go_gc_heap_goal_bytes 2.40203065e+09\n\
-                    go_gc_heap_live_bytes 1.199399152e+09\n";
-        let read = Reading::parse(&(answer(1.7e9, 1, 2) + heap)).expect("a reading");
-        let counters = Counters {
-            allocated: 4.5240966176e10,
-            collections: Some(105.0),
-            headroom: Some(2.40203065e9 - 1.199399152e9),
-        };
-        assert_eq!(read.heap, Some(counters));
-        let allocated_only = answer(1.7e9, 1, 2) + "go_memstats_alloc_bytes_total 1e+09\n";
-        let read = Reading::parse(&allocated_only).expect("a reading");
-        assert_eq!(read.heap, Some(Counters { allocated: 1e9, ..Counters::default() }));
     }
 
     #[test]

@@ -10,21 +10,18 @@
 //! stall of the apiserver queues few of them; while the probe says the apiserver is in a spell
 //! (`spell`), the writes wait for it to pass. Where kube-svm may read the apiserver's
 //! `/metrics`, the probe task also reads how long the apiserver's goroutines wait to run
-//! (`guard`), and while they wait long the rate does not grow; and how much it allocates for
-//! each gentle write and between two collections of its heap (`heap`): where a collection is
-//! costly, the rate stays below the one at which it collects more than once a minute. One
-//! `Foreground` serves every gentle migration of the process: they share the rate, so two
-//! migrations at once press the apiserver no harder than one.
+//! (`guard`), and while they wait long the rate does not grow. One `Foreground` serves every
+//! gentle migration of the process: they share the rate, so two migrations at once press the
+//! apiserver no harder than one.
 
 mod flights;
 mod guard;
-mod heap;
 mod probe;
-mod seen;
 mod spell;
 mod steering;
 
 use std::collections::VecDeque;
+use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -36,7 +33,6 @@ use crate::api::Budget;
 use crate::ops::metrics::Metrics;
 pub use flights::Flight;
 use flights::Flights;
-pub use seen::Steered;
 use spell::Spells;
 use steering::{Change, Steering, percentile};
 
@@ -82,10 +78,6 @@ const FIRST_QUIET_FOR: Duration = Duration::from_millis(1500);
 /// The start of a quiet window that is not counted: writes in flight finish meanwhile.
 const QUIET_SETTLE: Duration = Duration::from_millis(500);
 
-/// The apiserver's `/metrics` is read this long before a quiet window ends, and once past its
-/// settling: what it allocates in between is its other clients'.
-const QUIET_END_READ: Duration = Duration::from_millis(300);
-
 /// How often the law looks at the probe.
 const LOOK_EVERY: Duration = Duration::from_secs(2);
 
@@ -98,6 +90,66 @@ const IDLE_AFTER: Duration = Duration::from_secs(10);
 
 /// A migration's own budget counts this long after its last write.
 const BUDGET_MEMORY: Duration = Duration::from_secs(10);
+
+/// What the gentle pace last saw, for the status and `kube-svm status`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Steered {
+    /// Writes per second allowed.
+    pub rate: f64,
+    /// The probe's p99 since the rate last changed, when measured.
+    pub probe_p99: Option<Duration>,
+    /// The latency it may reach.
+    pub limit: Option<Duration>,
+    /// Its quiet baseline.
+    pub baseline: Option<Duration>,
+    /// The budget the limit comes from.
+    pub budget: Option<Budget>,
+    /// Writes the rate may have in flight at once (0 before the law first looked).
+    pub in_flight: usize,
+    /// Of the apiserver's goroutines that waited to run lately, the share that waited long,
+    /// where kube-svm may read its `/metrics`: past [`guard::BUSY_SHARE`], the rate does not grow.
+    pub apiserver_long_waits: Option<f64>,
+}
+
+// The rate is never NaN: it starts finite and is only multiplied and bounded; a share of long
+// waits is of 200 waits at least.
+impl Eq for Steered {}
+
+impl fmt::Display for Steered {
+    /// `probe p99 7.1ms, budget 12.0ms (3x its quiet 4.0ms); 24.0 objects/s, 2 in flight at most`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = |d: Duration| format!("{:.1}ms", d.as_secs_f64() * 1000.0);
+        match self.probe_p99 {
+            Some(p99) => write!(f, "probe p99 {}", ms(p99))?,
+            None => write!(f, "probe p99 not measured yet")?,
+        }
+        match (self.limit, self.budget) {
+            (Some(limit), Some(Budget::Relative(times))) => {
+                let quiet = self.baseline.map_or_else(|| "?".to_owned(), ms);
+                write!(f, ", budget {} ({times}x its quiet {quiet})", ms(limit))?;
+            }
+            (Some(limit), _) => write!(f, ", budget {}", ms(limit))?,
+            (None, _) => write!(f, ", budget not measured yet")?,
+        }
+        write!(f, "; {:.1} objects/s", self.rate)?;
+        if self.in_flight > 0 {
+            write!(f, ", {} in flight at most", self.in_flight)?;
+        }
+        match self.apiserver_long_waits {
+            Some(share) if share > guard::BUSY_SHARE => {
+                write!(
+                    f,
+                    "; apiserver busy, {:.1}% of its goroutines wait long to run: no growth",
+                    share * 100.0
+                )
+            }
+            Some(share) => {
+                write!(f, "; {:.1}% of the apiserver's goroutines wait long to run", share * 100.0)
+            }
+            None => Ok(()),
+        }
+    }
+}
 
 /// The gentle pace's gate, and the probe behind it.
 pub struct Foreground {
@@ -145,12 +197,6 @@ struct State {
     strictest: Option<(Budget, Instant)>,
     /// The guard's last reading of the apiserver (its share of long waits), and when.
     apiserver: Option<(f64, Instant)>,
-    /// The apiserver's allocation against its headroom, read with the guard's readings.
-    heap: heap::Heap,
-    /// Where the reads for the quiet window under way stand: none yet, its start read, its end.
-    quiet_read: heap::Quiet,
-    /// Gentle writes sent so far.
-    written: u64,
     /// The apiserver's spell under way, which writes wait out.
     spells: Spells,
     /// A spell began to make writes wait, not yet counted in the metrics.
@@ -253,9 +299,6 @@ impl State {
             last_look: now,
             strictest: None,
             apiserver: None,
-            heap: heap::Heap::default(),
-            quiet_read: heap::Quiet::Ends,
-            written: 0,
             spells: Spells::default(),
             spell_began: false,
             seen: Steered { rate: steering::START_RATE, ..Steered::default() },
@@ -300,7 +343,6 @@ impl State {
             };
             self.next_quiet = Some(self.quiet_until + every);
             self.quiet.clear();
-            self.quiet_read = heap::Quiet::No;
             return (self.quiet_until, false);
         }
         // The apiserver in a spell: writes wait for it to pass rather than queue behind it.
@@ -328,22 +370,8 @@ impl State {
         let quiet = self.quiet_at(now);
         if !quiet {
             self.flights.left();
-            self.written += 1;
         }
         !quiet
-    }
-
-    /// Whether the apiserver's `/metrics` should be read now for the quiet window under way
-    /// (what it allocates without the gentle writes): once past its settling, once near its end.
-    fn quiet_read(&mut self, now: Instant) -> Option<heap::Quiet> {
-        let (settled, end) = (self.quiet_from + QUIET_SETTLE, self.quiet_until - QUIET_END_READ);
-        let due = match self.quiet_read {
-            heap::Quiet::No if settled <= now && now < end => heap::Quiet::Begins,
-            heap::Quiet::Begins if end <= now && now < self.quiet_until => heap::Quiet::Ends,
-            _ => return None,
-        };
-        self.quiet_read = due;
-        Some(due)
     }
 
     /// Whether `now` falls in a quiet window.
@@ -413,8 +441,6 @@ impl State {
             .filter(|(_, at)| now.duration_since(*at) < guard::STALE_AFTER)
             .map(|(share, _)| share);
         let busy = apiserver.is_some_and(|share| share > guard::BUSY_SHARE);
-        let heap = self.heap.ceiling(now);
-        self.steering.set_ceiling(heap.and_then(|heap| heap.rate));
         let change = self.steering.steer(now, &recent, budget, self.waited && !busy);
         // A growth the guard held back is said as the law's changes are: a look that holds
         // leaves the law as it was, so a copy of it tells what it would have done.
@@ -434,13 +460,9 @@ impl State {
             budget: Some(budget),
             in_flight: self.flights.most(self.steering.rate()),
             apiserver_long_waits: apiserver,
-            heap,
         };
         match change {
             Change::Cut { from, to } => info!(from, to, seen = %self.seen, "gentle rate cut"),
-            Change::Capped { from, to } => {
-                info!(from, to, seen = %self.seen, "gentle rate lowered: the apiserver would collect its heap more than once a minute")
-            }
             Change::Grew { from, to } => debug!(from, to, seen = %self.seen, "gentle rate grew"),
             Change::Held => {
                 if let Some((from, to)) = held {
@@ -603,6 +625,41 @@ mod tests {
         assert_eq!(state.seen.limit, Some(Duration::from_millis(6)), "and comes back with it");
     }
 
+    #[test]
+    fn what_it_saw_reads_as_a_sentence() {
+        let ms = Duration::from_millis;
+        let seen = Steered {
+            rate: 24.0,
+            probe_p99: Some(ms(7)),
+            limit: Some(ms(12)),
+            baseline: Some(ms(4)),
+            budget: Some(Budget::Relative(3.0)),
+            in_flight: 2,
+            apiserver_long_waits: None,
+        };
+        assert_eq!(
+            seen.to_string(),
+            "probe p99 7.0ms, budget 12.0ms (3x its quiet 4.0ms); 24.0 objects/s, 2 in flight at most"
+        );
+        let fixed = Steered { budget: Some(Budget::Fixed(ms(25))), limit: Some(ms(25)), ..seen };
+        assert_eq!(
+            fixed.to_string(),
+            "probe p99 7.0ms, budget 25.0ms; 24.0 objects/s, 2 in flight at most"
+        );
+        let unlooked = Steered { in_flight: 0, ..fixed };
+        assert_eq!(unlooked.to_string(), "probe p99 7.0ms, budget 25.0ms; 24.0 objects/s");
+        let guarded = Steered { apiserver_long_waits: Some(0.004), ..unlooked };
+        assert_eq!(
+            guarded.to_string(),
+            "probe p99 7.0ms, budget 25.0ms; 24.0 objects/s; 0.4% of the apiserver's goroutines wait long to run"
+        );
+        let busy = Steered { apiserver_long_waits: Some(0.084), ..unlooked };
+        assert_eq!(
+            busy.to_string(),
+            "probe p99 7.0ms, budget 25.0ms; 24.0 objects/s; apiserver busy, 8.4% of its goroutines wait long to run: no growth"
+        );
+    }
+
     /// Whether the rate grows at a look with the probe well within its budget and writes
     /// waiting, the guard having read `apiserver` (a share of long waits, so long ago).
     fn grows_with(apiserver: Option<(f64, Duration)>) -> (bool, Steered) {
@@ -631,58 +688,5 @@ mod tests {
         let (grew, seen) = grows_with(Some((0.05, guard::STALE_AFTER)));
         assert!(grew, "a reading too old to tell");
         assert_eq!(seen.apiserver_long_waits, None);
-    }
-
-    #[test]
-    fn the_apiserver_is_read_once_at_a_quiet_window_s_settled_start_and_once_at_its_end() {
-        let now = Instant::now();
-        let mut state = state(now);
-        assert_eq!(state.quiet_read(now), None, "no quiet window yet");
-        state.admit(now, None, Budget::default());
-        assert_eq!(state.quiet_read(now), None, "still settling");
-        let settled = now + QUIET_SETTLE;
-        assert_eq!(state.quiet_read(settled), Some(heap::Quiet::Begins));
-        assert_eq!(state.quiet_read(settled), None, "once");
-        let end = now + FIRST_QUIET_FOR - QUIET_END_READ;
-        assert_eq!(state.quiet_read(end - Duration::from_millis(1)), None);
-        assert_eq!(state.quiet_read(end), Some(heap::Quiet::Ends));
-        assert_eq!(state.quiet_read(end), None, "once");
-        assert_eq!(state.quiet_read(now + FIRST_QUIET_FOR), None, "after it");
-    }
-
-    #[test]
-    fn the_rate_stays_below_the_one_at_which_a_costly_heap_is_collected_more_than_once_a_minute() {
-        let mib = 1024.0 * 1024.0;
-        let now = Instant::now();
-        let mut state = state(now);
-        state.steering.quiet_sample(Duration::from_millis(4));
-        // A quiet measurement (no write), then a minute of writes at 30 a second, each making
-        // the apiserver allocate 2 MiB, others 4 MiB/s, with 1.5 GiB of headroom.
-        let counted = |allocated| heap::Counters {
-            allocated,
-            collections: None,
-            headroom: Some(1536.0 * mib),
-        };
-        state.heap.read(1.0, counted(0.0), 0, now, heap::Quiet::Begins);
-        let quiet_end = now + Duration::from_secs(2);
-        state.heap.read(1.0, counted(8.0 * mib), 0, quiet_end, heap::Quiet::Ends);
-        for step in 1..=12u32 {
-            let at = quiet_end + Duration::from_secs(5) * step;
-            let allocated = 8.0 * mib + f64::from(step) * 5.0 * (4.0 + 30.0 * 2.0) * mib;
-            state.heap.read(1.0, counted(allocated), 150 * u64::from(step), at, heap::Quiet::No);
-        }
-        let later = quiet_end + Duration::from_secs(60);
-        state.look(later, Budget::default());
-        // 25.6 MiB/s allowed, 4 of them the others': 10.8 writes a second, kept 10% below.
-        let heap = state.seen.heap.expect("measured");
-        assert_eq!(heap.per_write, Some(2.0 * mib));
-        let ceiling = heap.rate.expect("costly");
-        assert!((ceiling - 10.8).abs() < 1e-9, "{ceiling}");
-        assert!((state.steering.rate() - ceiling * 0.9).abs() < 1e-9, "{}", state.steering.rate());
-        assert!(
-            state.seen.to_string().ends_with("once a minute at 10.8 objects/s"),
-            "{}",
-            state.seen
-        );
     }
 }

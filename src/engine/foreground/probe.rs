@@ -1,6 +1,6 @@
 //! The probe task: its own thread, runtime and connection, sending a probe while gentle writes
-//! go (and in quiet windows), and now and then reading the apiserver's `/metrics`: its scheduler
-//! latency for the guard (`guard`), its allocation and headroom for the heap's ceiling (`heap`).
+//! go (and in quiet windows), and now and then reading the apiserver's scheduler latency for the
+//! guard (`guard`).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -10,8 +10,7 @@ use kube::Client;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::guard::{self, Guard, Reading};
-use super::heap::Quiet;
+use super::guard::{self, Guard};
 use super::{Foreground, PROBE_ANNOTATION, PROBE_TIMEOUT, WRITE_ONE_IN};
 
 impl Foreground {
@@ -86,27 +85,13 @@ impl Foreground {
         state.record(sent, latency, self.budget);
         self.metrics.gentle_rate.set(state.seen.rate);
         self.metrics.probe_budget.set(state.seen.limit.map_or(0.0, |l| l.as_secs_f64()));
-        let heap = state.seen.heap;
-        self.metrics.heap_ceiling.set(heap.and_then(|heap| heap.rate).unwrap_or(0.0));
-        if let Some(per_write) = heap.and_then(|heap| heap.per_write) {
-            self.metrics.allocated_per_write.set(per_write);
-        }
     }
 
-    /// Records a reading of the apiserver, made at `now`, `quiet` telling where it falls in the
-    /// quiet windows: its allocation and headroom, and the share of its goroutines' waits to run
-    /// that were long since its last reading (`share`, when that can be told).
-    fn apiserver_read(&self, read: &Reading, share: Option<f64>, quiet: Quiet, now: Instant) {
-        let mut state = self.lock();
-        if let Some(share) = share {
-            self.metrics.apiserver_long_waits.set(share);
-            self.metrics.apiserver_reads.inc();
-            state.apiserver = Some((share, now));
-        }
-        if let Some(counters) = read.heap {
-            let written = state.written;
-            state.heap.read(read.started, counters, written, now, quiet);
-        }
+    /// Records the share of the apiserver's goroutines' waits to run that were long, lately.
+    fn apiserver_read(&self, share: f64) {
+        self.metrics.apiserver_long_waits.set(share);
+        self.metrics.apiserver_reads.inc();
+        self.lock().apiserver = Some((share, Instant::now()));
     }
 }
 
@@ -130,18 +115,13 @@ pub(super) async fn probe(gate: Weak<Foreground>, config: kube::Config) {
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
         };
-        // What the apiserver allocates without the gentle writes is read in their quiet windows.
-        let quiet = match reading {
-            true => foreground.lock().quiet_read(Instant::now()),
-            false => None,
-        };
-        if reading && (quiet.is_some() || Instant::now() >= next_read) {
+        if reading && Instant::now() >= next_read {
             next_read = Instant::now() + guard::READ_EVERY;
             match guard::read(&client).await {
                 Ok(Some(read)) => {
-                    let now = Instant::now();
-                    let share = guard.read(read.clone(), now);
-                    foreground.apiserver_read(&read, share, quiet.unwrap_or(Quiet::No), now);
+                    if let Some(share) = guard.read(read, Instant::now()) {
+                        foreground.apiserver_read(share);
+                    }
                 }
                 Ok(None) => {}
                 Err(reason) => {

@@ -25,9 +25,6 @@
 //!   grows by the room the probe leaves (budget / p99, up to [`MOST_INCREASE`]), so a run finds
 //!   the rate its budget allows in a few tens of seconds, not minutes; once one has, by
 //!   [`INCREASE`].
-//! - **Ceiling.** A ceiling set from outside the law (the apiserver's heap, `heap`) bounds the
-//!   rate: past it, the rate is lowered at once to [`CEILING_MARGIN`] of it, remembering nothing,
-//!   and it grows no further than that.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -130,17 +127,11 @@ const NEAR_BAD_RATE: f64 = 0.75;
 const BAD_RATE_AGE: Duration = Duration::from_secs(180);
 const BAD_RATE_FADE: f64 = 1.1;
 
-/// The rate kept below a ceiling set from outside the law (the apiserver's heap, `heap`): this
-/// far below it, so that a ceiling measured a little lower at the next look changes nothing.
-const CEILING_MARGIN: f64 = 0.9;
-
 /// What the law decided on one look.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Change {
     /// The probe passed the budget: the rate was cut.
     Cut { from: f64, to: f64 },
-    /// The rate was past its ceiling: it was lowered below it, and no rate is remembered.
-    Capped { from: f64, to: f64 },
     /// Room under the budget, and writes waited on the rate: it grew.
     Grew { from: f64, to: f64 },
     /// Nothing to do, or too soon to tell.
@@ -172,8 +163,6 @@ pub struct Steering {
     last: Last,
     /// When the rate last changed (or the run began).
     changed: Instant,
-    /// The most the rate may be, set from outside the law.
-    ceiling: Option<f64>,
 }
 
 impl Steering {
@@ -185,7 +174,6 @@ impl Steering {
             doubted: None,
             last: Last::None,
             changed: now,
-            ceiling: None,
         }
     }
 
@@ -212,14 +200,8 @@ impl Steering {
         }
     }
 
-    /// Sets the most the rate may be from the next look on (`None`: no ceiling).
-    pub fn set_ceiling(&mut self, ceiling: Option<f64>) {
-        self.ceiling = ceiling;
-    }
-
     /// One look at the probe: `samples`, the latencies seen since the last change (outside quiet
-    /// windows); `waiting`, whether writes waited on the rate meanwhile. A rate past its ceiling
-    /// is lowered first, whatever the probe says.
+    /// windows); `waiting`, whether writes waited on the rate meanwhile.
     pub fn steer(
         &mut self,
         now: Instant,
@@ -227,15 +209,6 @@ impl Steering {
         budget: Budget,
         waiting: bool,
     ) -> Change {
-        let below_ceiling = self.ceiling.map_or(f64::INFINITY, |ceiling| ceiling * CEILING_MARGIN);
-        if self.ceiling.is_some_and(|ceiling| self.rate > ceiling) {
-            let from = self.rate;
-            self.rate = below_ceiling.max(MIN_RATE);
-            if self.rate < from {
-                self.changed = now;
-                return Change::Capped { from, to: self.rate };
-            }
-        }
         let Some(limit) = budget.limit(self.baseline()) else { return Change::Held };
         if samples.len() < MIN_SAMPLES {
             return Change::Held;
@@ -270,7 +243,7 @@ impl Steering {
             None => room.clamp(INCREASE, MOST_INCREASE),
             Some(_) => INCREASE,
         };
-        let ceiling = bad.map_or(f64::INFINITY, |bad| bad * BAD_RATE_MARGIN).min(below_ceiling);
+        let ceiling = bad.map_or(f64::INFINITY, |bad| bad * BAD_RATE_MARGIN);
         let to = (from * increase).min(ceiling).max(from);
         if to <= from {
             return Change::Held;
@@ -413,9 +386,7 @@ mod tests {
     /// The factor a change multiplied the rate by.
     fn factor(change: Change) -> f64 {
         match change {
-            Change::Cut { from, to } | Change::Grew { from, to } | Change::Capped { from, to } => {
-                to / from
-            }
+            Change::Cut { from, to } | Change::Grew { from, to } => to / from,
             Change::Held => 1.0,
         }
     }
@@ -453,34 +424,6 @@ mod tests {
         assert!(close(grow(8), 1.5), "at two thirds of it: by half, {}", grow(8));
         assert!(close(grow(9), 12.0 / 9.0), "at three quarters: by a third, {}", grow(9));
         assert!(close(grow(10), INCREASE), "near it: by the least increase, {}", grow(10));
-    }
-
-    #[test]
-    fn a_ceiling_lowers_the_rate_below_it_at_once_and_bounds_its_growth() {
-        let now = Instant::now();
-        let mut steering = with_baseline(now, 4);
-        steering.set_ceiling(Some(10.0));
-        let later = now + HOLD;
-        // Before any probe sample judges, and with the probe well within its budget.
-        let capped = steering.steer(later, &[], Budget::default(), true);
-        assert_eq!(capped, Change::Capped { from: START_RATE, to: 10.0 * CEILING_MARGIN });
-        assert_eq!(steering.changed(), later, "samples of the rate before say nothing of it");
-        assert!(steering.bad.is_none(), "no rate is remembered");
-        let within = steering.steer(later + HOLD, &steady(4), Budget::default(), true);
-        assert_eq!(within, Change::Held, "at the margin below it, it does not grow");
-        steering.set_ceiling(Some(20.0));
-        let grew = steering.steer(later + HOLD * 2, &steady(4), Budget::default(), true);
-        assert_eq!(grew, Change::Grew { from: 9.0, to: 9.0 * MOST_INCREASE });
-        let grew = steering.steer(later + HOLD * 3, &steady(4), Budget::default(), true);
-        assert_eq!(grew, Change::Grew { from: 13.5, to: 20.0 * CEILING_MARGIN }, "to the margin");
-        steering.set_ceiling(Some(1.0));
-        let floor = steering.steer(later + HOLD * 4, &[], Budget::default(), true);
-        assert_eq!(floor, Change::Capped { from: 18.0, to: MIN_RATE }, "never below the minimum");
-        let held = steering.steer(later + HOLD * 5, &[], Budget::default(), true);
-        assert_eq!(held, Change::Held, "at the minimum already");
-        steering.set_ceiling(None);
-        let free = steering.steer(later + HOLD * 6, &steady(4), Budget::default(), true);
-        assert!(matches!(free, Change::Grew { .. }), "{free:?}");
     }
 
     /// `slow` probes of 40 ms among `of`, the others 5 ms.
