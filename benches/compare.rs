@@ -35,7 +35,8 @@
 //! same run, `in-tree-relative` that p99 as a multiple of the idle one, and the in-tree
 //! migrator then runs before it); `BENCH_SWEEP=0` skips the sweep, `BENCH_SWEEP=windows`, `bands` or `rates` runs a
 //! third of it, any other text the settings whose name contains it; `BENCH_REPORT=/tmp/x` writes `/tmp/x.md` and `/tmp/x.json` instead; `BENCH_IDLE_SECONDS`
-//! sets the idle phases' length (20 s); `BENCH_BEFORE_BINARY=PATH` runs that kube-svm build's
+//! sets the idle phases' length (20 s); `BENCH_APISERVER_FLAGS` adds flags to kube-apiserver's
+//! (whitespace-separated); `BENCH_BEFORE_BINARY=PATH` runs that kube-svm build's
 //! defaults first, alone and with the burst (`kube-svm-before`, `kube-svm-before-burst`), for a
 //! before and after in one run. The foreground's p50 / p99 / max of each minute is printed to
 //! stderr as the minute ends, with the time of day, so that a run stopped early still tells it.
@@ -480,7 +481,7 @@ async fn foreground_loop(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The foreground's own minutes are printed as they end; a burst's are not.
     let mut minutes = (name == FOREGROUND).then(Minutes::new);
-    let mut collections = None;
+    let mut before: Option<ApiserverHeap> = None;
     let mut n: u64 = 0;
     while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
@@ -497,30 +498,57 @@ async fn foreground_loop(
         let ended = minutes.record(got.took);
         if let Some(line) = minutes.record(patched.took).or(ended) {
             let heap = apiserver_heap(&admin).await;
-            let collected = match (heap, collections) {
-                (Some((count, inuse)), Some(before)) => format!(
-                    "; the apiserver collected its heap {} times, {:.2} GiB in use",
-                    count - before,
-                    inuse / f64::from(1 << 30)
+            let collected = match (heap, before) {
+                (Some(now), Some(before)) => format!(
+                    "; the apiserver collected its heap {} times, {:.2} GiB in use, \
+                     checked its watch cache of widgets against etcd {} times",
+                    now.collections - before.collections,
+                    now.inuse / f64::from(1 << 30),
+                    now.checks - before.checks,
                 ),
                 _ => String::new(),
             };
-            collections = heap.map(|(count, _)| count);
+            before = heap;
             eprintln!("{line}{collected}");
         }
     }
 }
 
-/// The apiserver's garbage collections so far and the bytes of its heap in use, by its own
-/// `/metrics` (filtered by name, a few hundred bytes); `None` when it does not say.
-async fn apiserver_heap(admin: &Client) -> Option<(f64, f64)> {
-    let path = "/metrics?name[]=go_gc_duration_seconds&name[]=go_memstats_heap_inuse_bytes";
+/// What the apiserver says of itself at the end of a minute, by its own `/metrics`.
+#[derive(Clone, Copy)]
+struct ApiserverHeap {
+    /// Its garbage collections so far.
+    collections: f64,
+    /// The bytes of its heap in use.
+    inuse: f64,
+    /// Its watch cache's consistency checks of widgets so far: each lists every widget from
+    /// etcd (every 5 to 7.5 minutes, `DetectCacheInconsistency`, on by default).
+    checks: f64,
+}
+
+/// The apiserver's account of its heap (filtered by name, a few KiB); `None` when it does not
+/// say.
+async fn apiserver_heap(admin: &Client) -> Option<ApiserverHeap> {
+    let path = "/metrics?name[]=go_gc_duration_seconds&name[]=go_memstats_heap_inuse_bytes\
+                &name[]=apiserver_storage_consistency_checks_total";
     let request = http::Request::get(path).body(Vec::new()).ok()?;
     let text = admin.request_text(request).await.ok()?;
     let value = |name: &str| {
         text.lines().find_map(|line| line.strip_prefix(name)?.trim().parse::<f64>().ok())
     };
-    Some((value("go_gc_duration_seconds_count ")?, value("go_memstats_heap_inuse_bytes ")?))
+    let checks = text
+        .lines()
+        .filter(|line| {
+            line.starts_with("apiserver_storage_consistency_checks_total{")
+                && line.contains("resource=\"widgets\"")
+        })
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
+    Some(ApiserverHeap {
+        collections: value("go_gc_duration_seconds_count ")?,
+        inuse: value("go_memstats_heap_inuse_bytes ")?,
+        checks,
+    })
 }
 
 /// The foreground's latencies of each minute, printed when it ends with the time of day (UTC) and
@@ -1320,7 +1348,9 @@ struct Point {
 async fn main() {
     let objects = env_number("BENCH_OBJECTS", 10_000) / NAMESPACES * NAMESPACES;
     let bytes = env_number("BENCH_OBJECT_BYTES", 1500);
-    let control_plane = ControlPlane::start(&[]).await.expect("control plane");
+    let apiserver_flags = std::env::var("BENCH_APISERVER_FLAGS").unwrap_or_default();
+    let apiserver_flags: Vec<&str> = apiserver_flags.split_whitespace().collect();
+    let control_plane = ControlPlane::start(&apiserver_flags).await.expect("control plane");
     let client = control_plane.client().await;
     install_kube_svm_crds(&client).await;
     let account = {
