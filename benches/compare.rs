@@ -471,7 +471,7 @@ async fn foreground_loop(
     requests: Arc<Mutex<Vec<Request>>>,
     stop: Arc<AtomicBool>,
 ) {
-    // The apiserver's own account of its heap, read as the bench's admin.
+    // The apiserver's own account of itself, read as the bench's admin.
     let mut admin = config.clone();
     admin.auth_info.impersonate = None;
     let admin = Client::try_from(admin).expect("a client");
@@ -481,7 +481,7 @@ async fn foreground_loop(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The foreground's own minutes are printed as they end; a burst's are not.
     let mut minutes = (name == FOREGROUND).then(Minutes::new);
-    let mut before: Option<ApiserverHeap> = None;
+    let mut before: Option<ApiserverAccount> = None;
     let mut n: u64 = 0;
     while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
@@ -497,8 +497,8 @@ async fn foreground_loop(
         let Some(minutes) = minutes.as_mut() else { continue };
         let ended = minutes.record(got.took);
         if let Some(line) = minutes.record(patched.took).or(ended) {
-            let heap = apiserver_heap(&admin).await;
-            let collected = match (heap, before) {
+            let account = apiserver_account(&admin).await;
+            let collected = match (account, before) {
                 (Some(now), Some(before)) => format!(
                     "; the apiserver collected its heap {} times, {:.2} GiB in use, \
                      checked its watch cache of widgets against etcd {} times",
@@ -508,7 +508,7 @@ async fn foreground_loop(
                 ),
                 _ => String::new(),
             };
-            before = heap;
+            before = account;
             eprintln!("{line}{collected}");
         }
     }
@@ -516,7 +516,7 @@ async fn foreground_loop(
 
 /// What the apiserver says of itself at the end of a minute, by its own `/metrics`.
 #[derive(Clone, Copy)]
-struct ApiserverHeap {
+struct ApiserverAccount {
     /// Its garbage collections so far.
     collections: f64,
     /// The bytes of its heap in use.
@@ -526,9 +526,9 @@ struct ApiserverHeap {
     checks: f64,
 }
 
-/// The apiserver's account of its heap (filtered by name, a few KiB); `None` when it does not
-/// say.
-async fn apiserver_heap(admin: &Client) -> Option<ApiserverHeap> {
+/// The apiserver's account of its heap and its checks of the widgets (filtered by name, a few
+/// KiB); `None` when it does not say.
+async fn apiserver_account(admin: &Client) -> Option<ApiserverAccount> {
     let path = "/metrics?name[]=go_gc_duration_seconds&name[]=go_memstats_heap_inuse_bytes\
                 &name[]=apiserver_storage_consistency_checks_total";
     let request = http::Request::get(path).body(Vec::new()).ok()?;
@@ -536,15 +536,16 @@ async fn apiserver_heap(admin: &Client) -> Option<ApiserverHeap> {
     let value = |name: &str| {
         text.lines().find_map(|line| line.strip_prefix(name)?.trim().parse::<f64>().ok())
     };
+    let widgets = format!("resource=\"{}\"", WidgetCrd::PLURAL);
     let checks = text
         .lines()
         .filter(|line| {
             line.starts_with("apiserver_storage_consistency_checks_total{")
-                && line.contains("resource=\"widgets\"")
+                && line.contains(&widgets)
         })
         .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
         .sum();
-    Some(ApiserverHeap {
+    Some(ApiserverAccount {
         collections: value("go_gc_duration_seconds_count ")?,
         inuse: value("go_memstats_heap_inuse_bytes ")?,
         checks,
