@@ -209,7 +209,7 @@ impl Metrics {
             spell_waits: int_counter(
                 &registry,
                 "kube_svm_gentle_spell_waits_total",
-                "Spells of the apiserver (the gentle pace's probe at twice its budget or more, for up to 5 s) that gentle writes waited out rather than queue behind.",
+                "Spells of the apiserver (the gentle pace's probe past its budget, for up to 5 s) that gentle writes waited out rather than queue behind.",
             )?,
             build_info: {
                 let metric = IntGaugeVec::new(

@@ -1,8 +1,9 @@
-//! The apiserver's spells, as the probe sees them while they last: a probe twice its budget or
-//! more ([`PAST`]), answered or still awaited, and the gentle writes wait for the spell to pass
-//! instead of adding to it. The law (`steering`) answers the probe's tail over seconds; a spell
-//! (a collection of a large apiserver's heap) is over before the law has looked, and every other
-//! client's requests in it wait behind what is in the apiserver's queue.
+//! The apiserver's spells, as the probe sees them while they last: a probe past its budget
+//! ([`PAST`]), answered or still awaited that long, and the gentle writes wait for the spell to
+//! pass instead of adding to it. The law (`steering`) answers the probe's tail over seconds; a
+//! spell (a collection of a large apiserver's heap, one of its consistency checks) is over
+//! before the law has looked, and every other client's requests in it wait behind what is in the
+//! apiserver's queue.
 //!
 //! A spell is the slow probes less than [`SPELL_GAP`] apart, as the law counts them. The writes
 //! wait while its latest probe is slow, or while a probe is awaited past the mark, and never
@@ -16,9 +17,12 @@ use tokio::time::Instant;
 
 use super::steering::{SPELL_GAP, SPELL_LONGEST};
 
-/// A probe this many times its budget, or awaited this long, says a spell is under way: the
-/// law's mark of a disturbance rather than of the rate's own cost.
-pub const PAST: f64 = 2.0;
+/// A probe this many times its budget, or awaited this long, says a spell is under way: past
+/// the budget, as the law counts a slow probe. Not twice it, the law's mark of a disturbance:
+/// then the writes went on through the apiserver's consistency checks at 20,000 objects, whose
+/// minutes the idle apiserver's other clients passed within 3 times their idle p99 (8.4 ms
+/// against 13.5) and a migration's past it (25 to 36 ms).
+pub const PAST: f64 = 1.0;
 
 /// How often a write waiting out a spell looks again: about a probe's interval, so the writes
 /// go on within a probe of the spell's end.
@@ -98,13 +102,13 @@ mod tests {
     const LIMIT: Duration = Duration::from_millis(10);
 
     #[test]
-    fn a_probe_twice_its_budget_holds_the_writes_until_a_probe_within_it() {
+    fn a_probe_past_its_budget_holds_the_writes_until_a_probe_within_it() {
         let now = Instant::now();
         let mut spells = Spells::default();
-        spells.answered(now, Some(ms(19)), Some(LIMIT));
-        assert_eq!(spells.wait(now + ms(19), LIMIT), None, "past the budget, not twice");
-        spells.answered(now + ms(100), Some(ms(40)), Some(LIMIT));
-        let at = now + ms(140);
+        spells.answered(now, Some(ms(9)), Some(LIMIT));
+        assert_eq!(spells.wait(now + ms(9), LIMIT), None, "within the budget");
+        spells.answered(now + ms(100), Some(ms(12)), Some(LIMIT));
+        let at = now + ms(112);
         assert_eq!(spells.wait(at, LIMIT), Some((at + LOOK_AGAIN, true)));
         assert_eq!(spells.wait(at + ms(10), LIMIT), Some((at + ms(10) + LOOK_AGAIN, false)));
         spells.answered(now + ms(200), Some(ms(5)), Some(LIMIT));
@@ -116,8 +120,8 @@ mod tests {
         let now = Instant::now();
         let mut spells = Spells::default();
         spells.sent(now);
-        assert_eq!(spells.wait(now + ms(19), LIMIT), None);
-        assert!(spells.wait(now + ms(20), LIMIT).is_some_and(|(_, first)| first));
+        assert_eq!(spells.wait(now + ms(9), LIMIT), None);
+        assert!(spells.wait(now + ms(10), LIMIT).is_some_and(|(_, first)| first));
         spells.answered(now, None, Some(LIMIT));
         assert_eq!(spells.wait(now + ms(30), LIMIT), None, "no answer says nothing");
     }
