@@ -40,6 +40,8 @@
 //! defaults first, alone and with the burst (`kube-svm-before`, `kube-svm-before-burst`), for a
 //! before and after in one run. The foreground's p50 / p99 / max of each minute is printed to
 //! stderr as the minute ends, with the time of day, so that a run stopped early still tells it.
+//! `BENCH_TRACE_MS=N` prints each foreground request that took N ms or more, and each check of
+//! the widgets' watch caches against etcd (read once a second), with the time to the millisecond.
 //! Throughput drifts as
 //! etcd's history grows: the limit is measured at the start and again at the end, and ratios are
 //! quoted against their mean.
@@ -483,6 +485,8 @@ async fn foreground_loop(
     let mut minutes = (name == FOREGROUND).then(Minutes::new);
     let mut before: Option<ApiserverAccount> = None;
     let mut n: u64 = 0;
+    let trace = trace_ms().filter(|_| name == FOREGROUND);
+    let checks = trace.map(|_| tokio::spawn(trace_checks(admin.clone(), stop.clone())));
     while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
         let sent = Instant::now();
@@ -494,6 +498,14 @@ async fn foreground_loop(
         let ok = api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.is_ok();
         let patched = Request { sent, took: sent.elapsed(), ok };
         requests.lock().expect("not poisoned").extend([got, patched]);
+        if let Some(slow) = trace {
+            for (verb, request) in [("GET", got), ("PATCH", patched)] {
+                let millis = request.took.as_secs_f64() * 1000.0;
+                if millis >= slow {
+                    eprintln!("foreground {verb} sent {} took {millis:.1} ms", clock(request.sent));
+                }
+            }
+        }
         let Some(minutes) = minutes.as_mut() else { continue };
         let ended = minutes.record(got.took);
         if let Some(line) = minutes.record(patched.took).or(ended) {
@@ -511,6 +523,48 @@ async fn foreground_loop(
             before = account;
             eprintln!("{line}{collected}");
         }
+    }
+    if let Some(checks) = checks {
+        checks.abort();
+    }
+}
+
+/// `BENCH_TRACE_MS`: the latency from which each foreground request is printed.
+fn trace_ms() -> Option<f64> {
+    let value = std::env::var("BENCH_TRACE_MS").ok()?;
+    Some(value.parse().unwrap_or_else(|_| panic!("BENCH_TRACE_MS={value}: a number of ms")))
+}
+
+/// The time of day (UTC) at `at`, to the millisecond.
+fn clock(at: Instant) -> String {
+    let now = std::time::SystemTime::now();
+    let then = now.checked_sub(at.elapsed()).unwrap_or(now);
+    let millis = then.duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_millis());
+    let seconds = millis / 1000 % 86_400;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        seconds / 3600,
+        seconds / 60 % 60,
+        seconds % 60,
+        millis % 1000
+    )
+}
+
+/// Prints when the apiserver's count of its checks of the widgets' watch caches grows, read
+/// once a second, until `stop`.
+async fn trace_checks(admin: Client, stop: Arc<AtomicBool>) {
+    let mut seen: Option<f64> = None;
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let Some(account) = apiserver_account(&admin).await else { continue };
+        if seen.is_some_and(|seen| account.checks > seen) {
+            eprintln!(
+                "the apiserver ended {} check(s) of the widgets' watch caches by {}",
+                account.checks - seen.unwrap_or_default(),
+                clock(Instant::now()),
+            );
+        }
+        seen = Some(account.checks);
     }
 }
 
