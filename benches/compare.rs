@@ -626,14 +626,9 @@ impl Minutes {
             return None;
         }
         self.millis.sort_by(f64::total_cmp);
-        let seconds = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |since| since.as_secs() % 86_400);
         let line = format!(
-            "foreground minute to {:02}:{:02}:{:02} UTC: p50 / p99 / max {:.1} / {:.1} / {:.0} ms over {} requests",
-            seconds / 3600,
-            seconds / 60 % 60,
-            seconds % 60,
+            "foreground minute to {} UTC: p50 / p99 / max {:.1} / {:.1} / {:.0} ms over {} requests",
+            &clock(Instant::now())[..8],
             nearest_rank(&self.millis, 0.50),
             nearest_rank(&self.millis, 0.99),
             self.millis[self.millis.len() - 1],
