@@ -486,7 +486,10 @@ async fn foreground_loop(
     let mut before: Option<ApiserverAccount> = None;
     let mut n: u64 = 0;
     let trace = trace_ms().filter(|_| name == FOREGROUND);
-    let checks = trace.map(|_| tokio::spawn(trace_checks(admin.clone(), stop.clone())));
+    if trace.is_some() {
+        // Ends with `stop`, or with this thread's runtime.
+        tokio::spawn(trace_checks(admin.clone(), stop.clone()));
+    }
     while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
         let sent = Instant::now();
@@ -524,9 +527,6 @@ async fn foreground_loop(
             eprintln!("{line}{collected}");
         }
     }
-    if let Some(checks) = checks {
-        checks.abort();
-    }
 }
 
 /// `BENCH_TRACE_MS`: the latency from which each foreground request is printed.
@@ -557,10 +557,12 @@ async fn trace_checks(admin: Client, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let Some(account) = apiserver_account(&admin).await else { continue };
-        if seen.is_some_and(|seen| account.checks > seen) {
+        if let Some(before) = seen
+            && account.checks > before
+        {
             eprintln!(
                 "the apiserver ended {} check(s) of the widgets' watch caches by {}",
-                account.checks - seen.unwrap_or_default(),
+                account.checks - before,
                 clock(Instant::now()),
             );
         }
