@@ -50,6 +50,9 @@ pub mod reasons {
     pub const VERSION_SERVED_AGAIN: &str = "VersionServedAgain";
     /// The apiserver stayed unreachable longer than the migration may wait for it.
     pub const APISERVER_UNAVAILABLE: &str = "ApiserverUnavailable";
+    /// etcd was restored, or the apiservers restarted, again and again while the migration
+    /// wrote: what it wrote may have been undone each time.
+    pub const CLUSTER_CHANGED: &str = "ClusterChanged";
     /// Object after object failed, none succeeding (an admission webhook that refuses or never
     /// answers): the migration stopped early instead of holding its slot for hours.
     pub const WRITES_FAILING: &str = "WritesFailing";

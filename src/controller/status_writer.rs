@@ -37,6 +37,12 @@ pub enum Error {
     Gone(String),
     #[error("migration {0} was finished by another writer")]
     Superseded(String),
+    /// The migration is older than this writer last saw it: etcd was restored from a backup,
+    /// and what the run wrote may be undone. Nothing is written over it: the run ends for now,
+    /// and the migration is taken up again later from what it holds, whose checkpoint from
+    /// before the restore is not resumed ([`crate::lifecycle::resume`]).
+    #[error("migration {0} went back to an earlier state than this process wrote (etcd restored?)")]
+    WentBack(String),
     #[error("migration {0} kept changing under the status write")]
     Conflicts(String),
     #[error("no answer within {1:?} writing the status of migration {0}")]
@@ -58,7 +64,7 @@ impl Error {
         match self {
             Error::TimedOut(..) | Error::Conflicts(_) | Error::Dropped(..) => true,
             Error::Write(_, error) => crate::apiserver::answers::is_transient(error),
-            Error::Fenced | Error::Gone(_) | Error::Superseded(_) => false,
+            Error::Fenced | Error::Gone(_) | Error::Superseded(_) | Error::WentBack(_) => false,
         }
     }
 
@@ -183,9 +189,20 @@ impl StatusWriter {
         if Phase::of(&current).is_terminal() {
             return Err(Error::Superseded(self.name.clone()));
         }
+        if went_back(self.resource_version.as_deref(), current.resource_version().as_deref()) {
+            return Err(Error::WentBack(self.name.clone()));
+        }
         self.resource_version = current.resource_version();
         Ok(false)
     }
+}
+
+/// Whether a migration read at resourceVersion `now` is older than the one last written at
+/// `written`: both are etcd revisions, and an object's only grows while etcd's history holds.
+/// Pure.
+fn went_back(written: Option<&str>, now: Option<&str>) -> bool {
+    let revision = |rv: Option<&str>| rv.and_then(|rv| rv.parse::<u64>().ok());
+    matches!((revision(written), revision(now)), (Some(written), Some(now)) if now < written)
 }
 
 /// The fields of `sent` (as paths, `target.storageVersion`) that `answer` lacks. Pure.
@@ -235,6 +252,15 @@ fn same(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_older_revision_went_back() {
+        assert!(went_back(Some("900"), Some("120")));
+        assert!(!went_back(Some("900"), Some("900")));
+        assert!(!went_back(Some("900"), Some("1200")));
+        assert!(!went_back(None, Some("120")));
+        assert!(!went_back(Some("900"), Some("opaque")));
+    }
 
     #[test]
     fn an_answer_without_fields_sent_names_them() {
@@ -296,5 +322,8 @@ mod tests {
         for final_ in [Error::Fenced, Error::Gone("m".into()), Error::Superseded("m".into())] {
             assert!(!final_.is_transient() && final_.ends_the_task(), "{final_}");
         }
+        // A restored migration is neither written over at once nor dropped: taken up later.
+        let went_back = Error::WentBack("m".into());
+        assert!(!went_back.is_transient() && !went_back.ends_the_task());
     }
 }

@@ -2,8 +2,9 @@
 
 use std::fmt;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResource;
-use kube::Client;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{APIResource, APIResourceList};
+use kube::{Api, Client};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 use crate::api::{GroupResource, GroupVersionResource};
@@ -42,14 +43,30 @@ pub enum ResolveError {
     /// The group is served, but not at the version named.
     #[error("the apiserver does not serve {0}")]
     UnknownGroupVersion(String),
-    /// The group version is served, but holds no such resource.
+    /// The group is served, but none of the versions looked at holds such a resource.
     #[error("the apiserver serves no resource {resource:?} in {api_version}")]
     UnknownResource {
         /// The resource as named.
         resource: String,
-        /// The `group/version` discovery was read at.
+        /// The `group/version`s discovery was read at, comma-separated.
         api_version: String,
     },
+    /// The resource's CRD stores a version it does not serve: no write can go through it.
+    #[error(
+        "the CRD of {resource} stores version {version}, which it does not serve; kube-svm writes only through the storage version"
+    )]
+    StorageVersionNotServed {
+        /// The CRD's name.
+        resource: String,
+        /// Its storage version.
+        version: String,
+    },
+    /// The resource's CRD names no storage version.
+    #[error("the CRD of {0} has no storage version")]
+    NoStorageVersion(String),
+    /// The CRD that may serve the resource could not be read; asking again later may succeed.
+    #[error("failed to read the CRD {0}")]
+    Crd(String, #[source] kube::Error),
     /// The resource cannot be listed or patched.
     #[error("{resource} does not support the verbs {missing:?}, which migration needs")]
     MissingVerbs {
@@ -70,7 +87,7 @@ impl ResolveError {
     /// Whether asking again later may succeed (discovery was unreachable), as opposed to the
     /// resource being wrong.
     pub fn is_transient(&self) -> bool {
-        matches!(self, ResolveError::Discovery(..))
+        matches!(self, ResolveError::Discovery(..) | ResolveError::Crd(..))
     }
 
     /// Whether the apiserver asked serves no such group, version or resource: behind a load
@@ -97,7 +114,13 @@ pub fn migratable(entry: &APIResource) -> bool {
 }
 
 impl Resource {
-    /// Looks the resource up in discovery. An empty version means the group's preferred version.
+    /// Looks the resource up in discovery, at the version its writes must go through:
+    /// - a custom resource at its CRD's storage version, whatever version the migration names:
+    ///   a write through any other version is a round trip through conversion, which can change
+    ///   what is stored (a lossy webhook, or `None` conversion pruning fields);
+    /// - a built-in or aggregated resource at the version named, or when none is, at the first
+    ///   of its group's versions (the preferred one first) that serves it, as client-go's
+    ///   `ServerPreferredResources` picks a version per resource.
     pub async fn resolve(
         client: &Client,
         target: &GroupVersionResource,
@@ -110,29 +133,52 @@ impl Resource {
         if resource.contains('/') {
             return Err(ResolveError::Subresource(resource.clone()));
         }
-        let version = match version.as_str() {
-            "" => preferred_version(client, group).await?,
-            version => version.to_owned(),
+        let versions = match storage_version_of_crd(client, group, resource).await? {
+            Some(storage) => vec![storage],
+            None if !version.is_empty() => vec![version.clone()],
+            None => served_versions(client, group).await?,
         };
-        let api_version = api_version(group, &version);
-        let list = if group.is_empty() {
-            client.list_core_api_resources(&version).await
-        } else {
-            client.list_api_group_resources(&api_version).await
-        };
-        let list = match list {
-            Ok(list) => list,
-            Err(error) if crate::apiserver::answers::is_not_found(&error) => {
-                return Err(ResolveError::UnknownGroupVersion(api_version));
+        let mut looked_in = Vec::new();
+        for version in &versions {
+            let api_version = api_version(group, version);
+            let list = if group.is_empty() {
+                client.list_core_api_resources(version).await
+            } else {
+                client.list_api_group_resources(&api_version).await
+            };
+            let list = match list {
+                Ok(list) => list,
+                Err(error) if crate::apiserver::answers::is_not_found(&error) => {
+                    if versions.len() == 1 {
+                        return Err(ResolveError::UnknownGroupVersion(api_version));
+                    }
+                    continue;
+                }
+                Err(error) => return Err(ResolveError::Discovery(api_version, error)),
+            };
+            match list.resources.iter().find(|r| &r.name == resource) {
+                Some(found) => {
+                    return Resource::found(group, version, found, &list, write_to_status);
+                }
+                None => looked_in.push(api_version),
             }
-            Err(error) => return Err(ResolveError::Discovery(api_version, error)),
-        };
-        let found = list.resources.iter().find(|r| &r.name == resource).ok_or_else(|| {
-            ResolveError::UnknownResource {
-                resource: resource.clone(),
-                api_version: api_version.clone(),
-            }
-        })?;
+        }
+        Err(ResolveError::UnknownResource {
+            resource: resource.clone(),
+            api_version: looked_in.join(", "),
+        })
+    }
+
+    /// The resource `found` in discovery's `list` of `group/version`, once it is shown to have
+    /// what migration needs.
+    fn found(
+        group: &str,
+        version: &str,
+        found: &APIResource,
+        list: &APIResourceList,
+        write_to_status: bool,
+    ) -> Result<Resource, ResolveError> {
+        let resource = &found.name;
         let missing: Vec<_> = REQUIRED_VERBS
             .into_iter()
             .filter(|verb| !found.verbs.iter().any(|v| v == verb))
@@ -150,8 +196,8 @@ impl Resource {
             return Err(ResolveError::NoStatusSubresource(display));
         }
         Ok(Resource {
-            group: group.clone(),
-            version,
+            group: group.to_owned(),
+            version: version.to_owned(),
             plural: resource.clone(),
             kind: found.kind.clone(),
             namespaced: found.namespaced,
@@ -221,9 +267,39 @@ fn api_version(group: &str, version: &str) -> String {
     }
 }
 
-async fn preferred_version(client: &Client, group: &str) -> Result<String, ResolveError> {
+/// The storage version of the CRD that serves `resource` of `group`; `None` when no CRD does
+/// (a built-in or aggregated resource).
+async fn storage_version_of_crd(
+    client: &Client,
+    group: &str,
+    resource: &str,
+) -> Result<Option<String>, ResolveError> {
     if group.is_empty() {
-        return Ok("v1".to_owned());
+        return Ok(None);
+    }
+    let name = GroupResource::name_of(group, resource);
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = match crds.get_opt(&name).await {
+        Ok(Some(crd)) => crd,
+        Ok(None) => return Ok(None),
+        Err(error) => return Err(ResolveError::Crd(name, error)),
+    };
+    let storage = crd.spec.versions.iter().find(|v| v.storage);
+    match storage {
+        Some(version) if version.served => Ok(Some(version.name.clone())),
+        Some(version) => Err(ResolveError::StorageVersionNotServed {
+            resource: name,
+            version: version.name.clone(),
+        }),
+        None => Err(ResolveError::NoStorageVersion(name)),
+    }
+}
+
+/// The versions `group` is served at, its preferred version first, then the others in the
+/// order discovery lists them (highest priority first).
+async fn served_versions(client: &Client, group: &str) -> Result<Vec<String>, ResolveError> {
+    if group.is_empty() {
+        return Ok(vec!["v1".to_owned()]);
     }
     let groups = client
         .list_api_groups()
@@ -234,11 +310,15 @@ async fn preferred_version(client: &Client, group: &str) -> Result<String, Resol
         .into_iter()
         .find(|g| g.name == group)
         .ok_or_else(|| ResolveError::UnknownGroup(group.to_owned()))?;
-    found
-        .preferred_version
-        .or_else(|| found.versions.into_iter().next())
-        .map(|v| v.version)
-        .ok_or_else(|| ResolveError::UnknownGroup(group.to_owned()))
+    let preferred = found.preferred_version.map(|v| v.version);
+    let mut versions: Vec<String> = preferred.iter().cloned().collect();
+    versions.extend(
+        found.versions.into_iter().map(|v| v.version).filter(|v| Some(v) != preferred.as_ref()),
+    );
+    match versions.is_empty() {
+        true => Err(ResolveError::UnknownGroup(group.to_owned())),
+        false => Ok(versions),
+    }
 }
 
 #[cfg(test)]

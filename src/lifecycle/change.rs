@@ -20,6 +20,10 @@ pub struct Change {
 pub enum Then {
     /// Start over from the first object with the new target: the storage version changed.
     StartOver,
+    /// Start over from the first object: the cluster the run wrote to was restored or
+    /// restarted, so its writes so far may be undone. Not a change of the target, and counted
+    /// apart from those ([`super::status::MAX_REDOS`]).
+    Redo,
     /// End Failed: the resource or its CRD is gone, or could not be read.
     Fail,
     /// End as the run did, but prove nothing: the apiservers disagree on the encoding (a
@@ -36,6 +40,11 @@ impl Change {
     /// A version the run cleaned `managedFields` of is served again: start over.
     pub(super) fn served_again(message: String) -> Change {
         Change { reason: reasons::VERSION_SERVED_AGAIN, message, then: Then::StartOver }
+    }
+
+    /// etcd was restored, or the apiservers restarted, while the run wrote: do it again.
+    pub(super) fn cluster_changed(message: String) -> Change {
+        Change { reason: reasons::CLUSTER_CHANGED, message, then: Then::Redo }
     }
 
     /// The resource or its CRD is gone: fail.
@@ -56,6 +65,6 @@ impl Change {
     /// Whether the migration can start over from the first object with the new target (its
     /// storage version changed), rather than end (the resource or its CRD is gone).
     pub fn starts_over(&self) -> bool {
-        self.then == Then::StartOver
+        matches!(self.then, Then::StartOver | Then::Redo)
     }
 }

@@ -39,6 +39,7 @@ mod run;
 pub mod status;
 pub mod steps;
 pub mod turns;
+pub mod witness;
 
 use std::sync::Mutex;
 
@@ -57,6 +58,7 @@ use change::{Change, Then};
 use cluster::Cluster;
 pub use host::{End, Host, LaterBecause, Moment, Notice, Options, Tries, Unrecorded};
 use status::Start;
+use witness::Witness;
 
 /// How long evidence gathered before waiting for a turn to write is taken as it is; after a
 /// longer wait it is looked at again (the encoding checks' own freshness, a few seconds).
@@ -169,9 +171,11 @@ impl<'a, H: Host> Lifecycle<'a, H> {
             start = status::not_resumed(self.host.migration(), &why);
         }
         let mut last = self.host.migration().status.clone();
-        let mut retargets = 0;
+        let (mut retargets, mut redos) = (0, 0);
         loop {
-            let attempt = self.attempt(&spec, &resource, crd.as_ref(), &start, last.as_ref());
+            // Boxed: an attempt is a large future, and the runtime's threads have small stacks.
+            let attempt =
+                Box::pin(self.attempt(&spec, &resource, crd.as_ref(), &start, last.as_ref()));
             match attempt.await {
                 Attempt::Ended(end) => return end,
                 Attempt::Finished(finished) => {
@@ -187,6 +191,18 @@ impl<'a, H: Host> Lifecycle<'a, H> {
                     if retargets > status::MAX_RETARGETS {
                         let done = status::kept_changing(last.as_ref(), &change, Timestamp::now());
                         return self.record_end(&resource, done).await;
+                    }
+                }
+                Attempt::StartOver { change, current } if change.then == Then::Redo => {
+                    redos += 1;
+                    warn!(
+                        change = change.message,
+                        redos, "the cluster changed mid-run; starting over"
+                    );
+                    let now = Timestamp::now();
+                    match status::redo(&current, &change, start.restarts, redos, now) {
+                        Ok(next) => (start, last) = (next, Some(*current)),
+                        Err(failed) => return self.record_end(&resource, *failed).await,
                     }
                 }
                 Attempt::StartOver { change, current } => {
@@ -269,10 +285,23 @@ impl<'a, H: Host> Lifecycle<'a, H> {
             Ok(current) => current,
             Err(end) => return Attempt::Ended(end),
         };
-        let (progress, mut done) = match self
-            .run_engine(resource, crd, &target, start.clone(), current, followed.as_mut())
-            .await
-        {
+        // The cluster the writes go to, held to until the end: restored or restarted, the run
+        // is done again.
+        let apiservers = target.apiservers.clone();
+        let mut witness = match Witness::start(self.cluster.requests, resource, apiservers).await {
+            Ok(witness) => witness,
+            Err(change) => return Attempt::StartOver { change, current: Box::new(current) },
+        };
+        // While the engine writes: the target guarded, and the cluster held to its witness.
+        let cluster = self.cluster;
+        let moves = async {
+            tokio::select! {
+                change = guard::guard(&cluster, resource, &target, followed.as_mut()) => change,
+                change = witness.changes(cluster.requests, resource) => change,
+            }
+        };
+        let ran = Box::pin(self.run_engine(resource, crd, &target, start.clone(), current, moves));
+        let (progress, mut done) = match ran.await {
             Ran::Ended(end) => return Attempt::Ended(end),
             Ran::Changed { change, current } => {
                 return Attempt::StartOver { change, current: Box::new(current) };
@@ -282,7 +311,7 @@ impl<'a, H: Host> Lifecycle<'a, H> {
         // The writes are over: the check at the end samples, and writes nothing.
         drop(turn);
         let change = tokio::select! {
-            change = self.check_at_end(spec, resource, &target, &done, followed.as_mut()) => change,
+            change = self.check_at_end(spec, resource, &target, &done, followed.as_mut(), &mut witness) => change,
             // Stopping: the migration is taken up again from its last checkpoint.
             () = self.cancel.cancelled() => {
                 return Attempt::Ended(self.stopped(start, "stopped during the check at the end"));

@@ -76,6 +76,20 @@ pub async fn apiserver_processes(requests: &Requests) -> Result<Vec<String>, Str
     Ok(holders)
 }
 
+/// How the kube-apiserver processes answering `now` differ from those that answered `then`
+/// (both as [`apiserver_processes`] reads them); `None` when they are the same.
+pub fn restarted(then: &[String], now: &[String]) -> Option<String> {
+    if then == now {
+        return None;
+    }
+    let gone = then.iter().filter(|p| !now.contains(p)).count();
+    let started = now.iter().filter(|p| !then.contains(p)).count();
+    Some(format!(
+        "{gone} of the {} that answered then are gone, {started} started since",
+        then.len()
+    ))
+}
+
 /// Whether `token`, a continue token of `resource`, can still be read: one object's metadata is
 /// asked for from it.
 pub async fn snapshot(requests: &Requests, resource: &Resource, token: &str) -> Snapshot {
@@ -109,15 +123,13 @@ pub fn refusal(recorded: &MigrationTarget, now: &Witness) -> Option<String> {
         Err(error) => {
             return Some(format!("the apiservers answering now cannot be read: {error}"));
         }
-        Ok(now) if now != then => {
-            let restarted = then.iter().filter(|p| !now.contains(p)).count();
-            let started = now.iter().filter(|p| !then.contains(p)).count();
-            return Some(format!(
-                "the apiservers restarted since it was taken ({restarted} of the {} that answered then are gone, {started} started since; a restart can bring another encryption key or storage version)",
-                then.len()
-            ));
+        Ok(now) => {
+            if let Some(why) = restarted(then, now) {
+                return Some(format!(
+                    "the apiservers restarted since it was taken ({why}; a restart can bring another encryption key or storage version)"
+                ));
+            }
         }
-        Ok(_) => {}
     }
     match &now.snapshot {
         Snapshot::Readable => None,

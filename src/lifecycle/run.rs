@@ -16,11 +16,12 @@ use crate::engine::{self, Job, Progress, Resource};
 use super::change::Change;
 use super::crd_watch::Followed;
 use super::status::{self, Start};
+use super::witness::Witness;
 use super::{End, Host, Lifecycle, Moment, Notice, Ran, Unrecorded, guard, prune};
 
 impl<H: Host> Lifecycle<'_, H> {
-    /// The engine, with progress recorded beside it (never pausing it) and the target watched
-    /// ([`guard::guard`]).
+    /// The engine, with progress recorded beside it (never pausing it), until it finishes or
+    /// `moves` (the target or the cluster changed) resolves.
     pub(super) async fn run_engine(
         &mut self,
         resource: &Resource,
@@ -28,7 +29,7 @@ impl<H: Host> Lifecycle<'_, H> {
         target: &MigrationTarget,
         start: Start,
         mut current: StorageVersionMigrationStatus,
-        followed: Option<&mut Followed>,
+        moves: impl Future<Output = Change>,
     ) -> Ran {
         // This run only: a change of the target stops it, and the migration goes on.
         let cancel = self.cancel.child_token();
@@ -43,15 +44,14 @@ impl<H: Host> Lifecycle<'_, H> {
             budget: self.host.migration().requested_budget().and_then(Result::ok),
         };
         let latest = updates.clone();
-        let run = self.engine.run(job, &report, &cancel);
-        tokio::pin!(run);
+        let mut run = Box::pin(self.engine.run(job, &report, &cancel));
         let stopped = {
             let interval = self.options.checkpoint_interval;
             let follow = follow(&mut self.host, interval, &mut current, target, updates);
             tokio::select! {
                 finished = &mut run => Ok(finished),
                 stop = follow => Err(stop),
-                change = guard::guard(&self.cluster, resource, target, followed) => {
+                change = moves => {
                     cancel.cancel();
                     let _ = (&mut run).await;
                     let progress = latest.borrow().clone();
@@ -106,7 +106,8 @@ impl<H: Host> Lifecycle<'_, H> {
 
     /// A run that completed proves nothing if the resource stopped being served, or its storage
     /// version (or its CRD) changed, while it ran: then objects written earlier may be stored in
-    /// the old version. The change, if any, for a Succeeded run.
+    /// the old version; nor if etcd was restored or the apiservers restarted ([`Witness`]). The
+    /// change, if any, for a Succeeded run.
     pub(super) async fn check_at_end(
         &self,
         spec: &GroupVersionResource,
@@ -114,13 +115,19 @@ impl<H: Host> Lifecycle<'_, H> {
         target: &MigrationTarget,
         done: &StorageVersionMigrationStatus,
         followed: Option<&mut Followed>,
+        witness: &mut Witness,
     ) -> Option<Change> {
         if done.conditions.first().map(|c| c.type_.as_str()) != Some(SUCCEEDED) {
             return None;
         }
         let requires_status = self.host.migration().requests_status_writes();
         let cluster = &self.cluster;
-        guard::changed_since_start(cluster, spec, requires_status, resource, target, followed).await
+        let changed =
+            guard::changed_since_start(cluster, spec, requires_status, resource, target, followed);
+        if let Some(change) = changed.await {
+            return Some(change);
+        }
+        witness.at_end(cluster.requests, resource).await
     }
 
     /// Prunes the CRD's `storedVersions` when that is proven safe; says what was done, and why,

@@ -62,6 +62,39 @@ impl Start {
 /// to settle first.
 pub const MAX_RESTARTS: u32 = 3;
 
+/// Times a migration is done again from the first object because the cluster it wrote to was
+/// restored or its apiservers restarted ([`super::witness`]), before it fails saying so: a
+/// rolling restart of the apiservers, or a chaos test killing them, is waited out; a cluster that
+/// never holds still is the operator's to settle first.
+pub const MAX_REDOS: u32 = 20;
+
+/// Where a migration goes after `change` (the cluster it wrote to was restored or restarted)
+/// voided the run whose last status is `current`, for the `redos`-th time: the start of a run
+/// from the first object, or past [`MAX_REDOS`], Failed.
+pub fn redo(
+    current: &StorageVersionMigrationStatus,
+    change: &Change,
+    restarts: u32,
+    redos: u32,
+    now: Timestamp,
+) -> Result<Start, Box<StorageVersionMigrationStatus>> {
+    let processed = current.progress.as_ref().map_or(0, |p| p.processed);
+    if redos > MAX_REDOS {
+        let message = format!(
+            "{}, after {processed} objects, and the cluster had already changed {MAX_REDOS} times under the migration: objects may be stored as they were before it; let the cluster settle, then migrate again",
+            change.message
+        );
+        return Err(Box::new(failed(Some(current), change.reason, message, now)));
+    }
+    let mut start =
+        Start::over(&format!("{}, after {processed} objects", change.message), restarts);
+    start.note = format!(
+        "migrating every object again from the first (done again {redos} of at most {MAX_REDOS} times): {}, after {processed} objects",
+        change.message
+    );
+    Ok(start)
+}
+
 /// Times the target of a migration is worked out again because it changed before the first
 /// write, before the migration fails: a CRD edited a few times in a row settles; one edited
 /// without end does not.

@@ -998,6 +998,52 @@ async fn apiserver_restarts_mid_run_fail_no_object() {
     );
 }
 
+/// etcd restored from a backup mid-run (a snapshot taken after 500 of 3,000 objects, restored
+/// the documented way at 2,000, the controller left running): the objects written after the
+/// snapshot are back in v1, and the migration's status is back where it was. The run must not
+/// end Succeeded, nor prune, on writes the restore undid: it is done again, and etcd agrees.
+#[tokio::test]
+async fn an_etcd_restore_mid_run_is_never_taken_for_success() {
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
+    let count = scale(3000);
+    let widgets = stale_widgets(&client, "restored", count, &[]).await;
+    let controller = KubeSvm::start(
+        &control_plane,
+        "controller",
+        &[
+            "controller",
+            "--leader-elect=false",
+            "--crd-trigger=true",
+            "--pace=fast",
+            "--page-size=100",
+            "--kube-api-qps=60",
+            "--kube-api-burst=10",
+            "--checkpoint-interval=0",
+            "--storage-version-settle=0",
+        ],
+    )
+    .await;
+    let name = switch_and_wait_for_migration(&client, &widgets, &controller).await;
+    wait_for(&client, &name, FINISH, &[&controller], processed_at_least(count as u64 / 6)).await;
+    let snapshot = control_plane.snapshot_etcd("backup.db").expect("a snapshot is saved");
+    let at_restore =
+        wait_for(&client, &name, FINISH, &[&controller], processed_at_least(count as u64 * 2 / 3))
+            .await;
+    assert!(!is_terminal(&at_restore), "the run ended before the restore: {:?}", at_restore.status);
+    control_plane.restore_etcd(&snapshot).await.expect("etcd is restored");
+    let restored = Census::of(&control_plane.etcd(), &widgets).await;
+    assert!(
+        restored.count(&widgets.api_version("v1")) > 0,
+        "the restore brought objects back in v1: {restored:?}"
+    );
+
+    let (done, outcome) =
+        finish(&control_plane, &client, &widgets, &name, count, &[&controller]).await;
+    assert_migrated_and_pruned(&widgets, &done, &outcome, count);
+    let logs = controller.logs();
+    assert!(logs.contains("the cluster changed mid-run; starting over"), "{logs}");
+}
+
 /// Two controllers; the leader is killed mid-page: the standby takes over, resumes from the
 /// checkpoint and finishes, and storedVersions is pruned.
 #[tokio::test]

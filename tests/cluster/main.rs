@@ -16,6 +16,7 @@ mod migrate;
 mod observability;
 mod plan;
 mod readme;
+mod real_crds;
 mod removal;
 mod retry;
 mod startup;

@@ -44,6 +44,10 @@ pub struct ControlPlane {
     /// Flags every apiserver gets after its own.
     common_flags: Vec<String>,
     etcd_process: Mutex<Child>,
+    /// etcd's flags, to start it again after a restore.
+    etcd_args: Vec<String>,
+    /// etcd's peer URL, which a restore names.
+    etcd_peer_url: String,
     kubeconfig: PathBuf,
     controller_kubeconfig: OnceCell<PathBuf>,
 }
@@ -127,6 +131,8 @@ pub struct AuditObject {
     pub resource: String,
     pub name: String,
     pub api_group: String,
+    /// The version the request was made at.
+    pub api_version: String,
     pub subresource: String,
 }
 
@@ -213,21 +219,19 @@ impl ControlPlane {
 
         let (etcd_port, peer_port) = (free_port()?, free_port()?);
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        let etcd_process = spawn(
-            &asset("etcd")?,
-            &[
-                "--data-dir".into(),
-                dir.join("etcd").display().to_string(),
-                format!("--listen-client-urls={etcd_url}"),
-                format!("--advertise-client-urls={etcd_url}"),
-                format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
-                format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
-                format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
-                "--unsafe-no-fsync=true".into(),
-                "--log-level=warn".into(),
-            ],
-            &dir.join("etcd.log"),
-        )?;
+        let etcd_peer_url = format!("http://127.0.0.1:{peer_port}");
+        let etcd_args = vec![
+            "--data-dir".into(),
+            dir.join("etcd").display().to_string(),
+            format!("--listen-client-urls={etcd_url}"),
+            format!("--advertise-client-urls={etcd_url}"),
+            format!("--listen-peer-urls={etcd_peer_url}"),
+            format!("--initial-advertise-peer-urls={etcd_peer_url}"),
+            format!("--initial-cluster=default={etcd_peer_url}"),
+            "--unsafe-no-fsync=true".into(),
+            "--log-level=warn".into(),
+        ];
+        let etcd_process = spawn(&asset("etcd")?, &etcd_args, &dir.join("etcd.log"))?;
         record_pid(&dir, &etcd_process)?;
 
         write_credentials(&dir, front)?;
@@ -242,6 +246,8 @@ impl ControlPlane {
             balancer,
             common_flags: topology.common.clone(),
             etcd_process: Mutex::new(etcd_process),
+            etcd_args,
+            etcd_peer_url,
             dir,
             etcd_url,
         };
@@ -392,6 +398,59 @@ impl ControlPlane {
     /// waits until it is ready.
     pub async fn revive_apiserver(&self, i: usize) -> anyhow::Result<()> {
         self.start_apiserver(i).await
+    }
+
+    /// Saves a snapshot of etcd to the file `name` in this control plane's directory, as a
+    /// backup job does (`etcdctl snapshot save`).
+    pub fn snapshot_etcd(&self, name: &str) -> anyhow::Result<PathBuf> {
+        let path = self.dir.join(name);
+        let status = Command::new(asset("etcdctl")?)
+            .args(["--endpoints", &self.etcd_url, "snapshot", "save"])
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        anyhow::ensure!(status.success(), "etcdctl snapshot save failed ({status})");
+        Ok(path)
+    }
+
+    /// Restores etcd from `snapshot` the documented way: every apiserver stopped, then etcd,
+    /// its data replaced by `etcdutl snapshot restore --bump-revision --mark-compacted`, etcd
+    /// started again, then the apiservers; returns once they are ready.
+    pub async fn restore_etcd(&self, snapshot: &Path) -> anyhow::Result<()> {
+        for apiserver in &self.apiservers {
+            if let Some(mut child) = apiserver.process.lock().expect("apiserver lock").take() {
+                terminate(&mut child)?;
+            }
+        }
+        terminate(&mut self.etcd_process.lock().expect("etcd lock"))?;
+        let (data, restored) = (self.dir.join("etcd"), self.dir.join("etcd-restored"));
+        let peer = &self.etcd_peer_url;
+        let output = Command::new(asset("etcdutl")?)
+            .args(["snapshot", "restore"])
+            .arg(snapshot)
+            .arg("--data-dir")
+            .arg(&restored)
+            .args(["--name", "default"])
+            .arg(format!("--initial-cluster=default={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .args(["--bump-revision", "1000000", "--mark-compacted"])
+            .output()?;
+        anyhow::ensure!(
+            output.status.success(),
+            "etcdutl snapshot restore failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        fs::remove_dir_all(&data)?;
+        fs::rename(&restored, &data)?;
+        let etcd = spawn(&asset("etcd")?, &self.etcd_args, &self.dir.join("etcd-restored.log"))?;
+        record_pid(&self.dir, &etcd)?;
+        *self.etcd_process.lock().expect("etcd lock") = etcd;
+        self.etcd().wait_healthy(READY_TIMEOUT).await?;
+        for i in 0..self.apiservers.len() {
+            self.start_apiserver(i).await?;
+        }
+        Ok(())
     }
 
     /// Process IDs of kube-apiserver and etcd, for reading their CPU time and memory.

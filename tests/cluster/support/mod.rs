@@ -10,6 +10,7 @@ pub mod fixtures;
 pub mod invariant;
 pub mod migrations;
 pub mod process;
+pub mod real_crds;
 pub mod recorder;
 pub mod scenario;
 mod secure_etcd;
