@@ -148,9 +148,11 @@ resolve() {
 
 assets() {
   mkdir -p "$ASSETS_DIR" "$BIN_DIR/kubernetes-$KUBERNETES_VERSION" "$BIN_DIR/etcd-$ETCD_VERSION"
-  local name
+  local name binary
   for name in etcd etcdctl etcdutl kube-apiserver kubectl "$@"; do
-    ln -sfn "$(resolve "$name")" "$ASSETS_DIR/$name"
+    binary=$(resolve "$name")
+    # KUBEBUILDER_ASSETS may name this very directory: its links stay as they are.
+    [[ "$binary" == "$ASSETS_DIR/$name" ]] || ln -sfn "$binary" "$ASSETS_DIR/$name"
   done
   echo "$ASSETS_DIR"
 }

@@ -53,6 +53,18 @@ pub(super) struct Deferred {
     /// Set when kube-svm gave up on an unwritable status: the resourceVersion the migration
     /// had then. It is taken up again once it changes.
     pub given_up_at: Option<String>,
+    /// Set when its task ended for good (finished, or left to another writer): the
+    /// resourceVersion the cache showed then, which may still be a Running one. It is not
+    /// started again until the cache shows it changed: by then it shows how it ended.
+    pub ended_at: Option<String>,
+}
+
+impl Deferred {
+    /// A task that ended for good while the cache showed `resource_version`.
+    fn ended(resource_version: String) -> Deferred {
+        let (failures, unrecorded, next) = (0, 0, Instant::now());
+        Deferred { failures, unrecorded, next, given_up_at: None, ended_at: Some(resource_version) }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -77,17 +89,20 @@ pub(super) async fn reconcile(
     if let Some(token) = migration.retry_requested() {
         return Ok(super::retry::retry(&context, &migration, token).await?);
     }
+    let uid = migration.uid().unwrap_or_default();
     if Phase::of(&migration).is_terminal() {
+        context.deferred().remove(&uid);
         return Ok(Action::await_change());
     }
     let resource = group_resource(&migration);
-    let uid = migration.uid().unwrap_or_default();
     let mut deferred = context.deferred().get(&uid).cloned();
-    if let Some(given_up_at) = deferred.as_ref().and_then(|r| r.given_up_at.as_ref()) {
-        if Some(given_up_at) == migration.metadata.resource_version.as_ref() {
+    if let Some(left_at) =
+        deferred.as_ref().and_then(|r| r.given_up_at.as_ref().or(r.ended_at.as_ref()))
+    {
+        if Some(left_at) == migration.metadata.resource_version.as_ref() {
             return Ok(Action::await_change());
         }
-        // Changed since: someone may have fixed what stopped it.
+        // Changed since: someone may have fixed what stopped it, or asked for it again.
         context.deferred().remove(&uid);
         deferred = None;
     }
@@ -141,7 +156,7 @@ pub(super) async fn reconcile(
                     context.deferred().insert(uid, deferred);
                 }
                 None => {
-                    context.deferred().remove(&uid);
+                    context.deferred().insert(uid, Deferred::ended(resource_version()));
                 }
             }
             context.running().remove(&name);
@@ -173,17 +188,21 @@ fn defer(
         Requeue::AfterDiscoveryFailure => {
             let failures = failures + 1;
             let next = now + defer_delay(failures);
-            Some(Deferred { failures, unrecorded, next, given_up_at: None })
+            Some(Deferred { failures, unrecorded, next, given_up_at: None, ended_at: None })
         }
         Requeue::AfterUnrecorded => {
             let unrecorded = unrecorded + 1;
             let next = now + UNRECORDED_WAIT;
             let given_up_at = (unrecorded >= UNRECORDED_ATTEMPTS).then(resource_version);
-            Some(Deferred { failures, unrecorded, next, given_up_at })
+            Some(Deferred { failures, unrecorded, next, given_up_at, ended_at: None })
         }
-        Requeue::AfterInTree => {
-            Some(Deferred { failures, unrecorded, next: now + IN_TREE_WAIT, given_up_at: None })
-        }
+        Requeue::AfterInTree => Some(Deferred {
+            failures,
+            unrecorded,
+            next: now + IN_TREE_WAIT,
+            given_up_at: None,
+            ended_at: None,
+        }),
     }
 }
 

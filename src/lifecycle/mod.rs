@@ -487,10 +487,16 @@ impl<'a, H: Host> Lifecycle<'a, H> {
 
     /// What a record that could not be written means for the migration.
     fn unrecorded(&self, unrecorded: Unrecorded, progress: Progress) -> End {
-        warn!(?unrecorded, "could not record the migration");
         match unrecorded {
-            Unrecorded::Stop(why) => End::Stopped { progress: Box::new(progress), why },
-            Unrecorded::Later(_) => End::Later(LaterBecause::Unrecorded),
+            // Deleted, finished by another writer, or a term that ended: nothing to act on.
+            Unrecorded::Stop(why) => {
+                info!(why, "stopped: the migration is no longer this run's to record");
+                End::Stopped { progress: Box::new(progress), why }
+            }
+            Unrecorded::Later(why) => {
+                warn!(why, "could not record the migration; taking it up again later");
+                End::Later(LaterBecause::Unrecorded)
+            }
         }
     }
 }

@@ -1,11 +1,11 @@
-//! Forgetting the discovery trigger's old migrations. It creates one migration per resource at
-//! every storage change, and again after each failure (backing off to one per
+//! Forgetting the triggers' old migrations. The discovery trigger creates one migration per
+//! resource at every storage change, and again after each failure (backing off to one per
 //! `--discovery-interval`), so a resource that cannot succeed would leave a new one for ever:
-//! thousands of objects the controller lists and watches. Only the newest few finished ones of
-//! each resource are kept: enough for the back-off to reach its longest wait (it counts the
-//! failures in a row among them) and for an operator to see what happened; older ones are
-//! deleted (`--discovery-keep-finished`). Migrations of other creators, and any not finished,
-//! are never touched.
+//! thousands of objects the controller lists and watches. The CRD trigger creates one per
+//! storage switch of a CRD. Only the newest few finished ones of each resource are kept: enough
+//! for the back-off to reach its longest wait (it counts the failures in a row among them) and
+//! for an operator to see what happened; older ones are deleted (`--discovery-keep-finished`).
+//! Migrations of other creators, and any not finished, are never touched.
 
 use std::collections::BTreeMap;
 
@@ -22,14 +22,18 @@ use crate::apiserver::requests::Requests;
 /// cluster uses, so the back-off is the same as with every one kept.
 pub const KEPT_PER_RESOURCE: usize = 10;
 
-/// The discovery trigger's finished migrations beyond the newest `kept` of their resource:
-/// (name, uid), oldest first. Pure.
-pub fn forgotten(migrations: &[StorageVersionMigration], kept: usize) -> Vec<(String, String)> {
+/// The finished migrations of the trigger `by` (`discovery`, `crd`) beyond the newest `kept` of
+/// their resource: (name, uid), oldest first. Pure.
+pub fn forgotten(
+    migrations: &[StorageVersionMigration],
+    by: &str,
+    kept: usize,
+) -> Vec<(String, String)> {
     let mut by_resource: BTreeMap<(String, String), Vec<&StorageVersionMigration>> =
         BTreeMap::new();
     for migration in migrations {
         let labels = migration.metadata.labels.as_ref();
-        let ours = labels.and_then(|l| l.get(TRIGGER_LABEL)).is_some_and(|v| v == "discovery");
+        let ours = labels.and_then(|l| l.get(TRIGGER_LABEL)).is_some_and(|v| v == by);
         if !ours || !Phase::of(migration).is_terminal() {
             continue;
         }
@@ -55,14 +59,15 @@ pub fn forgotten(migrations: &[StorageVersionMigration], kept: usize) -> Vec<(St
 }
 
 /// Deletes what [`forgotten`] names of `migrations`, each only while it is the one read (its uid
-/// as a precondition). A deletion that fails is tried again at the next poll.
+/// as a precondition). A deletion that fails is tried again at the next look.
 pub async fn forget(
     requests: &Requests,
     api: &Api<StorageVersionMigration>,
     migrations: &[StorageVersionMigration],
+    by: &str,
     kept: usize,
 ) {
-    let old = forgotten(migrations, kept);
+    let old = forgotten(migrations, by, kept);
     if old.is_empty() {
         return;
     }
@@ -82,7 +87,8 @@ pub async fn forget(
     info!(
         deleted,
         kept_per_resource = kept,
-        "deleted the discovery trigger's oldest finished migrations"
+        trigger = by,
+        "deleted a trigger's oldest finished migrations"
     );
 }
 
@@ -132,8 +138,10 @@ mod tests {
         all.push(migration("deployments-running", "deployments", "discovery", RUNNING, 99));
         all.push(migration("deployments-crd", "deployments", "crd", FAILED, 0));
         all.push(migration("statefulsets-0", "statefulsets", "discovery", FAILED, 0));
-        let names: Vec<String> =
-            forgotten(&all, KEPT_PER_RESOURCE).into_iter().map(|(name, _)| name).collect();
+        let names: Vec<String> = forgotten(&all, "discovery", KEPT_PER_RESOURCE)
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
         assert_eq!(names, ["deployments-0", "deployments-1", "deployments-2", "deployments-3"]);
     }
 }

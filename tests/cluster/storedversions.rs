@@ -261,7 +261,8 @@ async fn crd_churn_that_leaves_storage_alone_neither_restarts_nor_blocks_a_migra
     widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 300).await;
 }
 
-/// Objects rejected by admission: the migration fails and storedVersions stays as it was.
+/// Objects rejected by admission: the migration fails and storedVersions stays as it was; the
+/// CRD's spec changing since makes no new migration.
 #[tokio::test]
 async fn failed_objects_prevent_pruning() {
     let (_control_plane, client, widgets, controller) = setup(&[], 50, &[]).await;
@@ -291,6 +292,31 @@ async fn failed_objects_prevent_pruning() {
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(triggered(&client, &widgets, "crd").await.len(), 1);
+
+    // Its spec churns (a CA bundle injected again and again): each change is looked at, and the
+    // failed migration still stands for the state, to be retried in place, not one per change.
+    for take in 0..3 {
+        let looked = controller.logs().matches(&seen).count();
+        update_crd(&client, &widgets.name(), |crd| {
+            for version in &mut crd.spec.versions {
+                let schema = version.schema.as_mut();
+                if let Some(schema) = schema.and_then(|s| s.open_api_v3_schema.as_mut()) {
+                    schema.description = Some(format!("a widget, take {take}"));
+                }
+            }
+        })
+        .await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while controller.logs().matches(&seen).count() == looked {
+            assert!(
+                Instant::now() < deadline,
+                "the change was never looked at\n{}",
+                controller.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert_eq!(triggered(&client, &widgets, "crd").await.len(), 1, "{}", controller.logs());
 }
 
 /// A CRD annotated `kube-svm.io/auto-migrate: "false"` is left to the operator.

@@ -2,11 +2,12 @@
 //! its storage version, create a migration for it, unless one is pending or running for that
 //! resource (the discovery trigger's holds back only the catch-up, below) or the CRD opts out. Watch-driven: a storage version switch is seen within seconds.
 //!
-//! Migrations are named `<plural>.<group>-<storage version>-<generation>` (shortened, with a
-//! hash of the full name, when that is longer than a name may be): the same CRD state never gets
-//! a second migration; a changed CRD (new generation) gets a new one once the previous has
-//! finished. When the trigger's own migration fails, the trigger asks for it to be run again in
-//! place (the annotation `kube-svm.io/retry`, as `kube-svm retry` does), after a wait that
+//! One migration stands for each state of a CRD that needs one: its uid and storage version
+//! (and, for a cleaning, the versions it does not serve), not its generation ([`rounds`]). It is
+//! named `<plural>.<group>-<storage version>-<generation>` after the generation it was created
+//! at (shortened, with a hash of the full name, when that is longer than a name may be). The
+//! newest few finished ones of each CRD are kept ([`history`]). When the trigger's own
+//! migration fails, the trigger asks for it to be run again in place (the annotation `kube-svm.io/retry`, as `kube-svm retry` does), after a wait that
 //! doubles with each retry ([`retry_wait`]), a bounded number of times ([`MAX_RETRIES`]). The
 //! wait is counted from the failure's recorded time and the retries recorded in status, so a
 //! restarted controller keeps the same schedule.
@@ -31,8 +32,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 mod names;
+mod rounds;
 
 pub use super::TRIGGER_LABEL;
+use super::history;
 use super::is_conflict;
 use crate::api::{
     BACKLOG_ANNOTATION, CLEAN_MANAGED_FIELDS_ANNOTATION, GroupVersionResource, Phase,
@@ -378,23 +381,33 @@ async fn reconcile(
     if busy {
         return Ok(requeue(Action::await_change()));
     }
+    history::forget(requests, &api, &existing.items, "crd", history::KEPT_PER_RESOURCE).await;
+    // The state's own migration, whatever generation it was made at: retried in place when it
+    // failed, left alone when it succeeded without pruning ([`rounds`]).
+    let latest = rounds::latest_for(&existing.items, &crd, &target.version, clean_managed_fields);
+    if let Some(own) = latest.filter(|own| !rounds::round_over(own, clean_managed_fields)) {
+        return retry(requests, &api, own, context.settings.retry_delay).await;
+    }
     let named =
         |name: &str| existing.items.iter().find(|m| m.metadata.name.as_deref() == Some(name));
     let uid = crd.metadata.uid.clone().unwrap_or_default();
     let name = match named(&name) {
-        // A CRD deleted and created again through the same history: that one was for the other.
-        Some(other) if !created_for(other, &crd) => {
+        // Taken by a migration of a CRD of the same name deleted since, or of the last round.
+        Some(_) => {
             let generation = crd.metadata.generation.unwrap_or_default();
-            recreated_name(&target.resource, &target.group, &target.version, generation, &uid)
+            let recreated =
+                recreated_name(&target.resource, &target.group, &target.version, generation, &uid);
+            match clean_managed_fields {
+                true => format!("{recreated}-clean"),
+                false => recreated,
+            }
         }
-        _ => name,
+        None => name,
     };
-    if let Some(own) = named(&name) {
-        return retry(requests, &api, own, context.settings.retry_delay).await;
-    }
     let mut annotations = BTreeMap::from([(CRD_UID_ANNOTATION.to_owned(), uid)]);
     if clean_managed_fields {
         annotations.insert(CLEAN_MANAGED_FIELDS_ANNOTATION.to_owned(), "true".to_owned());
+        annotations.insert(rounds::UNSERVED_ANNOTATION.to_owned(), rounds::unserved_of(&crd));
     }
     // Found so when this process started: the switches seen since write first.
     if caught_up {
@@ -778,8 +791,14 @@ mod tests {
             own.metadata.name = Some("widgets.example.com-v2-4".into());
             own.metadata.annotations =
                 Some([(CRD_UID_ANNOTATION.to_owned(), "u1".to_owned())].into());
+            own.spec.resource = GroupVersionResource {
+                group: "example.com".into(),
+                version: "v2".into(),
+                resource: "widgets".into(),
+            };
             let (context, requests) = trigger(vec![own], true);
-            reconcile(at(4, "v2", &["v1", "v2"]), context).await.unwrap();
+            // Made at generation 4, it stands for the state whatever the generation now.
+            reconcile(at(9, "v2", &["v1", "v2"]), context).await.unwrap();
             let writes = requests.writes();
             let [retry] = writes.as_slice() else { panic!("one write: {writes:?}") };
             assert_eq!(retry.method, "PATCH");

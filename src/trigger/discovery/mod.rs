@@ -181,8 +181,14 @@ async fn poll(
         .items;
     // Before any is created: the finished ones kept and the one this poll may create are all
     // there are of a resource.
-    super::history::forget(requests, &migrations, &existing_migrations, settings.keep_finished)
-        .await;
+    super::history::forget(
+        requests,
+        &migrations,
+        &existing_migrations,
+        "discovery",
+        settings.keep_finished,
+    )
+    .await;
 
     // Each poll asks one apiserver (a new connection): a new hash must be seen on as many polls
     // in a row as make it unlikely that one apiserver was never asked.
