@@ -58,12 +58,14 @@ pub const FOREGROUND_BUDGET_ANNOTATION: &str = "kube-svm.io/foreground-budget";
 pub const CLEAN_MANAGED_FIELDS_ANNOTATION: &str = "kube-svm.io/clean-managed-fields";
 
 /// Annotation on a StorageVersionMigration by which an operator vouches that every apiserver
-/// already encodes the CRD's storage version (value `"true"`), for clusters where kube-svm cannot
-/// confirm it (a changed hash formula, discovery that never settles, an aggregated API, client-IP
-/// affinity on the `kubernetes` Service that pins discovery samples to one apiserver). kube-svm
-/// then skips its
-/// encoding check, says so in an Event and in `status.target.encodingEvidence`, and may prune
-/// `storedVersions` after the migration succeeds.
+/// already encodes the resource's storage version, for clusters where kube-svm cannot confirm it
+/// (a changed hash formula, discovery that never settles, an aggregated API, client-IP affinity
+/// on the `kubernetes` Service that pins discovery samples to one apiserver). Its value names
+/// what is vouched for: the CRD's storage version (`"v2"`), or the storage version hash of a
+/// built-in resource; `"true"` vouches for whatever the migration first targets. kube-svm then
+/// skips its encoding check, says so in an Event and in `status.target.encodingEvidence`, and
+/// may prune `storedVersions` after the migration succeeds. The vouch covers the migration's
+/// first run only: it lapses when the target changes, when the run starts over, and on a retry.
 pub const ENCODING_CONFIRMED_ANNOTATION: &str = "kube-svm.io/encoding-confirmed";
 
 /// Annotation on a StorageVersionMigration letting the others write first (value `"true"`): it
@@ -143,9 +145,14 @@ impl StorageVersionMigration {
         self.annotation_is_true(CLEAN_MANAGED_FIELDS_ANNOTATION)
     }
 
-    /// Whether an operator vouched for the apiservers' encoding on this migration.
-    pub fn encoding_vouched_for(&self) -> bool {
-        self.annotation_is_true(ENCODING_CONFIRMED_ANNOTATION)
+    /// What an operator vouched for on this migration ([`ENCODING_CONFIRMED_ANNOTATION`]).
+    pub fn vouch(&self) -> Vouch {
+        let annotations = self.metadata.annotations.as_ref();
+        match annotations.and_then(|a| a.get(ENCODING_CONFIRMED_ANNOTATION)).map(String::as_str) {
+            None | Some("" | "false") => Vouch::None,
+            Some("true") => Vouch::FirstTarget,
+            Some(storage) => Vouch::For(storage.to_owned()),
+        }
     }
 
     /// The retry token to act on: the value of [`RETRY_ANNOTATION`] on a Failed migration, when
@@ -186,6 +193,29 @@ impl StorageVersionMigration {
     fn annotation_is_true(&self, key: &str) -> bool {
         let annotations = self.metadata.annotations.as_ref();
         annotations.and_then(|a| a.get(key)).is_some_and(|v| v == "true")
+    }
+}
+
+/// What an operator vouched for with [`ENCODING_CONFIRMED_ANNOTATION`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Vouch {
+    /// Nothing.
+    None,
+    /// Whatever the migration first targets (`"true"`).
+    FirstTarget,
+    /// This storage version, or storage version hash.
+    For(String),
+}
+
+impl Vouch {
+    /// Whether the vouch covers a target stored as `storage` (a CRD's storage version, or a
+    /// built-in resource's storage version hash), on the migration's first run. Pure.
+    pub fn covers(&self, storage: &str) -> bool {
+        match self {
+            Vouch::None => false,
+            Vouch::FirstTarget => true,
+            Vouch::For(named) => named == storage,
+        }
     }
 }
 
@@ -249,6 +279,22 @@ fn to_yaml_stream(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_vouch_covers_what_it_names() {
+        let vouched = |value: &str| {
+            let mut migration = in_state(conditions::RUNNING);
+            migration.metadata.annotations =
+                Some([(ENCODING_CONFIRMED_ANNOTATION.to_owned(), value.to_owned())].into());
+            migration.vouch()
+        };
+        assert_eq!(in_state(conditions::RUNNING).vouch(), Vouch::None);
+        assert_eq!(vouched("false"), Vouch::None);
+        assert!(vouched("true").covers("v3"));
+        assert!(vouched("v2").covers("v2"));
+        assert!(!vouched("v2").covers("v3"));
+        assert!(vouched("dbHF0ZRbxSw=").covers("dbHF0ZRbxSw="));
+    }
 
     #[test]
     fn long_text_is_cut_on_a_character_boundary_and_says_so() {

@@ -80,6 +80,9 @@ pub struct Lifecycle<'a, H: Host> {
     marked: Mutex<Option<Resource>>,
     /// Who migrates, as the CRD's `StorageMigrating` condition names it.
     by: String,
+    /// Whether an operator's vouch for the encoding no longer counts: it covers the first run
+    /// only, and lapses on a retry, a retarget or a start over.
+    vouch_lapsed: bool,
 }
 
 /// How one run ended.
@@ -131,7 +134,9 @@ impl<'a, H: Host> Lifecycle<'a, H> {
         by: String,
     ) -> Self {
         let options = host.options();
-        Lifecycle { cluster, engine, host, options, cancel, marked: Mutex::new(None), by }
+        let vouch_lapsed = host.migration().retries() > 0;
+        let marked = Mutex::new(None);
+        Lifecycle { cluster, engine, host, options, cancel, marked, by, vouch_lapsed }
     }
 
     /// Runs the migration to its end, or until `stop` resolves: then the run is dropped where
@@ -187,6 +192,7 @@ impl<'a, H: Host> Lifecycle<'a, H> {
                 }
                 Attempt::Retarget(change) => {
                     retargets += 1;
+                    self.vouch_lapsed = true;
                     self.host.tell(Notice::Retarget(&change)).await;
                     if retargets > status::MAX_RETARGETS {
                         let done = status::kept_changing(last.as_ref(), &change, Timestamp::now());
@@ -195,6 +201,7 @@ impl<'a, H: Host> Lifecycle<'a, H> {
                 }
                 Attempt::StartOver { change, current } if change.then == Then::Redo => {
                     redos += 1;
+                    self.vouch_lapsed = true;
                     warn!(
                         change = change.message,
                         redos, "the cluster changed mid-run; starting over"
@@ -207,6 +214,7 @@ impl<'a, H: Host> Lifecycle<'a, H> {
                 }
                 Attempt::StartOver { change, current } => {
                     let restarts = start.restarts + 1;
+                    self.vouch_lapsed = true;
                     warn!(
                         change = change.message,
                         restarts, "the target changed mid-run; starting over"
@@ -374,18 +382,36 @@ impl<'a, H: Host> Lifecycle<'a, H> {
         start: &Start,
         last: Option<&StorageVersionMigrationStatus>,
     ) -> MigrationTarget {
-        if let Some(known) = status::known_target(last, start) {
+        if let Some(mut known) = status::known_target(last, start) {
+            if known.encoding_confirmed.is_some() {
+                return known;
+            }
+            // Not recorded (a checkpoint file, which is not trusted with it): proved again.
+            let vouched = false;
+            let proved = steps::target_of(&self.cluster, resource, crd, vouched).await;
+            (known.encoding_confirmed, known.encoding_evidence) =
+                (proved.encoding_confirmed, proved.encoding_evidence);
             return known;
         }
-        let storage = match crd.and_then(crate::rules::crd::CrdState::of) {
-            Some(state) => state.storage_version,
-            None => format!(
-                "storage version hash {}",
-                resource.storage_version_hash.as_deref().unwrap_or("none")
-            ),
+        let (storage, stored_as) = match crd.and_then(crate::rules::crd::CrdState::of) {
+            Some(state) => (state.storage_version.clone(), state.storage_version),
+            None => {
+                let hash = resource.storage_version_hash.clone().unwrap_or_default();
+                (
+                    format!(
+                        "storage version hash {}",
+                        if hash.is_empty() { "none" } else { &hash }
+                    ),
+                    hash,
+                )
+            }
         };
         self.host.tell(Notice::Confirming { resource, storage: &storage }).await;
-        let vouched = self.host.migration().encoding_vouched_for();
+        let vouch = self.host.migration().vouch();
+        let vouched = !self.vouch_lapsed && vouch.covers(&stored_as);
+        if vouch != crate::api::Vouch::None && !vouched {
+            info!(%resource, ?vouch, storage, lapsed = self.vouch_lapsed, "the operator's vouch does not cover this target: checking the encoding");
+        }
         let mut target = steps::target_of(&self.cluster, resource, crd, vouched).await;
         target.apiservers = resume::apiserver_processes(self.cluster.requests).await.ok();
         let evidence = target.encoding_evidence.clone().unwrap_or_default();

@@ -55,9 +55,21 @@ impl Checkpoints {
         Some(dir.join(format!("{}@{}.json", name.name(), self.cluster)))
     }
 
-    /// The migration saved for `name`; an unreadable checkpoint is said and ignored.
+    /// The migration saved for `name`; an unreadable checkpoint, or one someone else could have
+    /// written, is said and ignored. What it says of the encoding is not taken from it: the run
+    /// proves it again.
     pub fn load(&self, name: &GroupResource) -> Option<StorageVersionMigration> {
         let path = self.path(name)?;
+        match std::fs::metadata(&path) {
+            Ok(found) => {
+                if let Some(why) = untrusted(&found) {
+                    warn!(path = %path.display(), why, "not resuming from the checkpoint; starting over");
+                    return None;
+                }
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(_) => {}
+        }
         let text = match std::fs::read(&path) {
             Ok(text) => text,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
@@ -66,8 +78,15 @@ impl Checkpoints {
                 return None;
             }
         };
-        match serde_json::from_slice(&text) {
-            Ok(migration) => Some(migration),
+        match serde_json::from_slice::<StorageVersionMigration>(&text) {
+            Ok(mut migration) => {
+                let target = migration.status.as_mut().and_then(|s| s.target.as_mut());
+                if let Some(target) = target {
+                    target.encoding_confirmed = None;
+                    target.encoding_evidence = None;
+                }
+                Some(migration)
+            }
             Err(error) => {
                 warn!(path = %path.display(), %error, "the checkpoint is damaged; starting over");
                 None
@@ -86,10 +105,18 @@ impl Checkpoints {
         let mut migration = migration.clone();
         migration.status = Some(status.clone());
         let written = (|| -> std::io::Result<()> {
+            use std::io::Write;
+            use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
             let dir = path.parent().unwrap_or(&path);
-            std::fs::create_dir_all(dir)?;
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
             let temporary = path.with_extension("json.tmp");
-            std::fs::write(&temporary, serde_json::to_vec_pretty(&migration)?)?;
+            let _ = std::fs::remove_file(&temporary);
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&temporary)?;
+            file.write_all(&serde_json::to_vec_pretty(&migration)?)?;
             std::fs::rename(&temporary, &path)
         })();
         match written {
@@ -111,6 +138,21 @@ impl Checkpoints {
     }
 }
 
+/// Why a checkpoint file whose metadata is `found` may have been written by someone else: not
+/// owned by this process's user, or writable by others. `None` when it can be trusted.
+fn untrusted(found: &std::fs::Metadata) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    // The owner of /proc/self is the process's effective user.
+    let me = std::fs::metadata("/proc/self").map(|m| m.uid()).ok();
+    if me.is_some_and(|me| me != found.uid()) {
+        return Some(format!("it is owned by user {}, not this one", found.uid()));
+    }
+    match found.mode() & 0o022 {
+        0 => None,
+        _ => Some(format!("others may write it (mode {:o})", found.mode() & 0o777)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,5 +168,27 @@ mod tests {
         let file = a.path(&widgets).map(|p| p.display().to_string()).unwrap_or_default();
         assert_eq!(file, "/state/widgets.example.com@uid-a.json");
         assert_eq!(unknown.path(&widgets), None, "a cluster not told apart is not checkpointed");
+    }
+
+    #[test]
+    fn checkpoints_are_private_and_prove_no_encoding() {
+        use crate::api::{MigrationTarget, StorageVersionMigrationSpec};
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("a directory");
+        let checkpoints = Checkpoints::new(Some(dir.path().into()), Some("uid-a".into()));
+        let widgets = GroupResource::parse("widgets.example.com");
+        let migration = StorageVersionMigration::new("m", StorageVersionMigrationSpec::default());
+        let status = StorageVersionMigrationStatus {
+            target: Some(MigrationTarget { encoding_confirmed: Some(true), ..Default::default() }),
+            ..Default::default()
+        };
+        let path = checkpoints.save(&widgets, &migration, &status).expect("saved");
+        let mode = std::fs::metadata(&path).expect("metadata").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let loaded = checkpoints.load(&widgets).expect("loaded");
+        let target = loaded.status.and_then(|s| s.target).expect("a target");
+        assert_eq!(target.encoding_confirmed, None, "proved again, not read");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        assert!(checkpoints.load(&widgets).is_none(), "a file others may write is not trusted");
     }
 }

@@ -442,7 +442,7 @@ async fn each_power_a_migration_asks_for_takes_a_verb_of_its_own() {
     let creator: ClusterRole = serde_json::from_value(json!({
         "metadata": { "name": "svm-creator" },
         "rules": [{ "apiGroups": ["migration.k8s.io"], "resources": ["storageversionmigrations"],
-                    "verbs": ["create", "get"] }],
+                    "verbs": ["create", "get", "patch"] }],
     }))
     .expect("a ClusterRole");
     Api::<ClusterRole>::all(client.clone())
@@ -505,6 +505,20 @@ async fn each_power_a_migration_asks_for_takes_a_verb_of_its_own() {
         .create(&Default::default(), &migration("alice-plain", json!({})))
         .await
         .expect("a plain migration");
+    // A vouch named for a version is a vouch too.
+    let named = migration("alice-named", json!({ "kube-svm.io/encoding-confirmed": "v2" }));
+    let refused = alice.create(&Default::default(), &named).await.expect_err("refused");
+    assert!(refused.to_string().contains("the verb vouch-encoding"), "{refused}");
+    // A retry of a migration that vouches would vouch again: the same verb. Of another, none.
+    let admin_api: Api<StorageVersionMigration> = Api::all(client.clone());
+    let vouched = migration("vouched", json!({ "kube-svm.io/encoding-confirmed": "true" }));
+    admin_api.create(&Default::default(), &vouched).await.expect("created by an admin");
+    let retry =
+        |token: &str| json!({ "metadata": { "annotations": { "kube-svm.io/retry": token } } });
+    let patch = kube::api::Patch::Merge(retry("r1"));
+    let refused = alice.patch("vouched", &Default::default(), &patch).await.expect_err("refused");
+    assert!(refused.to_string().contains("the verb vouch-encoding"), "{refused}");
+    alice.patch("alice-plain", &Default::default(), &patch).await.expect("a plain retry");
 
     let powers_role = "kube-svm-migration-powers";
     bindings
