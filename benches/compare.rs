@@ -910,7 +910,7 @@ impl Probe {
         let metrics = Arc::new(kube_svm::ops::metrics::Metrics::new().expect("metrics"));
         let gate = Arc::new(engine::Foreground::new(
             account.clone(),
-            CONTROLLER_NAMESPACE,
+            Some(CONTROLLER_NAMESPACE),
             Budget::default(),
             metrics,
         ));

@@ -126,8 +126,9 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     } = args;
     let metrics = Arc::new(Metrics::new().context("failed to register the metrics")?);
     let config = kube.config().await?;
+    let own_namespace = Some(config.default_namespace.clone());
     let Built { engine, requests, encoding, write_to_status } =
-        engine.build(config, metrics.clone())?;
+        engine.build(config, metrics.clone(), own_namespace)?;
     let identity = identity.unwrap_or_else(default_identity);
     let election = leader_elect.unwrap_or_else(in_cluster).then(|| {
         leader::Settings::new(

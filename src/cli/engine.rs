@@ -53,6 +53,12 @@ pub struct EngineArgs {
     #[arg(long, env = "KUBE_SVM_FOREGROUND_BUDGET", default_value = "3x", value_parser = budget)]
     pub foreground_budget: ForegroundBudget,
 
+    /// The namespace of the ConfigMap `kube-svm-probe` that the gentle pace's probe writes at
+    /// most once a second (the chart creates it in the release's namespace). The controller
+    /// defaults to its own namespace; `kube-svm migrate` writes no probe without it.
+    #[arg(long, env = "KUBE_SVM_PROBE_NAMESPACE")]
+    pub probe_namespace: Option<String>,
+
     /// Objects per list request.
     #[arg(long, env = "KUBE_SVM_PAGE_SIZE", default_value_t = 500, value_parser = values::count(1, u32::MAX))]
     pub page_size: u32,
@@ -93,13 +99,21 @@ pub struct Built {
 }
 
 impl EngineArgs {
-    pub fn build(self, config: kube::Config, metrics: Arc<Metrics>) -> anyhow::Result<Built> {
+    /// The engine and its requests. `own_namespace` is the process's own namespace when it runs
+    /// in one (the controller): where the probe writes unless `--probe-namespace` says otherwise.
+    pub fn build(
+        self,
+        config: kube::Config,
+        metrics: Arc<Metrics>,
+        own_namespace: Option<String>,
+    ) -> anyhow::Result<Built> {
         let EngineArgs {
             kube_api_qps,
             kube_api_burst,
             writes_in_flight,
             pace,
             foreground_budget,
+            probe_namespace,
             page_size,
             storage_version_settle,
             storage_version_wait,
@@ -116,6 +130,7 @@ impl EngineArgs {
             writes_in_flight,
             pace,
             foreground_budget: foreground_budget.0,
+            probe_namespace: probe_namespace.or(own_namespace),
             request_timeout,
             outage_timeout: seconds(apiserver_outage_timeout),
             ..engine::Settings::default()

@@ -83,7 +83,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     } = args;
     let config = kube.config().await?;
     let metrics = Arc::new(Metrics::new().context("failed to register the metrics")?);
-    let built = engine.build(config, metrics)?;
+    let built = engine.build(config, metrics, None)?;
     let client = built.requests.client().clone();
 
     let mut names: Vec<GroupResource> = resources.iter().map(|r| GroupResource::parse(r)).collect();

@@ -77,9 +77,16 @@ pub struct Settings {
     /// How slow the gentle pace's probe may get, for a migration that asks for no stricter
     /// budget; `None` paces gentle runs by their own latency band instead.
     pub foreground_budget: Option<Budget>,
+    /// The namespace whose ConfigMap `kube-svm-probe` the probe writes; `None`: it only reads,
+    /// in the kubeconfig's namespace.
+    pub probe_namespace: Option<String>,
     /// Attempts per object before it is recorded as failed. Throttled attempts (429) count
     /// against [`Settings::throttled_attempts`] instead.
     pub write_attempts: u32,
+    /// How long a request that fails in a way the server may get over (5xx, no answer) keeps
+    /// being tried, whatever [`Settings::write_attempts`] says: an admission webhook restarting
+    /// takes seconds, and its objects are not at fault.
+    pub retry_for: Duration,
     /// Throttled attempts (429) per request before it counts as failed: the apiserver asked to
     /// slow down, which is no reason to give up on an object soon.
     pub throttled_attempts: u32,
@@ -106,7 +113,11 @@ impl Default for Settings {
             pace: Pace::Gentle,
             gentle_band: Band::GENTLE,
             foreground_budget: None,
+            probe_namespace: None,
             write_attempts: 5,
+            // A webhook's pod restarting, or rolled, is back within half a minute; the breaker
+            // that ends a run whose writes all fail waits as long (failing.rs).
+            retry_for: Duration::from_secs(30),
             throttled_attempts: 30,
             list_attempts: 10,
             failures_kept: 20,
@@ -261,8 +272,8 @@ impl Engine {
         // The probe, when the gentle pace steers by one, has a connection (and a thread) of its
         // own, as another client would.
         let foreground = settings.foreground_budget.map(|budget| {
-            let namespace = config.default_namespace.clone();
-            Arc::new(Foreground::new(config.clone(), &namespace, budget, metrics.clone()))
+            let namespace = settings.probe_namespace.as_deref();
+            Arc::new(Foreground::new(config.clone(), namespace, budget, metrics.clone()))
         });
         let client = Client::try_from(config)?;
         let mut engine = Engine::with_client(client, limiter, settings, metrics);
@@ -369,10 +380,13 @@ impl Engine {
             _ => (&mut attempts.other, other_limit),
         };
         *count += 1;
-        if *count >= limit {
+        let first_failure = *attempts.first_failure.get_or_insert_with(Instant::now);
+        let (code, retry_after) = (failed.code(), failed.retry_after());
+        let passing = code.is_none_or(crate::apiserver::answers::is_transient_code)
+            && first_failure.elapsed() < self.settings.retry_for;
+        if *count >= limit && !passing {
             return Retry::Never;
         }
-        let (code, retry_after) = (failed.code(), failed.retry_after());
         self.settings.backoff.decide(code, retry_after, *count, fastrand::f64())
     }
 }
@@ -405,4 +419,6 @@ struct Attempts {
     other: u32,
     /// Failures not counted: the apiserver was still starting.
     excused: u32,
+    /// When the first failure was, counted or not.
+    first_failure: Option<Instant>,
 }

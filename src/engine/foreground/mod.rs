@@ -42,12 +42,13 @@ use steering::{Change, Steering, percentile};
 /// read of a missing object from etcd all the same (a quorum read, as a client's plain GET is).
 pub const PROBE_OBJECT: &str = "kube-svm-probe";
 
-/// One probe in this many is a write (as many as reads, as the foreground of a controller that
-/// reads and updates; reads are served from the apiserver's cache): a merge patch of the annotation [`PROBE_ANNOTATION`] (the
-/// probe's count), which goes the way of a client's update, etcd's commit included, so the
-/// probe feels what writes wait for, not only reads. A patch that changed nothing would not: the
-/// apiserver stores nothing for it, and a foreground of real writes waited on etcd unseen.
-const WRITE_ONE_IN: u64 = 2;
+/// The probe writes at most once in this long: a merge patch of the annotation
+/// [`PROBE_ANNOTATION`] (the probe's count), which goes the way of a client's update, etcd's
+/// commit included, so the probe feels what writes wait for, not only reads (which the
+/// apiserver serves from its cache). A patch that changed nothing would not: the apiserver
+/// stores nothing for it. Once a second keeps what every write costs the cluster (an etcd
+/// revision, a watch event, an audit entry) small beside the migration's own.
+const WRITE_EVERY: Duration = Duration::from_secs(1);
 
 /// The annotation the probe's writes set on [`PROBE_OBJECT`]: how many probes had been sent.
 pub const PROBE_ANNOTATION: &str = "kube-svm.io/probe";
@@ -167,8 +168,11 @@ pub struct Foreground {
     probing: AtomicBool,
     /// Probes sent so far, which says which is a write.
     probes: AtomicU64,
-    /// Whether the probe writes too: until a write is refused (no such object, no permission).
+    /// Whether the probe writes too: when it has a namespace of its own, until a write is
+    /// refused (no such object, no permission).
     writes: AtomicBool,
+    /// When the probe last wrote ([`WRITE_EVERY`]).
+    last_write: std::sync::Mutex<Option<std::time::Instant>>,
     metrics: Arc<Metrics>,
 }
 
@@ -211,20 +215,25 @@ impl Foreground {
     /// its latency is the apiserver's, as another client feels it.
     pub fn new(
         config: kube::Config,
-        namespace: &str,
+        namespace: Option<&str>,
         budget: Budget,
         metrics: Arc<Metrics>,
     ) -> Self {
+        // Without a namespace of its own, the probe reads in the kubeconfig's, and never writes:
+        // a ConfigMap of that name there is someone else's.
+        let writes = namespace.is_some();
+        let namespace = namespace.unwrap_or(&config.default_namespace).to_owned();
         Foreground {
             config,
             path: format!("/api/v1/namespaces/{namespace}/configmaps/{PROBE_OBJECT}"),
+            last_write: std::sync::Mutex::new(None),
             budget,
             state: Mutex::new(State::new(Instant::now())),
             turn: tokio::sync::Mutex::new(()),
             landed: tokio::sync::Notify::new(),
             probing: AtomicBool::new(false),
             probes: AtomicU64::new(0),
-            writes: AtomicBool::new(true),
+            writes: AtomicBool::new(writes),
             metrics,
         }
     }

@@ -11,9 +11,20 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::guard::{self, Guard};
-use super::{Foreground, PROBE_ANNOTATION, PROBE_TIMEOUT, WRITE_ONE_IN};
+use super::{Foreground, PROBE_ANNOTATION, PROBE_TIMEOUT, WRITE_EVERY};
 
 impl Foreground {
+    /// Whether the probe may write now ([`WRITE_EVERY`]); if so, the write is counted as made.
+    fn write_due(&self) -> bool {
+        let mut last = self.last_write.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        if last.is_some_and(|at| now.duration_since(at) < WRITE_EVERY) {
+            return false;
+        }
+        *last = Some(now);
+        true
+    }
+
     /// Starts the probe task on its first call; later calls do nothing.
     pub(super) fn start_probing(self: &Arc<Self>) {
         if self.probing.swap(true, Ordering::Relaxed) {
@@ -38,7 +49,7 @@ impl Foreground {
     /// no answer came (the connection failed).
     async fn probe_once(&self, client: &Client) -> Option<Duration> {
         let nth = self.probes.fetch_add(1, Ordering::Relaxed);
-        let write = self.writes.load(Ordering::Relaxed) && nth.is_multiple_of(WRITE_ONE_IN);
+        let write = self.writes.load(Ordering::Relaxed) && self.write_due();
         let request = match write {
             true => http::Request::patch(&self.path)
                 .header(http::header::CONTENT_TYPE, "application/merge-patch+json")
