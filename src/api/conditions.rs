@@ -92,6 +92,8 @@ pub mod stored_versions {
 pub mod storage_migrating {
     /// A migration of the CRD's resource is running.
     pub const MIGRATING: &str = "Migrating";
+    /// `kube-svm migrate` is migrating the CRD's resource: the controller waits for it.
+    pub const MIGRATING_BY_HAND: &str = "MigratingByHand";
     /// The migration ended (or was deleted).
     pub const MIGRATION_DONE: &str = "MigrationDone";
 }
@@ -126,6 +128,8 @@ pub mod events {
     pub const APISERVER_UNAVAILABLE: &str = "ApiserverUnavailable";
     /// The in-tree migrator is migrating the same resource; the migration waits for it.
     pub const WAITING_FOR_IN_TREE: &str = "WaitingForInTreeMigrator";
+    /// The migration waits for `kube-svm migrate`, which is migrating the same resource.
+    pub const WAITING_FOR_MIGRATE: &str = "WaitingForKubeSvmMigrate";
     /// On one of kube-svm's own CRDs, not a migration: the installed CRD is someone else's
     /// (kube-storage-version-migrator's) and would drop fields kube-svm writes.
     pub const INCOMPATIBLE_SCHEMA: &str = "IncompatibleSchema";

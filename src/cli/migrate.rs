@@ -175,6 +175,7 @@ fn ending(outcome: Outcome) -> Ending {
             Ending::Interrupted(format!("stopped while waiting for {other}"))
         }
         Outcome::Refused(why) => Ending::Failed(why),
+        Outcome::Done(why) => Ending::Succeeded(why),
         Outcome::Later(why) => Ending::Failed(format!("could not go on ({why:?}); run it again")),
     }
 }

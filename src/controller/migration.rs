@@ -40,7 +40,8 @@ pub(super) enum Requeue {
     AfterDiscoveryFailure,
     /// The migration's status could not be written; take it up again later.
     AfterUnrecorded,
-    /// The in-tree migrator is migrating the same resource; take it up again later.
+    /// Another migrator (the in-tree one, or `kube-svm migrate`) is migrating the same
+    /// resource; take it up again later.
     AfterInTree,
 }
 
@@ -54,7 +55,8 @@ pub(super) async fn run(
     let metrics = context.engine.metrics().clone();
     metrics.migrations_running.inc();
     let _running = scopeguard(move || metrics.migrations_running.dec());
-    if in_tree_migrating(context, &migration).await {
+    if in_tree_migrating(context, &migration).await || migrating_by_hand(context, &migration).await
+    {
         return Requeue::AfterInTree;
     }
     let cancel = context.stopping.child_token();
@@ -111,6 +113,52 @@ async fn in_tree_migrating(context: &Context, migration: &StorageVersionMigratio
     }
 }
 
+/// How long a CRD marked as being migrated by `kube-svm migrate` holds the controller's
+/// migrations of it back: the mark of a process killed before it could unmark is not honoured
+/// for ever. Past this, two migrators may write the same objects: work wasted, nothing proved
+/// false.
+const BY_HAND_HONOURED_FOR: Duration = Duration::from_secs(3600);
+
+/// At most one migration per resource at a time, whoever runs it: while `kube-svm migrate`
+/// (a person, or a Helm hook) is migrating the same CRD-backed resource, as its CRD's
+/// `StorageMigrating` condition says, this migration waits for it (an Event says so).
+async fn migrating_by_hand(context: &Context, migration: &StorageVersionMigration) -> bool {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let spec = &migration.spec.resource;
+    if spec.group.is_empty() {
+        return false;
+    }
+    let name = GroupResource::name_of(&spec.group, &spec.resource);
+    let crds: Api<CustomResourceDefinition> = Api::all(context.requests.client().clone());
+    let Ok(Some(crd)) = context.requests.send(crds.get_opt(&name)).await else {
+        return false;
+    };
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let Some(by) = held_by_hand(&crd, now, BY_HAND_HONOURED_FOR) else { return false };
+    info!(by, "kube-svm migrate is migrating this resource; waiting");
+    let note = format!("{by} ({name}); this migration starts once it has ended");
+    publish(context, migration, EventType::Normal, events::WAITING_FOR_MIGRATE, note).await;
+    true
+}
+
+/// What the `StorageMigrating` condition of `crd` says is migrating it by hand (`kube-svm
+/// migrate`), when it was set within `honoured_for` of `now`. Pure.
+fn held_by_hand(
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    now: k8s_openapi::jiff::Timestamp,
+    honoured_for: Duration,
+) -> Option<String> {
+    use crate::api::conditions::{STORAGE_MIGRATING, storage_migrating};
+    let conditions = crd.status.as_ref()?.conditions.as_ref()?;
+    let mark = conditions.iter().find(|c| c.type_ == STORAGE_MIGRATING)?;
+    let by_hand = mark.status == STATUS_TRUE
+        && mark.reason.as_deref() == Some(storage_migrating::MIGRATING_BY_HAND);
+    let set_at = mark.last_transition_time.as_ref()?.0;
+    let age = now.duration_since(set_at);
+    let recent = age.is_negative() || age.unsigned_abs() < honoured_for;
+    (by_hand && recent).then(|| mark.message.clone().unwrap_or_default())
+}
+
 /// The controller as the lifecycle's host.
 struct Host<'a> {
     context: &'a Context,
@@ -135,6 +183,7 @@ impl lifecycle::Host for Host<'_> {
             checkpoint_interval: settings.checkpoint_interval,
             discovery: Tries { this: self.discovery_failures + 1, of: settings.discovery_attempts },
             stopped_runs_stay_marked: true,
+            mark_reason: crate::api::conditions::storage_migrating::MIGRATING,
         }
     }
 
@@ -323,4 +372,44 @@ fn scopeguard(f: impl FnOnce()) -> impl Drop {
         }
     }
     Guard(Some(f))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::conditions::{STORAGE_MIGRATING, storage_migrating};
+    use k8s_openapi::jiff::Timestamp;
+
+    fn marked(
+        reason: &str,
+        status: &str,
+        at: i64,
+    ) -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition
+    {
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "widgets.example.com" },
+            "spec": { "group": "example.com", "names": { "plural": "widgets", "kind": "Widget" },
+                      "scope": "Cluster", "versions": [] },
+            "status": { "conditions": [{
+                "type": STORAGE_MIGRATING, "status": status, "reason": reason,
+                "message": "kube-svm migrate (pid 7) is rewriting every object",
+                "lastTransitionTime": Timestamp::from_second(at).expect("a time").to_string(),
+            }] },
+        }))
+        .expect("a CRD")
+    }
+
+    #[test]
+    fn only_a_recent_mark_of_kube_svm_migrate_holds_the_controller_back() {
+        let now = Timestamp::from_second(10_000).expect("a time");
+        let hour = Duration::from_secs(3600);
+        let by_hand = marked(storage_migrating::MIGRATING_BY_HAND, STATUS_TRUE, 9_000);
+        assert!(held_by_hand(&by_hand, now, hour).is_some_and(|by| by.contains("pid 7")));
+        let stale = marked(storage_migrating::MIGRATING_BY_HAND, STATUS_TRUE, 1_000);
+        assert_eq!(held_by_hand(&stale, now, hour), None, "a killed process's mark lapses");
+        let ended = marked(storage_migrating::MIGRATION_DONE, "False", 9_000);
+        assert_eq!(held_by_hand(&ended, now, hour), None);
+        let controller = marked(storage_migrating::MIGRATING, STATUS_TRUE, 9_000);
+        assert_eq!(held_by_hand(&controller, now, hour), None, "the controller's own mark");
+    }
 }

@@ -51,6 +51,10 @@ pub struct Options {
     /// its migration stays Running for another process to take up (the controller's next
     /// leader); otherwise it is unmarked.
     pub stopped_runs_stay_marked: bool,
+    /// The reason of the CRD's `StorageMigrating` condition while the run writes:
+    /// [`storage_migrating::MIGRATING`](crate::api::conditions::storage_migrating), or
+    /// `MIGRATING_BY_HAND` for `kube-svm migrate`, which the controller waits for.
+    pub mark_reason: &'static str,
 }
 
 /// How many times something is tried: this is try `this` of `of`.

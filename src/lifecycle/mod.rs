@@ -453,7 +453,13 @@ impl<'a, H: Host> Lifecycle<'a, H> {
         }
         let unmarked = self.marked().is_none();
         if target.crd_generation.is_some() && unmarked {
-            steps::mark_migrating(&self.cluster, resource, true, &self.by).await;
+            steps::mark_migrating(
+                &self.cluster,
+                resource,
+                Some(self.options.mark_reason),
+                &self.by,
+            )
+            .await;
             *self.marked.lock().unwrap_or_else(|p| p.into_inner()) = Some(resource.clone());
         }
         let mut note = format!("{resource}: {}", start.note);
@@ -502,7 +508,7 @@ impl<'a, H: Host> Lifecycle<'a, H> {
     /// only once unmarked: an unmarking cut short is done again by the next.
     async fn unmark(&self) {
         if let Some(resource) = self.marked() {
-            steps::mark_migrating(&self.cluster, &resource, false, &self.by).await;
+            steps::mark_migrating(&self.cluster, &resource, None, &self.by).await;
             *self.marked.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
     }
@@ -580,6 +586,7 @@ mod tests {
 
         fn options(&self) -> Options {
             Options {
+                mark_reason: crate::api::conditions::storage_migrating::MIGRATING,
                 write_to_status: false,
                 clean_managed_fields: false,
                 checkpoint_interval: RECORD_EVERY,

@@ -166,10 +166,16 @@ fn lists_nothing(list: &serde_json::Value) -> bool {
     }
 }
 
-/// Sets the CRD's `StorageMigrating` condition (True while a migration runs). Best effort: the
-/// condition informs, nothing depends on it; failures are logged.
-/// `by` names who migrates, for the condition's message (`StorageVersionMigration NAME`).
-pub async fn mark_migrating(cluster: &Cluster<'_>, resource: &Resource, migrating: bool, by: &str) {
+/// Sets the CRD's `StorageMigrating` condition: True with `migrating`'s reason while a
+/// migration runs, False once `None`. Best effort: the condition informs (and holds the
+/// controller back while `kube-svm migrate` writes); failures are logged. `by` names who
+/// migrates, for the condition's message (`StorageVersionMigration NAME`).
+pub async fn mark_migrating(
+    cluster: &Cluster<'_>,
+    resource: &Resource,
+    migrating: Option<&'static str>,
+    by: &str,
+) {
     let Some(name) = crd_name(resource) else { return };
     // One retry covers a concurrent status write by the apiserver.
     for _ in 0..2 {
@@ -192,17 +198,16 @@ pub async fn mark_migrating(cluster: &Cluster<'_>, resource: &Resource, migratin
 async fn set_condition(
     cluster: &Cluster<'_>,
     name: &str,
-    migrating: bool,
+    migrating: Option<&'static str>,
     by: &str,
 ) -> Result<(), RequestError> {
     let crds: Api<CustomResourceDefinition> = Api::all(cluster.requests.client().clone());
     let mut crd = cluster.requests.send(crds.get(name)).await?;
     let status = crd.status.get_or_insert_with(Default::default);
     let conditions = status.conditions.get_or_insert_with(Vec::new);
-    let (state, reason, message) = if migrating {
-        (STATUS_TRUE, storage_migrating::MIGRATING, format!("{by} is rewriting every object"))
-    } else {
-        (STATUS_FALSE, storage_migrating::MIGRATION_DONE, format!("{by} has ended"))
+    let (state, reason, message) = match migrating {
+        Some(reason) => (STATUS_TRUE, reason, format!("{by} is rewriting every object")),
+        None => (STATUS_FALSE, storage_migrating::MIGRATION_DONE, format!("{by} has ended")),
     };
     let unchanged = conditions.iter().any(|c| {
         c.type_ == STORAGE_MIGRATING && c.status == state && c.message.as_deref() == Some(&message)

@@ -53,6 +53,7 @@ impl<C: Console> lifecycle::Host for Host<'_, C> {
             discovery: Tries::ONCE,
             // Interrupted, the run goes on only when the command is run again.
             stopped_runs_stay_marked: false,
+            mark_reason: crate::api::conditions::storage_migrating::MIGRATING_BY_HAND,
         }
     }
 

@@ -103,6 +103,9 @@ pub enum Outcome {
     /// Not started, and why: another migrator is migrating it, or whether one is could not be
     /// told.
     Refused(String),
+    /// Not started: another migrator, waited for, left nothing to do (the CRD's
+    /// `storedVersions` lists only its storage version since).
+    Done(String),
     /// It could not go on (a record could not be written, or the resource not resolved).
     Later(LaterBecause),
 }
@@ -114,8 +117,15 @@ impl<C: Console> Migrator<C> {
 
     /// One resource's migration, through the controller's lifecycle.
     pub async fn migrate(&self, name: &GroupResource) -> Outcome {
-        if let Err(outcome) = self.wait_for_others(name).await {
-            return outcome;
+        match self.wait_for_others(name).await {
+            Err(outcome) => return outcome,
+            // Waited: the other may have done it all.
+            Ok(Some(other)) if self.settled_since(name).await => {
+                return Outcome::Done(format!(
+                    "nothing left to do: {other} migrated it, and storedVersions lists only the storage version"
+                ));
+            }
+            Ok(_) => {}
         }
         let spec = GroupVersionResource {
             group: name.group.clone(),
@@ -151,11 +161,21 @@ impl<C: Console> Migrator<C> {
         })
     }
 
+    /// Whether `name` is a CRD-backed resource whose `storedVersions` lists only its storage
+    /// version now: read again after waiting for another migrator.
+    async fn settled_since(&self, name: &GroupResource) -> bool {
+        let crds = Api::<CustomResourceDefinition>::all(self.requests.client().clone());
+        match self.requests.send(crds.get_opt(&name.name())).await {
+            Ok(Some(crd)) => CrdState::of(&crd).is_some_and(|state| !state.is_stale()),
+            _ => false,
+        }
+    }
+
     /// Returns once no other migrator is migrating `name` (at most one migration per resource at
-    /// a time, whoever runs it): at once, or after waiting with `--wait-for-others`. Otherwise
-    /// the outcome that refuses it.
-    async fn wait_for_others(&self, name: &GroupResource) -> Result<(), Outcome> {
-        let mut said = false;
+    /// a time, whoever runs it): at once (`None`), or after waiting for one with
+    /// `--wait-for-others` (the other, in words). Otherwise the outcome that refuses it.
+    async fn wait_for_others(&self, name: &GroupResource) -> Result<Option<String>, Outcome> {
+        let mut waited_for = None;
         loop {
             let running = others::running_for(self.requests.client(), name).await.map_err(|error| {
                 let why = format!(
@@ -164,16 +184,16 @@ impl<C: Console> Migrator<C> {
                 );
                 Outcome::Refused(why)
             })?;
-            let Some(other) = running else { return Ok(()) };
+            let Some(other) = running else { return Ok(waited_for) };
             if !self.choices.wait_for_others {
                 let why = format!(
                     "refused: {other} is migrating it now; wait for it to end (kube-svm status -w), or pass --wait-for-others"
                 );
                 return Err(Outcome::Refused(why));
             }
-            if !said {
+            if waited_for.is_none() {
                 self.console.say(&format!("{}: waiting for {other} to end", name.name()));
-                said = true;
+                waited_for = Some(other.clone());
             }
             tokio::select! {
                 () = tokio::time::sleep(OTHERS_POLL) => {}

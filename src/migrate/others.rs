@@ -55,9 +55,11 @@ async fn running_now(client: &Client, name: &GroupResource) -> Result<Option<Str
         Err(error) if is_not_found(&error) => Vec::new(),
         Err(source) => return Err(Unlisted { api: "migration.k8s.io", source }),
     };
+    // Not only a Running one: a migration checking the encoding, or waiting for its turn, is
+    // about to write.
     let running = ours.iter().find(|m| {
         let spec = &m.spec.resource;
-        Phase::of(m) == Phase::Running
+        !Phase::of(m).is_terminal()
             && GroupResource::name_of(&spec.group, &spec.resource) == name.name()
     });
     if let Some(running) = running {

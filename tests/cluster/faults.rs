@@ -377,9 +377,10 @@ async fn rejected_objects_keep_stored_versions_until_a_new_migration_succeeds() 
     assert_migrated_and_pruned(&widgets, &done, &outcome, count);
 }
 
-/// The version a migration writes through stops being served mid-run: every write is answered
-/// 404 for the resource, not for an object. That is not "all deleted": the migration fails,
-/// says why, and prunes nothing.
+/// The version a migration writes through (a custom resource's storage version, whatever
+/// version the migration names) stops being served mid-run: every write is answered 404 for the
+/// resource, not for an object. That is not "all deleted": the migration fails, says why, and
+/// prunes nothing.
 #[tokio::test]
 async fn a_version_unserved_mid_run_fails_the_migration_and_prunes_nothing() {
     let plane = plane().await;
@@ -391,7 +392,7 @@ async fn a_version_unserved_mid_run_fails_the_migration_and_prunes_nothing() {
     let name = unique("unserved");
     migrations::create(&client, &name, &widgets.group, "v1", "widgets", None).await;
     wait_for(&client, &name, FINISH, &[&plane.controller], processed_at_least(50)).await;
-    widgets.set_served(&client, "v1", false).await;
+    widgets.set_served(&client, "v2", false).await;
 
     let (done, outcome) =
         finish(&plane.control_plane, &client, &widgets, &name, count, &[&plane.controller]).await;
