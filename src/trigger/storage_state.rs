@@ -324,6 +324,34 @@ pub fn failures(
     (u32::try_from(failed).unwrap_or(u32::MAX), last)
 }
 
+/// How many of the newest `migrations` that ended, in a row, succeeded for the hash `current`
+/// (as the discovery trigger's [`TARGET_HASH`](super::discovery::TARGET_HASH_ANNOTATION) says)
+/// without proving anything: what `proves` refuses. Pure.
+pub fn unproven_in_a_row(
+    migrations: &[&StorageVersionMigration],
+    current: &str,
+    proves: impl Fn(&StorageVersionMigration) -> bool,
+) -> u32 {
+    let mut ended: Vec<(Timestamp, &StorageVersionMigration)> = migrations
+        .iter()
+        .copied()
+        .filter(|m| Phase::of(m).is_terminal())
+        .filter_map(|m| Some((m.ended_at()?, m)))
+        .collect();
+    ended.sort_by_key(|(at, _)| *at);
+    let for_current = |m: &StorageVersionMigration| {
+        let annotations = m.metadata.annotations.as_ref();
+        let target = annotations.and_then(|a| a.get(super::discovery::TARGET_HASH_ANNOTATION));
+        target.is_some_and(|hash| hash == current)
+    };
+    let in_a_row = ended
+        .iter()
+        .rev()
+        .take_while(|(_, m)| Phase::of(m) == Phase::Succeeded && for_current(m) && !proves(m))
+        .count();
+    u32::try_from(in_a_row).unwrap_or(u32::MAX)
+}
+
 /// The newest of `migrations` that ended.
 pub fn last_ended<'a>(
     migrations: &[&'a StorageVersionMigration],
@@ -661,6 +689,32 @@ mod tests {
         }
         assert_eq!(proof(&late, &widgets(), "B", None), Err(Unproven::OtherTarget));
         assert_eq!(failures(&[&first, &late], proved), (2, Some(ts(30))));
+    }
+
+    #[test]
+    fn only_unproven_successes_of_the_current_hash_in_a_row_are_counted() {
+        let ended = |targeted: &str, phase: &str, at: i64, hash: &str| {
+            let mut m = migration(targeted, phase, true, at - 1);
+            if let Some(status) = m.status.as_mut() {
+                status.completion_time = Some(Time(ts(at)));
+            }
+            let annotation = crate::trigger::discovery::TARGET_HASH_ANNOTATION;
+            m.metadata.annotations = Some([(annotation.to_owned(), hash.to_owned())].into());
+            m
+        };
+        // Unproven: they targeted another hash than they were created for.
+        let unproven = |at: i64| ended("A", "Succeeded", at, "B");
+        let (a, b, c) = (unproven(10), unproven(20), unproven(30));
+        let proved = |m: &StorageVersionMigration| proves(m, &widgets(), "B", None);
+        assert_eq!(unproven_in_a_row(&[&c, &a, &b], "B", proved), 3);
+        // A failure in between ends the row; so does a success that proves.
+        let failed = ended("B", "Failed", 25, "B");
+        assert_eq!(unproven_in_a_row(&[&a, &b, &failed, &c], "B", proved), 1);
+        let good = ended("B", "Succeeded", 25, "B");
+        assert!(proved(&good));
+        assert_eq!(unproven_in_a_row(&[&a, &b, &good, &c], "B", proved), 1);
+        // Made for another hash: not this hash's.
+        assert_eq!(unproven_in_a_row(&[&a, &b, &c], "C", proved), 0);
     }
 
     #[test]

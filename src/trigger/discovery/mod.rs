@@ -33,6 +33,17 @@ mod found;
 /// created them (the hash a migration really targeted is in `status.target`).
 pub const TARGET_HASH_ANNOTATION: &str = "kube-svm.io/storage-version-hash";
 
+/// Annotation on a StorageState: why the discovery trigger creates no more migrations of its
+/// resource for its current hash (runs that could prove nothing, or a resource kube-svm may not
+/// patch). Removed once it creates one again.
+pub const HELD_ANNOTATION: &str = "kube-svm.io/not-migrating";
+
+/// Migrations of a hash that succeeded in a row without proving anything, after which the
+/// trigger creates no more for it: every run rewrites the whole resource, and one that cannot
+/// prove the encoding (client-IP affinity, an aggregated API, a status schema that drops
+/// kube-svm's fields) never will until the cluster changes.
+const MAX_UNPROVEN: u32 = 3;
+
 /// Least time between the polls that follow a running migration, a CRD change or a failure.
 const MIN_FOLLOW_UP: Duration = Duration::from_secs(2);
 
@@ -295,6 +306,26 @@ async fn poll(
                 }
             }
             (false, None) => {
+                let unproven =
+                    storage_state::unproven_in_a_row(&of_resource, &current, |m| proof(m).is_ok());
+                let held = match unproven >= MAX_UNPROVEN {
+                    true => Some(format!(
+                        "{unproven} migrations in a row succeeded without proving the objects are stored in {current} (the last: {}); none is created for it again: vouch for the encoding on a migration of your own (kube-svm.io/encoding-confirmed), or serve the StorageVersion API",
+                        storage_state::last_ended(&of_resource)
+                            .and_then(|m| proof(m).err())
+                            .map_or("unknown", |why| why.reason())
+                    )),
+                    false => may_not_migrate(requests, resource).await,
+                };
+                if let Some(why) = held {
+                    if let Err(error) = hold(requests, &states, state, Some(&why)).await {
+                        skip_or_stop(error)?;
+                    }
+                    continue;
+                }
+                if let Err(error) = hold(requests, &states, state, None).await {
+                    skip_or_stop(error)?;
+                }
                 let created = create_migration(requests, &migrations, resource, version, &current);
                 if let Err(error) = created.await {
                     skip_or_stop(error)?;
@@ -305,6 +336,10 @@ async fn poll(
     }
     let seen: Vec<GroupResource> = discovered.into_iter().map(|d| d.resource).collect();
     guard.retain(&seen);
+    // Said once per migration, and forgotten with it: bounded by the migrations kept.
+    let kept: HashSet<&str> =
+        existing_migrations.iter().filter_map(|m| m.metadata.uid.as_deref()).collect();
+    explained.retain(|uid| kept.contains(uid.as_str()));
     Ok(due)
 }
 
@@ -330,6 +365,64 @@ fn explain(
         "a migration succeeded but does not prove the objects are stored in the current version; \
          the next one waits as after a failure"
     );
+}
+
+/// Why kube-svm may not migrate `resource`: its own access, asked of the apiserver, lacks
+/// `list` or `patch` on it (a chart whose `rbac.migratableResources` leaves it out). `None`
+/// when it may, or when the answer could not be had (the migration then says what fails).
+async fn may_not_migrate(requests: &Requests, resource: &GroupResource) -> Option<String> {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    };
+    let reviews: Api<SelfSubjectAccessReview> = Api::all(requests.client().clone());
+    for verb in ["list", "patch"] {
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(ResourceAttributes {
+                    group: Some(resource.group.clone()),
+                    resource: Some(resource.resource.clone()),
+                    verb: Some(verb.to_owned()),
+                    ..ResourceAttributes::default()
+                }),
+                ..SelfSubjectAccessReviewSpec::default()
+            },
+            ..SelfSubjectAccessReview::default()
+        };
+        let answer = requests.send(reviews.create(&PostParams::default(), &review)).await;
+        let allowed = answer.ok().and_then(|r| r.status).map(|s| s.allowed);
+        if allowed == Some(false) {
+            return Some(format!(
+                "kube-svm may not {verb} {}: its role leaves it out (rbac.migratableResources)",
+                resource.name()
+            ));
+        }
+    }
+    None
+}
+
+/// Says on the StorageState `state` why no migration is created for it (`why`), or, with
+/// `None`, takes that back; writes nothing when it already says so.
+async fn hold(
+    requests: &Requests,
+    states: &Api<StorageState>,
+    state: Option<&StorageState>,
+    why: Option<&str>,
+) -> Result<(), Error> {
+    let Some(state) = state else { return Ok(()) };
+    let said = state.metadata.annotations.as_ref().and_then(|a| a.get(HELD_ANNOTATION));
+    if said.map(String::as_str) == why {
+        return Ok(());
+    }
+    let name = state.metadata.name.clone().unwrap_or_default();
+    if let Some(why) = why {
+        info!(storage_state = name, why, "the discovery trigger creates no migration for it");
+    }
+    let patch = serde_json::json!({ "metadata": { "annotations": { HELD_ANNOTATION: why } } });
+    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+    match requests.send(states.patch(&name, &params, &patch)).await {
+        Ok(_) => Ok(()),
+        Err(error) => Err(Error::Write(name, error)),
+    }
 }
 
 /// A write for one resource that failed is said and skipped: the others go on. A closed fence
