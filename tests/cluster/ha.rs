@@ -642,6 +642,77 @@ async fn client_ip_affinity_on_the_kubernetes_service_proves_nothing_by_sampling
     assert_eq!(affinity.as_deref(), Some("ClientIP"));
 }
 
+/// The same affinity, with the discovery trigger: every migration of every resource succeeds
+/// and proves nothing. After three such in a row for a hash, the trigger creates no more for it
+/// and says why on the StorageState, instead of rewriting every resource at each poll for ever.
+#[tokio::test]
+async fn resources_that_can_never_be_proven_stop_being_migrated() {
+    use kube_svm::trigger::discovery::{HELD_ANNOTATION, TARGET_HASH_ANNOTATION};
+    let topology = Topology { apiservers: vec![Vec::new(); 2], common: Vec::new() };
+    let control_plane = ControlPlane::start_ha(&topology).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let sticky = json!({ "spec": { "sessionAffinity": "ClientIP" } });
+    services
+        .patch("kubernetes", &PatchParams::default(), &Patch::Merge(&sticky))
+        .await
+        .expect("the kubernetes Service takes client-IP affinity");
+    let widgets = WidgetCrd::stale(&client, "ha-unprovable", 20).await;
+    let kubeconfig = control_plane.controller_kubeconfig().await.to_owned();
+    let args = [
+        "controller",
+        "--leader-elect=false",
+        "--discovery-trigger",
+        "--discovery-interval=3",
+        "--storage-version-settle=0",
+        "--concurrency=4",
+    ];
+    let controller = KubeSvm::start_as(&control_plane, "controller", &args, &kubeconfig);
+    let states: Api<StorageState> = Api::all(client.clone());
+    let migrations_api: Api<StorageVersionMigration> = Api::all(client.clone());
+    let of_widgets = || async {
+        let all = migrations_api.list(&ListParams::default()).await.expect("migrations").items;
+        let hash = storage_version_hash(&widgets.group, "v2", WidgetCrd::KIND);
+        all.into_iter()
+            .filter(|m| m.spec.resource.group == widgets.group)
+            .filter(|m| m.annotations().get(TARGET_HASH_ANNOTATION) == Some(&hash))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let held = loop {
+        let state = states.get_opt(&widgets.name()).await.expect("read");
+        if let Some(why) = state.as_ref().and_then(|s| s.annotations().get(HELD_ANNOTATION)) {
+            break why.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never held; {} migrations of the widgets\n{}",
+            of_widgets().await,
+            controller.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(held.contains("3 migrations in a row succeeded without proving"), "{held}");
+    assert!(held.contains("shown to encode in its target"), "{held}");
+    let made = of_widgets().await;
+    assert_eq!(made, 3, "three runs, then none");
+    // Two more polls of the widgets' state (each writes its heartbeat), and still no new run.
+    let heartbeat = || async {
+        let state = states.get(&widgets.name()).await.expect("read");
+        state.status.and_then(|s| s.last_heartbeat_time).map(|t| t.0)
+    };
+    for _ in 0..2 {
+        let before = heartbeat().await;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while heartbeat().await == before {
+            assert!(Instant::now() < deadline, "no poll\n{}", controller.logs());
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    assert_eq!(of_widgets().await, made, "{}", controller.logs());
+}
+
 /// An aggregated API's discovery is proxied by kube-apiserver to the replicas of its own server,
 /// over connections kube-apiserver keeps: fresh connections to kube-apiserver do not reach
 /// those replicas one by one. Its encoding is never confirmed by sampling, and at once, not
