@@ -28,6 +28,9 @@ pub struct Listed {
     /// The `managedFields` to write instead of the object's, when the run cleans them and some
     /// entries name a version no longer served.
     pub managed_fields: Option<Vec<serde_json::Value>>,
+    /// The generation listed, where the resource keeps one: a write that moves it changed the
+    /// object's content (a mutating admission webhook), which a migration must never do.
+    pub generation: Option<i64>,
 }
 
 /// One page of a list.
@@ -81,6 +84,8 @@ struct ObjectMeta<'a> {
     #[serde(default)]
     uid: String,
     resource_version: String,
+    #[serde(default)]
+    generation: Option<i64>,
     /// Kept unparsed and in the answer's bytes: only a run that cleans them reads them.
     #[serde(default, borrow)]
     managed_fields: Option<&'a RawValue>,
@@ -199,6 +204,7 @@ fn parse_page(
                 uid: item.metadata.uid,
                 resource_version: item.metadata.resource_version,
                 managed_fields,
+                generation: item.metadata.generation,
             })
         })
         .collect::<Result<Vec<_>, _>>()
@@ -271,6 +277,7 @@ mod tests {
                     uid: "u-a".into(),
                     resource_version: "11".into(),
                     managed_fields: None,
+                    generation: None,
                 },
                 Listed {
                     namespace: String::new(),
@@ -278,6 +285,7 @@ mod tests {
                     uid: "u-b".into(),
                     resource_version: "12".into(),
                     managed_fields: None,
+                    generation: None,
                 },
             ]
         );

@@ -341,6 +341,7 @@ mod tests {
                     uid: format!("uid-{name}"),
                     resource_version: "1".into(),
                     managed_fields: None,
+                    generation: None,
                 })
                 .collect(),
             continue_token: next.map(str::to_owned),

@@ -81,6 +81,23 @@ const INVALID_REQUEST: &str = "InvalidRequest";
 /// Reason recorded when a successful write's answer could not be read.
 const INVALID_RESPONSE: &str = "InvalidResponse";
 
+/// The reason of an object whose write changed its content: its generation moved (a mutating
+/// admission webhook changed what it was sent). The object stays as the write left it; the run
+/// fails, and says which.
+const CONTENT_CHANGED: &str = "ContentChanged";
+
+/// Why a write of `object` answered with `generation` changed the object's content, when it
+/// did: the write sent nothing but its identity and resourceVersion, on the condition that
+/// nobody wrote it since it was listed, so only admission can have moved its generation. Pure.
+fn changed_content(object: &Listed, generation: Option<i64>) -> Option<String> {
+    let (Some(listed), Some(written)) = (object.generation, generation) else { return None };
+    (written > listed).then(|| {
+        format!(
+            "the write moved its generation from {listed} to {written}: admission (a mutating webhook or policy) changed its content"
+        )
+    })
+}
+
 pub use crate::rules::managed_fields::MANAGED_FIELDS_NOT_CLEANED;
 
 /// How a reply settled one write.
@@ -102,6 +119,8 @@ struct WrittenMeta {
 #[serde(rename_all = "camelCase")]
 struct WrittenObjectMeta {
     resource_version: String,
+    #[serde(default)]
+    generation: Option<i64>,
     /// Read only when the write cleaned them.
     #[serde(default)]
     managed_fields: Option<Box<serde_json::value::RawValue>>,
@@ -313,12 +332,17 @@ impl Engine {
                             )),
                         }
                     }
-                    Ok(written) => rewritten(
-                        object,
-                        reply.code,
-                        run.cleaning.as_ref(),
-                        written.metadata.managed_fields.as_deref(),
-                    ),
+                    Ok(written) => match changed_content(object, written.metadata.generation) {
+                        Some(message) => {
+                            Outcome::Failed(failure(object, reply.code, CONTENT_CHANGED, message))
+                        }
+                        None => rewritten(
+                            object,
+                            reply.code,
+                            run.cleaning.as_ref(),
+                            written.metadata.managed_fields.as_deref(),
+                        ),
+                    },
                     Err(error) => Outcome::Failed(failure(
                         object,
                         reply.code,
@@ -390,6 +414,8 @@ impl Engine {
         Ok(Some(Listed {
             resource_version: found.resource_version,
             managed_fields: Some(managed_fields),
+            // Written by someone else since it was listed: its generation now is not known.
+            generation: None,
             ..object.clone()
         }))
     }
@@ -458,6 +484,7 @@ mod not_found_tests {
             uid: "u".into(),
             resource_version: "5".into(),
             managed_fields: None,
+            generation: None,
         }
     }
 
@@ -507,6 +534,7 @@ mod body_tests {
             uid: "u".into(),
             resource_version: "42".into(),
             managed_fields: None,
+            generation: None,
         };
         let body: serde_json::Value =
             serde_json::from_slice(&patch_body(&resource, &object("ns")).expect("serializes"))
@@ -532,6 +560,7 @@ mod body_tests {
             uid: "u".into(),
             resource_version: "42".into(),
             managed_fields: Some(vec![kept.clone()]),
+            generation: None,
         };
         let body: serde_json::Value =
             serde_json::from_slice(&patch_body(&Resource::widgets(), &object).expect("serializes"))
@@ -576,6 +605,7 @@ mod cleaning_tests {
             uid: "u".into(),
             resource_version: "5".into(),
             managed_fields: Some(written),
+            generation: None,
         }
     }
 
@@ -589,6 +619,18 @@ mod cleaning_tests {
         assert!(through_status(true, &plain));
         assert!(!through_status(false, &plain));
         assert!(!through_status(true, &cleaning(vec![entry("tuner", "v2")])));
+    }
+
+    #[test]
+    fn a_write_that_moved_the_generation_changed_content() {
+        let plain = Listed { managed_fields: None, ..cleaning(vec![]) };
+        let listed = Listed { generation: Some(3), ..plain.clone() };
+        assert_eq!(changed_content(&listed, Some(3)), None);
+        let changed = changed_content(&listed, Some(4)).expect("changed");
+        assert!(changed.contains("from 3 to 4"), "{changed}");
+        // A resource that keeps no generation, or an answer without one, shows nothing.
+        assert_eq!(changed_content(&plain, Some(4)), None);
+        assert_eq!(changed_content(&listed, None), None);
     }
 
     #[test]

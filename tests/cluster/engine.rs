@@ -364,6 +364,77 @@ pub(crate) async fn reject_updates_of_frozen(client: &Client, group: &str) {
     api.delete("probe", &Default::default()).await.expect("the probe is deleted");
 }
 
+/// Admission that changes what a write sends (a MutatingAdmissionPolicy setting a spec field on
+/// every update): the write moved each object's generation, so each object fails, saying why,
+/// instead of counting as rewritten: a migration must change nothing but the encoding.
+#[tokio::test]
+async fn a_write_that_admission_changes_fails_its_object() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding,
+    };
+    let control_plane = shared().await;
+    let client = control_plane.client().await;
+    let widgets = WidgetCrd::stale(&client, "mutated", 20).await;
+    let name = format!("mutate-{}", widgets.group);
+    let policy: MutatingAdmissionPolicy = serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": {
+            "matchConstraints": { "resourceRules": [{
+                "apiGroups": [widgets.group], "apiVersions": ["*"],
+                "operations": ["UPDATE"], "resources": ["widgets"],
+            }]},
+            "mutations": [{
+                "patchType": "ApplyConfiguration",
+                "applyConfiguration": {
+                    "expression": "Object{spec: Object.spec{mutated: \"yes\"}}",
+                },
+            }],
+            "reinvocationPolicy": "Never",
+            "failurePolicy": "Fail",
+        },
+    }))
+    .expect("a valid policy");
+    let binding: MutatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": { "policyName": name },
+    }))
+    .expect("a valid binding");
+    Api::<MutatingAdmissionPolicy>::all(client.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .expect("the policy is created");
+    Api::<MutatingAdmissionPolicyBinding>::all(client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("the binding is created");
+    // The policy applies once the apiserver's informers see it: probe with a throwaway widget.
+    widgets.create_widget(&client, "v2", None, "probe").await;
+    let api = widgets.api(&client, "v2", None);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let touch = json!({ "metadata": { "annotations": { "touched": "yes" } } });
+        let touched =
+            api.patch("probe", &PatchParams::default(), &Patch::Merge(&touch)).await.expect("ok");
+        if touched.data["spec"]["mutated"] == json!("yes") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the policy never applied");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    api.delete("probe", &Default::default()).await.expect("the probe is deleted");
+
+    let progress = migrate_widgets(control_plane, &client, &widgets, Settings::default()).await;
+    assert_eq!((progress.failed, progress.rewritten), (20, 0), "{progress:?}");
+    for failure in &progress.failures {
+        assert_eq!(failure.reason, "ContentChanged", "{failure:?}");
+        assert!(failure.message.contains("generation"), "{failure:?}");
+    }
+    Api::<MutatingAdmissionPolicyBinding>::all(client.clone())
+        .delete(&name, &Default::default())
+        .await
+        .expect("the binding is deleted");
+}
+
 /// Unknown resources, subresources and resources without list/patch fail at once, by name.
 #[tokio::test]
 async fn unmigratable_resources_are_refused_with_the_reason() {
