@@ -14,7 +14,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 /// Since when the apiserver has been unreachable, if it is.
 static DOWN_SINCE: Mutex<Option<Instant>> = Mutex::new(None);
@@ -31,7 +31,7 @@ pub fn unreachable(error: &(dyn std::error::Error + 'static), what: &str) -> boo
         }
         None => {
             *down = Some(Instant::now());
-            warn!(
+            info!(
                 cause,
                 "the apiserver is unreachable; waiting for it (requests that fail meanwhile are logged at debug)"
             );

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::Mutex;
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::{Engine, RunState};
 
@@ -67,9 +67,10 @@ impl Engine {
             return Verdict::Charge;
         }
         let waited = &mut state.total;
-        run.availability.outages.fetch_add(1, Ordering::Relaxed);
+        let outages = run.availability.outages.fetch_add(1, Ordering::Relaxed) + 1;
         let budget = self.settings.outage_timeout.saturating_sub(*waited);
-        warn!(waited = ?*waited, ?budget, "the apiserver is not ready; pausing requests");
+        // Waited out, an outage is nothing to act on: INFO, counted. Giving up is WARN.
+        info!(outages, waited = ?*waited, ?budget, "the apiserver is not ready; pausing requests");
         let started = Instant::now();
         let mut probes = 0;
         loop {

@@ -202,7 +202,8 @@ impl<'a, H: Host> Lifecycle<'a, H> {
                 Attempt::StartOver { change, current } if change.then == Then::Redo => {
                     redos += 1;
                     self.vouch_lapsed = true;
-                    warn!(
+                    // An Event says so; nothing for an operator to act on unless it goes on.
+                    info!(
                         change = change.message,
                         redos, "the cluster changed mid-run; starting over"
                     );
