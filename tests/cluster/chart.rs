@@ -519,6 +519,11 @@ async fn each_power_a_migration_asks_for_takes_a_verb_of_its_own() {
     let refused = alice.patch("vouched", &Default::default(), &patch).await.expect_err("refused");
     assert!(refused.to_string().contains("the verb vouch-encoding"), "{refused}");
     alice.patch("alice-plain", &Default::default(), &patch).await.expect("a plain retry");
+    // A trigger's label marks a migration it retries and deletes: kube-svm's alone.
+    let labelled = json!({ "metadata": { "labels": { "kube-svm.io/trigger": "discovery" } } });
+    let patch = kube::api::Patch::Merge(labelled);
+    let refused = alice.patch("alice-plain", &Default::default(), &patch).await.expect_err("no");
+    assert!(refused.to_string().contains("only kube-svm sets it"), "{refused}");
 
     let powers_role = "kube-svm-migration-powers";
     bindings
