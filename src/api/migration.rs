@@ -103,8 +103,9 @@ pub struct StorageVersionMigrationStatus {
     pub listed_from_start: Option<bool>,
 
     /// Times the migration started over from the first object because the resource's storage
-    /// version (or its CRD) changed after it had begun writing: objects written before such a
-    /// change may be stored in the version before it. After a few, the migration fails.
+    /// version (or its CRD) changed after it had begun writing, or etcd was restored or the
+    /// apiservers restarted under it: objects written before may be stored in the version
+    /// before, or be undone. After a few, the migration fails.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("format" = "int32"))]
     pub restarts: Option<u32>,

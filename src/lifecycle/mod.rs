@@ -208,7 +208,7 @@ impl<'a, H: Host> Lifecycle<'a, H> {
                         redos, "the cluster changed mid-run; starting over"
                     );
                     let now = Timestamp::now();
-                    match status::redo(&current, &change, start.restarts, redos, now) {
+                    match status::redo(&current, &change, start.restarts + 1, redos, now) {
                         Ok(next) => (start, last) = (next, Some(*current)),
                         Err(failed) => return self.record_end(&resource, *failed).await,
                     }
@@ -220,7 +220,10 @@ impl<'a, H: Host> Lifecycle<'a, H> {
                         change = change.message,
                         restarts, "the target changed mid-run; starting over"
                     );
-                    match status::restart(&current, &change, restarts, Timestamp::now()) {
+                    // The start-overs for a changed storage version, not those of a changed cluster.
+                    let switched = restarts.saturating_sub(redos);
+                    let now = Timestamp::now();
+                    match status::restart(&current, &change, restarts, switched, now) {
                         Ok(next) => (start, last) = (next, Some(*current)),
                         Err(failed) => return self.record_end(&resource, *failed).await,
                     }

@@ -69,8 +69,8 @@ pub const MAX_RESTARTS: u32 = 3;
 pub const MAX_REDOS: u32 = 20;
 
 /// Where a migration goes after `change` (the cluster it wrote to was restored or restarted)
-/// voided the run whose last status is `current`, for the `redos`-th time: the start of a run
-/// from the first object, or past [`MAX_REDOS`], Failed.
+/// voided the run whose last status is `current`, for the `redos`-th time: the start of its
+/// `restarts`-th run from the first object, or past [`MAX_REDOS`], Failed.
 pub fn redo(
     current: &StorageVersionMigrationStatus,
     change: &Change,
@@ -101,15 +101,18 @@ pub fn redo(
 pub const MAX_RETARGETS: u32 = 10;
 
 /// Where a migration goes after `change` voided the run whose last status is `current`: the
-/// start of its `restarts`-th run, or past [`MAX_RESTARTS`], Failed.
+/// start of its `restarts`-th run (start-overs of any cause, as `status.restarts` counts them),
+/// or, when the storage version has now changed more than [`MAX_RESTARTS`] times under it
+/// (`switched`), Failed.
 pub fn restart(
     current: &StorageVersionMigrationStatus,
     change: &Change,
     restarts: u32,
+    switched: u32,
     now: Timestamp,
 ) -> Result<Start, Box<StorageVersionMigrationStatus>> {
     let processed = current.progress.as_ref().map_or(0, |p| p.processed);
-    if restarts > MAX_RESTARTS {
+    if switched > MAX_RESTARTS {
         let message = format!(
             "{}, after {processed} objects, and it had already changed {MAX_RESTARTS} times while the migration ran: objects may be stored in any of those versions; settle the storage version, then migrate again",
             change.message
@@ -765,11 +768,12 @@ mod tests {
             then: super::super::change::Then::StartOver,
         };
         let current = running(None, &target("h2"), &progress(0), now());
-        let next = restart(&current, &change, 1, now()).expect("starts over");
+        let next = restart(&current, &change, 1, 1, now()).expect("starts over");
         assert_eq!((next.restarts, next.listed_from_start), (1, true));
         assert!(next.note.contains("after 10 objects"), "{}", next.note);
-        assert!(restart(&current, &change, MAX_RESTARTS, now()).is_ok());
-        let failed = restart(&current, &change, MAX_RESTARTS + 1, now()).expect_err("fails");
+        assert!(restart(&current, &change, MAX_RESTARTS, MAX_RESTARTS, now()).is_ok());
+        let failed = restart(&current, &change, MAX_RESTARTS + 1, MAX_RESTARTS + 1, now())
+            .expect_err("fails");
         let condition = &failed.conditions[0];
         assert_eq!(
             (condition.type_.as_str(), condition.reason.as_deref()),

@@ -107,7 +107,9 @@ async fn probes_and_metrics_follow_a_real_migration() {
     let api: Api<StorageVersionMigration> = Api::all(client.clone());
     api.create(&Default::default(), &migration).await.expect("created");
 
-    let resource = format!("resource=\"{}/v1, Resource=widgets\"", widgets.group);
+    // Labelled by the version written through: the CRD's storage version, v2, though the
+    // migration names v1.
+    let resource = format!("resource=\"{}/v2, Resource=widgets\"", widgets.group);
     let remaining = format!("storage_migrator_core_migrator_remaining_objects{{{resource}}}");
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut seen_remaining = 0.0;
