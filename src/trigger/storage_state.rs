@@ -324,12 +324,11 @@ pub fn failures(
     (u32::try_from(failed).unwrap_or(u32::MAX), last)
 }
 
-/// How many of the newest `migrations` that ended, in a row, succeeded for the hash `current`
-/// (as the discovery trigger's [`TARGET_HASH`](super::discovery::TARGET_HASH_ANNOTATION) says)
-/// without proving anything: what `proves` refuses. Pure.
+/// How many of the newest `migrations` that ended, in a row, were made for the current hash
+/// (`for_current`) and succeeded without proving anything (what `proves` refuses). Pure.
 pub fn unproven_in_a_row(
     migrations: &[&StorageVersionMigration],
-    current: &str,
+    for_current: impl Fn(&StorageVersionMigration) -> bool,
     proves: impl Fn(&StorageVersionMigration) -> bool,
 ) -> u32 {
     let mut ended: Vec<(Timestamp, &StorageVersionMigration)> = migrations
@@ -339,11 +338,6 @@ pub fn unproven_in_a_row(
         .filter_map(|m| Some((m.ended_at()?, m)))
         .collect();
     ended.sort_by_key(|(at, _)| *at);
-    let for_current = |m: &StorageVersionMigration| {
-        let annotations = m.metadata.annotations.as_ref();
-        let target = annotations.and_then(|a| a.get(super::discovery::TARGET_HASH_ANNOTATION));
-        target.is_some_and(|hash| hash == current)
-    };
     let in_a_row = ended
         .iter()
         .rev()
@@ -693,28 +687,37 @@ mod tests {
 
     #[test]
     fn only_unproven_successes_of_the_current_hash_in_a_row_are_counted() {
+        const MADE_FOR: &str = "made-for";
         let ended = |targeted: &str, phase: &str, at: i64, hash: &str| {
             let mut m = migration(targeted, phase, true, at - 1);
             if let Some(status) = m.status.as_mut() {
                 status.completion_time = Some(Time(ts(at)));
             }
-            let annotation = crate::trigger::discovery::TARGET_HASH_ANNOTATION;
-            m.metadata.annotations = Some([(annotation.to_owned(), hash.to_owned())].into());
+            m.metadata.annotations = Some([(MADE_FOR.to_owned(), hash.to_owned())].into());
             m
+        };
+        let made_for = |hash: &'static str| {
+            move |m: &StorageVersionMigration| {
+                m.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(MADE_FOR))
+                    .is_some_and(|h| h == hash)
+            }
         };
         // Unproven: they targeted another hash than they were created for.
         let unproven = |at: i64| ended("A", "Succeeded", at, "B");
         let (a, b, c) = (unproven(10), unproven(20), unproven(30));
         let proved = |m: &StorageVersionMigration| proves(m, &widgets(), "B", None);
-        assert_eq!(unproven_in_a_row(&[&c, &a, &b], "B", proved), 3);
+        assert_eq!(unproven_in_a_row(&[&c, &a, &b], made_for("B"), proved), 3);
         // A failure in between ends the row; so does a success that proves.
         let failed = ended("B", "Failed", 25, "B");
-        assert_eq!(unproven_in_a_row(&[&a, &b, &failed, &c], "B", proved), 1);
+        assert_eq!(unproven_in_a_row(&[&a, &b, &failed, &c], made_for("B"), proved), 1);
         let good = ended("B", "Succeeded", 25, "B");
         assert!(proved(&good));
-        assert_eq!(unproven_in_a_row(&[&a, &b, &good, &c], "B", proved), 1);
+        assert_eq!(unproven_in_a_row(&[&a, &b, &good, &c], made_for("B"), proved), 1);
         // Made for another hash: not this hash's.
-        assert_eq!(unproven_in_a_row(&[&a, &b, &c], "C", proved), 0);
+        assert_eq!(unproven_in_a_row(&[&a, &b, &c], made_for("C"), proved), 0);
     }
 
     #[test]

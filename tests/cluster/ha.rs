@@ -356,7 +356,8 @@ async fn a_hash_published_by_one_rolled_back_apiserver_is_persisted() {
 /// apiserver meanwhile, so etcd holds them in the old version, and discovery at the end shows the
 /// new hash everywhere again. The run samples discovery while it writes: it starts over once it
 /// sees the old hash, and never ends Succeeded with its encoding confirmed while etcd still holds
-/// an object in the old version.
+/// an object in the old version. (The apiserver's restart itself may be what the run sees first:
+/// its witness of the apiservers starts it over too.)
 #[tokio::test]
 async fn a_built_in_run_seeing_another_hash_mid_run_starts_over() {
     const POLICIES_SEEDED: usize = 200;
@@ -440,7 +441,11 @@ async fn a_built_in_run_seeing_another_hash_mid_run_starts_over() {
         Phase::of(&ended),
         proved(&ended)
     );
-    assert!(controller.logs().contains("while the run wrote in"), "{}", controller.logs());
+    // Whichever saw it first: the run's sampling of the hash, or its witness of the apiservers
+    // (the rollback restarts apiserver 1).
+    let logs = controller.logs();
+    let seen = ["while the run wrote in", "the apiservers restarted while the run wrote"];
+    assert!(seen.iter().any(|line| logs.contains(line)), "{logs}");
 }
 
 /// How long apiservers are killed and revived in the fault scenario (`KUBE_SVM_HA_SECONDS`).

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::Api;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -306,8 +306,12 @@ async fn poll(
                 }
             }
             (false, None) => {
-                let unproven =
-                    storage_state::unproven_in_a_row(&of_resource, &current, |m| proof(m).is_ok());
+                let for_current = |m: &StorageVersionMigration| {
+                    m.annotations().get(TARGET_HASH_ANNOTATION).is_some_and(|h| *h == current)
+                };
+                let unproven = storage_state::unproven_in_a_row(&of_resource, for_current, |m| {
+                    proof(m).is_ok()
+                });
                 let held = match unproven >= MAX_UNPROVEN {
                     true => Some(format!(
                         "{unproven} migrations in a row succeeded without proving the objects are stored in {current} (the last: {}); none is created for it again: vouch for the encoding on a migration of your own (kube-svm.io/encoding-confirmed), or serve the StorageVersion API",
