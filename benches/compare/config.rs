@@ -1,0 +1,135 @@
+//! Every `BENCH_*` variable the bench reads, read once from the environment into a [`Config`].
+//! `docs/performance.md` lists them for operators; this is where each one is read and used.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The widgets are spread over this many namespaces; `BENCH_OBJECTS` is rounded down to a
+/// multiple of it.
+pub const NAMESPACES: usize = 20;
+
+/// What one run measures, from its environment.
+pub struct Config {
+    /// `BENCH_OBJECTS`: the custom resources each contender moves one storage version further,
+    /// rounded down to a multiple of [`NAMESPACES`]. Default 10,000.
+    pub objects: usize,
+    /// `BENCH_OBJECT_BYTES`: the size of each, about. Default 1,500.
+    pub object_bytes: usize,
+    /// `BENCH_CONTENDERS`: the contenders and phases that run, comma-separated names; `None`
+    /// (unset or blank) runs them all. Default all.
+    pub contenders: Option<Vec<String>>,
+    /// `BENCH_FOREGROUND_BUDGETS`: the budgets of the `kube-svm-controller-probe` contenders,
+    /// comma-separated (`3x`, `25ms`, `off`; `in-tree` is the in-tree migrator's foreground p99
+    /// in the run, `in-tree-relative` that p99 over the idle one). Default `in-tree,off`.
+    pub foreground_budgets: Vec<String>,
+    /// `BENCH_BEFORE_BINARY`: another kube-svm build, whose defaults run first, alone and with
+    /// the burst (`kube-svm-before`, `kube-svm-before-burst`). Default none.
+    pub before_binary: Option<PathBuf>,
+    /// `BENCH_SWEEP`: which settings of kube-svm's engine the sweep runs. Default all.
+    pub sweep: Sweep,
+    /// `BENCH_REPORT`: where the report goes, `<stem>.md` and `<stem>.json`. Default
+    /// `docs/bench`.
+    pub report: PathBuf,
+    /// `BENCH_IDLE_SECONDS`: how long the idle apiserver is measured, before the contenders and
+    /// after them. Default 20 s: 800 foreground requests, so that the p99 is the eighth slowest;
+    /// a large apiserver's collector slows every client a few times a minute, which 20 s may miss.
+    pub idle: Duration,
+    /// `BENCH_APISERVER_FLAGS`: flags added to kube-apiserver's, whitespace-separated. Default
+    /// none.
+    pub apiserver_flags: Vec<String>,
+    /// `BENCH_TRACE_MS`: print each foreground request that took this many ms or more, and each
+    /// check of the widgets' watch caches against etcd. Default none.
+    pub trace_ms: Option<f64>,
+}
+
+impl Config {
+    /// Reads the environment; a value that cannot be read stops the bench before it starts.
+    pub fn from_env() -> Config {
+        let var = |name: &str| std::env::var(name).ok();
+        // As before: a number that does not parse leaves the default.
+        let number =
+            |name: &str, default: usize| var(name).and_then(|v| v.parse().ok()).unwrap_or(default);
+        let idle = var("BENCH_IDLE_SECONDS").map(|s| {
+            s.parse::<u64>()
+                .unwrap_or_else(|_| panic!("BENCH_IDLE_SECONDS={s}: a number of seconds"))
+        });
+        let trace_ms = var("BENCH_TRACE_MS").map(|value| {
+            value.parse().unwrap_or_else(|_| panic!("BENCH_TRACE_MS={value}: a number of ms"))
+        });
+        let budgets = var("BENCH_FOREGROUND_BUDGETS").unwrap_or_else(|| "in-tree,off".into());
+        Config {
+            objects: number("BENCH_OBJECTS", 10_000) / NAMESPACES * NAMESPACES,
+            object_bytes: number("BENCH_OBJECT_BYTES", 1500),
+            contenders: var("BENCH_CONTENDERS")
+                .filter(|list| !list.trim().is_empty())
+                .map(|list| list.split(',').map(|c| c.trim().to_owned()).collect()),
+            foreground_budgets: budgets
+                .split(',')
+                .map(str::trim)
+                .filter(|b| !b.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            before_binary: std::env::var_os("BENCH_BEFORE_BINARY").map(PathBuf::from),
+            sweep: Sweep::parse(&var("BENCH_SWEEP").unwrap_or_default()),
+            report: var("BENCH_REPORT")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/bench")),
+            idle: Duration::from_secs(idle.unwrap_or(20)),
+            apiserver_flags: var("BENCH_APISERVER_FLAGS")
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect(),
+            trace_ms,
+        }
+    }
+
+    /// Whether `contender` runs: a row named `<contender> <setting>` runs with its contender.
+    pub fn selected(&self, contender: &str) -> bool {
+        let contender = contender.split(' ').next().unwrap_or(contender);
+        match &self.contenders {
+            Some(list) => list.iter().any(|c| c == contender),
+            None => true,
+        }
+    }
+
+    /// The arguments of a `kube-svm controller` the bench starts, its gentle pace steered by
+    /// `budget` (`--foreground-budget`).
+    pub fn controller_args(&self, budget: &str) -> Vec<String> {
+        let mut args = Vec::from(
+            ["controller", "--leader-elect=false", "--crd-trigger=false"].map(String::from),
+        );
+        args.push(format!("--foreground-budget={budget}"));
+        args
+    }
+}
+
+/// Which settings the sweep of kube-svm's engine runs (`BENCH_SWEEP`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Sweep {
+    /// `0`: none.
+    Off,
+    /// Unset or empty: every setting.
+    All,
+    /// `windows`: the fixed write windows at the fast pace.
+    Windows,
+    /// `bands`: the gentle latency bands.
+    Bands,
+    /// `rates`: the fixed rates.
+    Rates,
+    /// Any other text: every setting whose name holds it (`rate 80`, `in-tree`).
+    Named(String),
+}
+
+impl Sweep {
+    fn parse(text: &str) -> Sweep {
+        match text {
+            "0" => Sweep::Off,
+            "" => Sweep::All,
+            "windows" => Sweep::Windows,
+            "bands" => Sweep::Bands,
+            "rates" => Sweep::Rates,
+            other => Sweep::Named(other.to_owned()),
+        }
+    }
+}
