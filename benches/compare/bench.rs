@@ -8,7 +8,6 @@ use futures::{StreamExt, TryStreamExt};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, Client};
-use kube_svm::api::Budget;
 use serde_json::json;
 
 use crate::config::{Config, NAMESPACES};
@@ -267,7 +266,7 @@ impl Bench {
         }
         let from = Instant::now();
         let cpu_from = self.meter.cpu_seconds(self.meter.apiserver);
-        let probe = Probe::start(&self.account, Budget::default());
+        let probe = Probe::start(&self.account, self.config.pace.probe_budget());
         tokio::time::sleep(PROBE_ALONE).await;
         let seen = probe.stop();
         // The apiserver's CPU the probe costs, the idle rate (the foreground's) subtracted.

@@ -4,6 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use kube_svm::api::Budget;
+use kube_svm::engine::Band;
+
 /// The widgets are spread over this many namespaces; `BENCH_OBJECTS` is rounded down to a
 /// multiple of it.
 pub const NAMESPACES: usize = 20;
@@ -40,6 +43,9 @@ pub struct Config {
     /// `BENCH_TRACE_MS`: print each foreground request that took this many ms or more, and each
     /// check of the widgets' watch caches against etcd. Default none.
     pub trace_ms: Option<f64>,
+    /// `BENCH_PACE`: the gentle pace's numbers that kube-svm takes as parameters. Default
+    /// kube-svm's own.
+    pub pace: PaceTuning,
 }
 
 impl Config {
@@ -81,6 +87,7 @@ impl Config {
                 .map(str::to_owned)
                 .collect(),
             trace_ms,
+            pace: PaceTuning::parse(&var("BENCH_PACE").unwrap_or_default()),
         }
     }
 
@@ -100,6 +107,9 @@ impl Config {
             ["controller", "--leader-elect=false", "--crd-trigger=false"].map(String::from),
         );
         args.push(format!("--foreground-budget={budget}"));
+        if let Some(writes) = self.pace.writes_in_flight {
+            args.push(format!("--writes-in-flight={writes}"));
+        }
         args
     }
 }
@@ -131,5 +141,70 @@ impl Sweep {
             "rates" => Sweep::Rates,
             other => Sweep::Named(other.to_owned()),
         }
+    }
+}
+
+/// The gentle pace's numbers that kube-svm takes as parameters (`BENCH_PACE`, `key=value` pairs
+/// separated by commas: `BENCH_PACE=budget=2x,max_spacing=1`). A key not given keeps kube-svm's
+/// default, and so does every argument the bench passes. The steering law's own numbers (its
+/// start rate, cuts and growths) are constants of the library, not parameters, and are not here.
+pub struct PaceTuning {
+    /// `budget`: the `--foreground-budget` of the controllers that run at the defaults
+    /// (every contender but `kube-svm-controller-probe`), and the budget of the probe the bench
+    /// sends by itself. Default `3x`.
+    pub budget: String,
+    /// `writes_in_flight`: `--writes-in-flight` of every controller the bench starts, and the
+    /// engine contender's most writes at once. Default kube-svm's (64).
+    pub writes_in_flight: Option<usize>,
+    /// `grow_below`, `shrink_above`, `ceiling_ms`, `max_spacing`: the gentle latency band of the
+    /// engine contender (`kube-svm-engine`), which paces by its own write latency. The controller
+    /// takes no flag for it. Default [`Band::GENTLE`] (1.5, 3, 100 ms, 2).
+    pub band: Band,
+}
+
+impl PaceTuning {
+    /// The keys `BENCH_PACE` knows.
+    const KEYS: &'static str =
+        "budget, writes_in_flight, grow_below, shrink_above, ceiling_ms, max_spacing";
+
+    fn parse(text: &str) -> PaceTuning {
+        // The controller's default budget, named: the test support's controllers follow their own
+        // latency unless told.
+        let mut tuning =
+            PaceTuning { budget: "3x".to_owned(), writes_in_flight: None, band: Band::GENTLE };
+        for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or_else(|| {
+                panic!("BENCH_PACE: {pair:?} is not key=value (keys: {})", Self::KEYS)
+            });
+            let (key, value) = (key.trim(), value.trim());
+            let number = || -> f64 {
+                value.parse().unwrap_or_else(|_| panic!("BENCH_PACE: {key}={value}: a number"))
+            };
+            match key {
+                "budget" => {
+                    if let Err(error) = Budget::parse(value) {
+                        panic!("BENCH_PACE: {error}");
+                    }
+                    tuning.budget = value.to_owned();
+                }
+                "writes_in_flight" => {
+                    let writes = value.parse().unwrap_or_else(|_| {
+                        panic!("BENCH_PACE: writes_in_flight={value}: a count")
+                    });
+                    tuning.writes_in_flight = Some(writes);
+                }
+                "grow_below" => tuning.band.grow_below = number(),
+                "shrink_above" => tuning.band.shrink_above = number(),
+                "ceiling_ms" => tuning.band.ceiling = Duration::from_secs_f64(number() / 1000.0),
+                "max_spacing" => tuning.band.max_spacing = number(),
+                _ => panic!("BENCH_PACE: no key {key:?} (keys: {})", Self::KEYS),
+            }
+        }
+        tuning
+    }
+
+    /// The budget of the probe the bench sends by itself.
+    pub fn probe_budget(&self) -> Budget {
+        Budget::parse(&self.budget).expect("checked when read")
     }
 }

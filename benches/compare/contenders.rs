@@ -46,10 +46,6 @@ const UPSTREAM_BURST: u32 = 1000;
 /// kube-storage-version-migrator's list page size.
 const UPSTREAM_PAGE: u32 = 500;
 
-/// The controller's default `--foreground-budget`, named: the test support's controllers follow
-/// their own latency unless told.
-const DEFAULT_BUDGET: &str = "3x";
-
 /// The contenders that run the controller at its defaults (`bench-controller`).
 const CONTROLLER_CONTENDERS: [&str; 6] = [
     "kube-svm-controller",
@@ -71,7 +67,7 @@ pub async fn before_build(bench: &mut Bench) {
     let selected =
         bench.config.selected("kube-svm-before") || bench.config.selected("kube-svm-before-burst");
     let Some(before) = bench.config.before_binary.clone().filter(|_| selected) else { return };
-    let args = bench.config.controller_args(DEFAULT_BUDGET);
+    let args = bench.config.controller_args(&bench.config.pace.budget);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let kubeconfig = bench.control_plane.controller_kubeconfig().await;
     let controller =
@@ -92,7 +88,7 @@ pub async fn before_build(bench: &mut Bench) {
 /// follow their own latency unless told), if a contender that needs it runs.
 async fn start_default_controller(bench: &mut Bench) {
     if CONTROLLER_CONTENDERS.iter().any(|c| bench.config.selected(c)) {
-        let args = bench.config.controller_args(DEFAULT_BUDGET);
+        let args = bench.config.controller_args(&bench.config.pace.budget);
         bench.start_controller("bench-controller", &args).await;
     }
 }
@@ -212,10 +208,17 @@ pub async fn flow_control(bench: &mut Bench) {
 }
 
 /// kube-svm's engine, as a library, at the controller's defaults (gentle, by its own latency
-/// band).
+/// band), but for what `BENCH_PACE` sets.
 pub async fn engine(bench: &mut Bench) {
+    let pace = &bench.config.pace;
+    let defaults = Settings::default();
+    let settings = Settings {
+        writes_in_flight: pace.writes_in_flight.unwrap_or(defaults.writes_in_flight),
+        gentle_band: pace.band,
+        ..defaults
+    };
     let note = "the library at the controller's defaults (gentle)";
-    let engine = |ctx| kube_svm_engine(ctx, Settings::default());
+    let engine = |ctx| kube_svm_engine(ctx, settings);
     bench.measure("kube-svm-engine", note, true, Duration::ZERO, engine).await;
 }
 

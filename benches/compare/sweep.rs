@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kube_svm::api::{Budget, GroupVersionResource, Pace};
+use kube_svm::api::{GroupVersionResource, Pace};
 use kube_svm::engine::{Band, Engine, RateLimiter, Resource, Settings};
 use prometheus::core::Collector as _;
 
@@ -197,7 +197,7 @@ async fn point(bench: &mut Bench, setting: Setting) -> Point {
             }
         })
     };
-    let probe = Probe::start(&bench.account, Budget::default());
+    let probe = Probe::start(&bench.account, bench.config.pace.probe_budget());
     run_engine_for(&engine, resource, setting.for_at_most).await;
     let probed = probe.stop();
     let millis = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1000.0);
