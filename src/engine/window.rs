@@ -20,8 +20,8 @@
 //! added beyond a few while its throughput still grows slowly, and every other client of the
 //! apiserver waits about as long as kube-svm's own writes do: the band kube-svm keeps its own
 //! latency in is the slowdown it imposes on everyone else. The gentle band keeps that slowdown
-//! small; the fast one trades it for the apiserver's whole throughput (docs/performance.md has the
-//! measurements).
+//! small; the fast one trades it for the apiserver's whole throughput
+//! (bench/notes/2026-11-24-bands-and-spacing.md has the measurements).
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -84,7 +84,7 @@ impl Band {
     /// Narrow: other clients wait about as long as kube-svm's writes do, so holding those within
     /// one and a half to three times the fastest write keeps everyone's latency within a small
     /// multiple of idle; the ceiling keeps a slow apiserver from being loaded further. Chosen
-    /// from `make bench`'s sweep (docs/performance.md): of the bands tried (1.5x-3x, 2x-4x, 3x-6x,
+    /// from `make bench`'s sweep (bench/notes/2026-11-24-bands-and-spacing.md): of the bands tried (1.5x-3x, 2x-4x, 3x-6x,
     /// 5x-10x), this one left the foreground client's p50 at its idle value and its p99 lowest,
     /// while moving 0.56x the limit; wider bands bought up to 0.81x with twice the p99. Even one
     /// write at a time, back to back, kept a 2-core apiserver busy enough to put the foreground

@@ -5,8 +5,7 @@
 //! never lets it grow: an apiserver that hides its `/metrics`, or a reading that makes no sense,
 //! leaves the pace to the probe alone.
 //!
-//! Measured by the bench on two cores (docs/performance.md, "A guard from the apiserver's own
-//! account"): of the apiserver's goroutines' waits, those past 0.92 ms were 0.2 to 1.0% through
+//! Measured by the bench on two cores (bench/notes/2026-11-27-guard.md): of the apiserver's goroutines' waits, those past 0.92 ms were 0.2 to 1.0% through
 //! a run of 12,000 objects, its cuts at the knee included, and 4.3 to 11.4% in the collector's
 //! spells of an apiserver holding 100,000.
 

@@ -1,0 +1,163 @@
+//! The report: a row per contender or phase and a point per setting of the sweep, as a table
+//! (`<stem>.md`, printed too) and as numbers (`<stem>.json`, which `hack/plot.py` draws). The
+//! stem is `docs/bench` unless `BENCH_REPORT` says otherwise.
+
+use std::fmt::Write as _;
+
+use serde_json::json;
+
+use crate::bench::Bench;
+use crate::config::NAMESPACES;
+use crate::foreground::Latencies;
+use crate::meter::Busy;
+use crate::sweep::Point;
+
+/// One contender's result, or one phase's with nothing migrated.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Row {
+    pub contender: String,
+    pub note: String,
+    pub objects: usize,
+    pub seconds: f64,
+    pub objects_per_second: f64,
+    pub requests_per_object: f64,
+    pub apiserver_cpu_per_1000: f64,
+    pub etcd_cpu_per_1000: f64,
+    pub peak_rss_mib: Option<f64>,
+    /// The foreground client's requests while the contender ran.
+    pub foreground: Option<Latencies>,
+    /// What the apiserver spent its time on meanwhile, every client's requests together.
+    pub busiest: Vec<Busy>,
+}
+
+impl Row {
+    /// A phase of `seconds` in which nothing migrated: only the foreground's latencies, and what
+    /// the apiserver was busy with if measured.
+    pub fn phase(
+        contender: &str,
+        note: &str,
+        seconds: f64,
+        foreground: Option<Latencies>,
+        busiest: Vec<Busy>,
+    ) -> Row {
+        Row {
+            contender: contender.to_owned(),
+            note: note.to_owned(),
+            objects: 0,
+            seconds,
+            objects_per_second: 0.0,
+            requests_per_object: 0.0,
+            apiserver_cpu_per_1000: 0.0,
+            etcd_cpu_per_1000: 0.0,
+            peak_rss_mib: None,
+            foreground,
+            busiest,
+        }
+    }
+}
+
+/// Writes the report's table and numbers where the config says (`docs/bench.md` and
+/// `docs/bench.json` by default).
+pub fn write(bench: &Bench, sweep: &[Point]) {
+    let bytes = bench.config.object_bytes;
+    let limit: Vec<f64> = bench
+        .rows
+        .iter()
+        .filter(|r| r.contender.starts_with("limit-64"))
+        .map(|r| r.objects_per_second)
+        .collect();
+    let limit = limit.iter().sum::<f64>() / limit.len().max(1) as f64;
+    let mut table = String::new();
+    let _ = writeln!(
+        table,
+        "{} custom resources of about {bytes} bytes over {NAMESPACES} namespaces, one local control plane (2 cores shared by etcd, kube-apiserver, the contender and the foreground client), one run. Ratios against the mean of the two 64-in-flight bare-client runs ({limit:.0} objects/s). The foreground client sends one GET and one merge PATCH of a ConfigMap every 50 ms as a ServiceAccount; its latency is measured while each contender runs.\n",
+        bench.config.objects
+    );
+    // The budget the probe's default aims at, for the foreground's p99 of each minute.
+    let idle_p99 = bench
+        .rows
+        .iter()
+        .find(|r| r.contender == "idle-before")
+        .and_then(|r| r.foreground.as_ref())
+        .map(|f| f.p99_ms);
+    let minutes = |row: &Row| -> String {
+        let Some(per_minute) = row.foreground.as_ref().map(|f| &f.per_minute_p99_ms) else {
+            return "-".to_owned();
+        };
+        if per_minute.is_empty() || row.objects == 0 {
+            return "-".to_owned();
+        }
+        let cells: Vec<String> = per_minute.iter().map(|p99| format!("{p99:.1}")).collect();
+        let within = match idle_p99 {
+            Some(idle) => {
+                let within = per_minute.iter().filter(|p99| **p99 <= 3.0 * idle).count();
+                format!(" ({within} of {} within 3x idle)", per_minute.len())
+            }
+            None => String::new(),
+        };
+        format!("{}{within}", cells.join(", "))
+    };
+    table.push_str("| contender | objects/s | × limit | foreground p50 / p99 / max (ms) | foreground p99 each minute (ms) | requests/object | apiserver CPU s / 1,000 | etcd CPU s / 1,000 | peak RSS | note |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    let dash = || "-".to_owned();
+    for row in &bench.rows {
+        let migrates = row.objects > 0;
+        let _ = writeln!(
+            table,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            row.contender,
+            if migrates { format!("{:.0}", row.objects_per_second) } else { dash() },
+            match migrates && limit > 0.0 {
+                true => format!("{:.2}", row.objects_per_second / limit),
+                false => dash(),
+            },
+            row.foreground.as_ref().map(|f| f.cells()).unwrap_or_else(dash),
+            minutes(row),
+            if migrates { format!("{:.3}", row.requests_per_object) } else { dash() },
+            if migrates { format!("{:.2}", row.apiserver_cpu_per_1000) } else { dash() },
+            if migrates { format!("{:.2}", row.etcd_cpu_per_1000) } else { dash() },
+            row.peak_rss_mib.map(|m| format!("{m:.1} MiB")).unwrap_or_else(dash),
+            row.note
+        );
+    }
+    table.push_str("\nWhat the apiserver spent its time on while each ran, every client's requests together (requests a second, and the seconds they took each second: summed latencies; watches aside):\n\n");
+    for row in bench.rows.iter().filter(|r| !r.busiest.is_empty()) {
+        let busiest: Vec<String> = row
+            .busiest
+            .iter()
+            .take(5)
+            .map(|b| format!("{} {:.1}/s {:.3} s/s", b.request, b.per_second, b.busy_per_second))
+            .collect();
+        let _ = writeln!(table, "- {}: {}", row.contender, busiest.join("; "));
+    }
+    if !sweep.is_empty() {
+        table.push_str("\nkube-svm's engine (as the chart's ServiceAccount, no client-side rate limit) at fixed windows (the fast pace, at most N writes in flight), at gentle latency bands (grow below a×, shrink above b× the fastest write, at most 64 in flight; spaced: at one write in flight, up to c× its latency idle after each write) and at fixed rates (the fast pace held to N requests/s by the client-side limit, for 90 s at most): the curve of throughput against the foreground's latency. Writes in flight is their summed latency over the run's duration, below 1 when spaced.\n\n| setting | objects/s | × limit | foreground p50 / p99 / max (ms) | mean write latency (ms) | mean window | writes in flight |\n| --- | --- | --- | --- | --- | --- | --- |\n");
+        for point in sweep {
+            let _ = writeln!(
+                table,
+                "| {} | {:.0} | {} | {} | {:.1} | {:.1} | {:.2} |",
+                point.setting,
+                point.objects_per_second,
+                match limit > 0.0 {
+                    true => format!("{:.2}", point.objects_per_second / limit),
+                    false => dash(),
+                },
+                point.foreground.as_ref().map(|f| f.cells()).unwrap_or_else(dash),
+                point.mean_write_ms,
+                point.mean_window,
+                point.mean_in_flight,
+            );
+        }
+    }
+    println!("\n{table}");
+    let stem = &bench.config.report;
+    if let Some(dir) = stem.parent() {
+        std::fs::create_dir_all(dir).expect("the report's directory is created");
+    }
+    std::fs::write(stem.with_extension("md"), &table).expect("the table is written");
+    let json = json!({ "objects": bench.config.objects, "bytes": bytes, "limit": limit, "rows": bench.rows, "sweep": sweep });
+    std::fs::write(
+        stem.with_extension("json"),
+        serde_json::to_string_pretty(&json).expect("serializes"),
+    )
+    .expect("the numbers are written");
+}
