@@ -417,19 +417,8 @@ async fn upstream_crds_never_make_the_trigger_loop() {
     widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 20).await;
     // Two more polls (each writes the heartbeat: the interval is 5 s, heartbeats are written
     // when 2.5 s old), then no resource has a second success.
+    migrations::wait_for_polls(&client, &widgets.name(), 2, &controller).await;
     let states: Api<StorageState> = Api::all(client.clone());
-    let heartbeat = || async {
-        let state = states.get(&widgets.name()).await.expect("read");
-        state.status.and_then(|s| s.last_heartbeat_time).map(|t| t.0)
-    };
-    for _ in 0..2 {
-        let before = heartbeat().await;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while heartbeat().await == before {
-            assert!(Instant::now() < deadline, "no poll\n{}", controller.logs());
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    }
     let mut succeeded = std::collections::BTreeMap::<String, Vec<_>>::new();
     for m in all.list(&Default::default()).await.expect("listed").items {
         if Phase::of(&m) == Phase::Succeeded {

@@ -960,27 +960,35 @@ async fn an_unavailable_aggregated_api_fails_its_migrations_without_blocking_oth
     }
 }
 
+/// A control plane of the test's own for a scenario that disturbs it, `count` widgets of `test`
+/// stored at v1, and a controller with the CRD trigger that records every page, pressing the
+/// apiserver as `pace` says.
+async fn own_plane(
+    test: &str,
+    count: usize,
+    pace: &[&str],
+) -> (ControlPlane, Client, WidgetCrd, KubeSvm) {
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
+    let widgets = stale_widgets(&client, test, count, &[]).await;
+    let mut args = vec![
+        "controller",
+        "--leader-elect=false",
+        "--crd-trigger=true",
+        "--kube-api-burst=10",
+        "--checkpoint-interval=0",
+    ];
+    args.extend_from_slice(pace);
+    let controller = KubeSvm::start(&control_plane, "controller", &args).await;
+    (control_plane, client, widgets, controller)
+}
+
 /// kube-apiserver is killed and restarted three times during a migration: the controller waits
 /// for it each time instead of failing objects, and the migration succeeds and prunes.
 #[tokio::test]
 async fn apiserver_restarts_mid_run_fail_no_object() {
-    let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let count = scale(3000);
-    let widgets = stale_widgets(&client, "restarts", count, &[]).await;
-    let controller = KubeSvm::start(
-        &control_plane,
-        "controller",
-        &[
-            "controller",
-            "--leader-elect=false",
-            "--crd-trigger=true",
-            "--page-size=50",
-            "--kube-api-qps=50",
-            "--kube-api-burst=10",
-            "--checkpoint-interval=0",
-        ],
-    )
-    .await;
+    let pace = ["--page-size=50", "--kube-api-qps=50"];
+    let (control_plane, client, widgets, controller) = own_plane("restarts", count, &pace).await;
     let name = switch_and_wait_for_migration(&client, &widgets, &controller).await;
     // A restart whenever the run has moved on a little since the last one, while it runs: on a
     // loaded machine a restart takes long enough for much of the run to happen meanwhile.
@@ -1015,25 +1023,9 @@ async fn apiserver_restarts_mid_run_fail_no_object() {
 /// end Succeeded, nor prune, on writes the restore undid: it is done again, and etcd agrees.
 #[tokio::test]
 async fn an_etcd_restore_mid_run_is_never_taken_for_success() {
-    let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let count = scale(3000);
-    let widgets = stale_widgets(&client, "restored", count, &[]).await;
-    let controller = KubeSvm::start(
-        &control_plane,
-        "controller",
-        &[
-            "controller",
-            "--leader-elect=false",
-            "--crd-trigger=true",
-            "--pace=fast",
-            "--page-size=100",
-            "--kube-api-qps=60",
-            "--kube-api-burst=10",
-            "--checkpoint-interval=0",
-            "--storage-version-settle=0",
-        ],
-    )
-    .await;
+    let pace = ["--pace=fast", "--page-size=100", "--kube-api-qps=60"];
+    let (control_plane, client, widgets, controller) = own_plane("restored", count, &pace).await;
     let name = switch_and_wait_for_migration(&client, &widgets, &controller).await;
     wait_for(&client, &name, FINISH, &[&controller], processed_at_least(count as u64 / 6)).await;
     let snapshot = control_plane.snapshot_etcd("backup.db").expect("a snapshot is saved");

@@ -580,6 +580,22 @@ async fn apiservers_and_the_controller_killed_again_and_again_lose_nothing() {
     assert_eq!(outcome.census.count(&widgets.api_version("v3")), 300);
 }
 
+/// `apiservers` kube-apiservers behind the balancer, with kube-svm's CRDs, and client-IP affinity
+/// on the `kubernetes` Service.
+async fn sticky(apiservers: usize) -> (ControlPlane, Client) {
+    let topology = Topology { apiservers: vec![Vec::new(); apiservers], common: Vec::new() };
+    let control_plane = ControlPlane::start_ha(&topology).await.expect("control plane");
+    let client = control_plane.client().await;
+    install_kube_svm_crds(&client).await;
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let affinity = json!({ "spec": { "sessionAffinity": "ClientIP" } });
+    services
+        .patch("kubernetes", &PatchParams::default(), &Patch::Merge(&affinity))
+        .await
+        .expect("the kubernetes Service takes client-IP affinity");
+    (control_plane, client)
+}
+
 /// Client-IP affinity on the `kubernetes` Service sends every new connection of a client in the
 /// cluster to one apiserver: fresh-connection samples of discovery are then one apiserver's
 /// answer asked again, whatever their number. Without the StorageVersion API nothing else shows
@@ -587,16 +603,8 @@ async fn apiservers_and_the_controller_killed_again_and_again_lose_nothing() {
 /// CRD's storedVersions are kept, with the affinity named in the condition and the Event.
 #[tokio::test]
 async fn client_ip_affinity_on_the_kubernetes_service_proves_nothing_by_sampling() {
-    let topology = Topology { apiservers: vec![Vec::new(); 3], common: Vec::new() };
-    let control_plane = ControlPlane::start_ha(&topology).await.expect("control plane");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
+    let (control_plane, client) = sticky(3).await;
     let services: Api<Service> = Api::namespaced(client.clone(), "default");
-    let sticky = json!({ "spec": { "sessionAffinity": "ClientIP" } });
-    services
-        .patch("kubernetes", &PatchParams::default(), &Patch::Merge(&sticky))
-        .await
-        .expect("the kubernetes Service takes client-IP affinity");
     let widgets = WidgetCrd::stale(&client, "ha-sticky", 50).await;
 
     let kubeconfig = control_plane.controller_kubeconfig().await.to_owned();
@@ -653,16 +661,7 @@ async fn client_ip_affinity_on_the_kubernetes_service_proves_nothing_by_sampling
 #[tokio::test]
 async fn resources_that_can_never_be_proven_stop_being_migrated() {
     use kube_svm::trigger::discovery::{HELD_ANNOTATION, TARGET_HASH_ANNOTATION};
-    let topology = Topology { apiservers: vec![Vec::new(); 2], common: Vec::new() };
-    let control_plane = ControlPlane::start_ha(&topology).await.expect("control plane");
-    let client = control_plane.client().await;
-    install_kube_svm_crds(&client).await;
-    let services: Api<Service> = Api::namespaced(client.clone(), "default");
-    let sticky = json!({ "spec": { "sessionAffinity": "ClientIP" } });
-    services
-        .patch("kubernetes", &PatchParams::default(), &Patch::Merge(&sticky))
-        .await
-        .expect("the kubernetes Service takes client-IP affinity");
+    let (control_plane, client) = sticky(2).await;
     let widgets = WidgetCrd::stale(&client, "ha-unprovable", 20).await;
     let kubeconfig = control_plane.controller_kubeconfig().await.to_owned();
     let args = [
@@ -703,18 +702,7 @@ async fn resources_that_can_never_be_proven_stop_being_migrated() {
     let made = of_widgets().await;
     assert_eq!(made, 3, "three runs, then none");
     // Two more polls of the widgets' state (each writes its heartbeat), and still no new run.
-    let heartbeat = || async {
-        let state = states.get(&widgets.name()).await.expect("read");
-        state.status.and_then(|s| s.last_heartbeat_time).map(|t| t.0)
-    };
-    for _ in 0..2 {
-        let before = heartbeat().await;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while heartbeat().await == before {
-            assert!(Instant::now() < deadline, "no poll\n{}", controller.logs());
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    }
+    migrations::wait_for_polls(&client, &widgets.name(), 2, &controller).await;
     assert_eq!(of_widgets().await, made, "{}", controller.logs());
 }
 

@@ -185,3 +185,21 @@ pub async fn wait_for_triggered(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Waits until the discovery trigger has polled `polls` more times, as the heartbeat of the
+/// StorageState `state` shows: each poll writes it once it is half an interval old.
+pub async fn wait_for_polls(client: &Client, state: &str, polls: usize, controller: &KubeSvm) {
+    let states: Api<kube_svm::api::StorageState> = Api::all(client.clone());
+    let heartbeat = || async {
+        let read = states.get(state).await.expect("the StorageState reads");
+        read.status.and_then(|s| s.last_heartbeat_time).map(|t| t.0)
+    };
+    for _ in 0..polls {
+        let before = heartbeat().await;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while heartbeat().await == before {
+            assert!(Instant::now() < deadline, "no poll\n{}", controller.logs());
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
