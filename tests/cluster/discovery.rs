@@ -8,14 +8,14 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use kube_svm::api::{
     GroupResource, PERSISTED_SINCE_ANNOTATION, Phase, StorageState, StorageStateSpec,
     StorageVersionMigration, StorageVersionMigrationSpec,
 };
 use kube_svm::apiserver::requests::Requests;
 use kube_svm::rules::storage_hash::storage_version_hash;
-use kube_svm::trigger::discovery::{Error, TARGET_HASH_ANNOTATION, write_state};
+use kube_svm::trigger::discovery::{Error, HELD_ANNOTATION, TARGET_HASH_ANNOTATION, write_state};
 use kube_svm::trigger::storage_state::next_status;
 use serde_json::json;
 
@@ -318,8 +318,9 @@ async fn a_storage_state_write_from_an_older_read_changes_nothing() {
 
 /// A migration that succeeds without proving anything (here the StorageState was stamped by a
 /// replica whose clock ran an hour ahead, so every migration seems to start before the hashes
-/// changed) is not followed by the same migration again and again: each next one waits twice
-/// as long as the one before, as after failures, and the log says why once per migration.
+/// changed) is not followed by the same migration again and again: the next one waits twice as
+/// long as the one before, as after failures, the log says why once per migration, and after
+/// three in a row the trigger creates none and says why on the StorageState.
 #[tokio::test]
 async fn successes_that_prove_nothing_back_off() {
     let Scenario { control_plane, client } = Scenario::own(&[]).await;
@@ -349,29 +350,33 @@ async fn successes_that_prove_nothing_back_off() {
         .expect("status written");
 
     let controller = start(&control_plane, "controller", "0").await;
-    // Retries wait 2, 4, 8 then 16 s (the follow-up poll, doubling): the fifth comes at least
-    // 16 s after the fourth ended. Without the backoff it came at the next poll, 2 s later.
-    // The first waits its turn behind every built-in resource's first migration.
+    // Retries wait 2, then 4 s (the follow-up poll, doubling): the third comes at least 4 s
+    // after the second ended. Without the backoff it came at the next poll, 2 s later. The first
+    // waits its turn behind every built-in resource's first migration. Then none comes.
     let deadline = Instant::now() + Duration::from_secs(300);
-    let found = loop {
-        let found = migrations::triggered(&client, &widgets, "discovery").await;
-        if found.len() >= 5 {
-            break found;
+    loop {
+        let state = states.get(&widgets.name()).await.expect("the StorageState");
+        if state.annotations().contains_key(HELD_ANNOTATION) {
+            break;
         }
-        assert!(Instant::now() < deadline, "{} migrations\n{}", found.len(), controller.logs());
+        let found = migrations::triggered(&client, &widgets, "discovery").await.len();
+        assert!(Instant::now() < deadline, "{found} migrations\n{}", controller.logs());
         tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+    }
+    migrations::wait_for_polls(&client, &widgets.name(), 2, &controller).await;
+    let found = migrations::triggered(&client, &widgets, "discovery").await;
+    assert_eq!(found.len(), 3, "{}", controller.logs());
     let ended = |m: &StorageVersionMigration| {
         m.status.as_ref().and_then(|s| s.completion_time.as_ref()).map(|t| t.0)
     };
     let created = |m: &StorageVersionMigration| m.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    for m in &found[..4] {
+    for m in &found {
         assert_eq!(Phase::of(m), Phase::Succeeded, "{}", controller.logs());
     }
-    let fourth_ended = ended(&found[3]).expect("the fourth ended");
-    let fifth_created = created(&found[4]).expect("created");
-    let gap = fifth_created.duration_since(fourth_ended).as_secs();
-    assert!(gap >= 12, "the fifth came {gap} s after the fourth ended\n{}", controller.logs());
+    let second_ended = ended(&found[1]).expect("the second ended");
+    let third_created = created(&found[2]).expect("created");
+    let gap = third_created.duration_since(second_ended).as_secs();
+    assert!(gap >= 3, "the third came {gap} s after the second ended\n{}", controller.logs());
     // Said, with why, once for each success that held the next one back.
     let logs = controller.logs();
     let said: Vec<&str> = logs
