@@ -33,6 +33,9 @@ install: ## Install kube-svm and the kubectl plugin link kubectl-svm into $(PREF
 	install -D -m 0755 target/release/kube-svm $(PREFIX)/bin/kube-svm
 	ln -sf kube-svm $(PREFIX)/bin/kubectl-svm
 
+image: ## Build the container image without a container engine: target/image/ (OCI layout) and target/image.tar
+	CARGO=$(CARGO) hack/image.sh
+
 control-plane: ## Build etcd and kube-apiserver for the tests into ~/.cache/kube-svm (skipped when present)
 	hack/control-plane.sh assets
 
@@ -60,4 +63,4 @@ crds: ## Regenerate the committed CRDs (config/ and the chart's template) from t
 manifests: crds ## Regenerate config/deploy/ from the Helm chart
 	hack/manifests.sh > config/deploy/kube-svm.yaml
 
-.PHONY: help demo test unit build install control-plane helm bench lint crds manifests
+.PHONY: help demo test unit build install image control-plane helm bench lint crds manifests
