@@ -17,8 +17,8 @@ demo: ## Show kube-svm migrating a CRD on a local control plane, with the proof 
 	$(CARGO) build --release --bin kube-svm --example demo
 	$(ASSETS) KUBE_SVM_BINARY=target/release/kube-svm target/release/examples/demo
 
-test: ## Run unit and integration tests against a real kube-apiserver and etcd
-	$(ASSETS) $(CARGO) test
+test: image ## Run unit and integration tests against a real kube-apiserver and etcd
+	$(ASSETS) KUBE_SVM_IMAGE_LAYOUT=target/image $(CARGO) test
 
 unit: ## Run the pure tests only: seconds, nothing to build but kube-svm
 	$(CARGO) test --lib --bins

@@ -11,6 +11,7 @@ mod faults;
 mod flags;
 mod foundation;
 mod ha;
+mod image;
 mod inspect;
 mod migrate;
 mod observability;
