@@ -18,6 +18,7 @@ mod observability;
 mod plan;
 mod readme;
 mod real_crds;
+mod release;
 mod removal;
 mod retry;
 mod startup;
