@@ -51,10 +51,11 @@ bench: ## Compare kube-svm with the apiserver's limit and its peers; writes docs
 	$(ASSETS) $(CARGO) bench --bench sweep
 	hack/plot.sh docs/bench.json docs/bench.png
 
-lint: ## Check formatting, clippy lints and the Helm chart
+lint: ## Check formatting, clippy lints, the Helm chart and the GitHub workflows
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	"$$(hack/helm.sh)" lint --strict charts/kube-svm
+	"$$(hack/actionlint.sh)"
 
 crds: ## Regenerate the committed CRDs (config/ and the chart's template) from the Rust types
 	$(CARGO) run --quiet -- crds > config/crd/migration.k8s.io.yaml
