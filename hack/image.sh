@@ -56,8 +56,8 @@ log "building kube-svm $VERSION for linux/$ARCH"
 RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$ROOT=/src --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo" \
   "$CARGO" build --release --locked --target "$TRIPLE" --bin kube-svm
 binary="${CARGO_TARGET_DIR:-$ROOT/target}/$TRIPLE/release/kube-svm"
-if readelf --program-headers --wide "$binary" | grep -q 'program interpreter' ||
-  readelf --dynamic --wide "$binary" | grep -q '(NEEDED)'; then
+headers=$(readelf --program-headers --dynamic --wide "$binary")
+if grep -q -e 'program interpreter' -e '(NEEDED)' <<<"$headers"; then
   log "$binary is linked dynamically: the image has no libraries for it"
   exit 1
 fi
