@@ -3,6 +3,9 @@
 #
 #   docker build -t <registry>/kube-svm:0.1.0 .
 #
+# Without a container engine, `make image` (hack/image.sh) builds an image of the same layout,
+# reproducibly; the releases publish that one.
+#
 # Build stage: the musl target links everything statically (TLS is rustls, no OpenSSL).
 FROM rust:1.95-alpine AS build
 RUN apk add --no-cache musl-dev

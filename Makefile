@@ -17,8 +17,8 @@ demo: ## Show kube-svm migrating a CRD on a local control plane, with the proof 
 	$(CARGO) build --release --bin kube-svm --example demo
 	$(ASSETS) KUBE_SVM_BINARY=target/release/kube-svm target/release/examples/demo
 
-test: ## Run unit and integration tests against a real kube-apiserver and etcd
-	$(ASSETS) $(CARGO) test
+test: image ## Run unit and integration tests against a real kube-apiserver and etcd
+	$(ASSETS) KUBE_SVM_IMAGE_LAYOUT=target/image $(CARGO) test
 
 unit: ## Run the pure tests only: seconds, nothing to build but kube-svm
 	$(CARGO) test --lib --bins
@@ -32,6 +32,9 @@ install: ## Install kube-svm and the kubectl plugin link kubectl-svm into $(PREF
 	$(CARGO) build --release --bin kube-svm
 	install -D -m 0755 target/release/kube-svm $(PREFIX)/bin/kube-svm
 	ln -sf kube-svm $(PREFIX)/bin/kubectl-svm
+
+image: ## Build the container image without a container engine: target/image/ (OCI layout) and target/image.tar
+	CARGO=$(CARGO) hack/image.sh
 
 control-plane: ## Build etcd and kube-apiserver for the tests into ~/.cache/kube-svm (skipped when present)
 	hack/control-plane.sh assets
@@ -48,10 +51,11 @@ bench: ## Compare kube-svm with the apiserver's limit and its peers; writes docs
 	$(ASSETS) $(CARGO) bench --bench sweep
 	hack/plot.sh docs/bench.json docs/bench.png
 
-lint: ## Check formatting, clippy lints and the Helm chart
+lint: ## Check formatting, clippy lints, the Helm chart and the GitHub workflows
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	"$$(hack/helm.sh)" lint --strict charts/kube-svm
+	"$$(hack/actionlint.sh)"
 
 crds: ## Regenerate the committed CRDs (config/ and the chart's template) from the Rust types
 	$(CARGO) run --quiet -- crds > config/crd/migration.k8s.io.yaml
@@ -60,4 +64,4 @@ crds: ## Regenerate the committed CRDs (config/ and the chart's template) from t
 manifests: crds ## Regenerate config/deploy/ from the Helm chart
 	hack/manifests.sh > config/deploy/kube-svm.yaml
 
-.PHONY: help demo test unit build install control-plane helm bench lint crds manifests
+.PHONY: help demo test unit build install image control-plane helm bench lint crds manifests

@@ -65,6 +65,7 @@ fn the_values_schema_refuses_bad_values() {
         ("controller.writesInFligth=4", "writesInFligth"),
         ("controller.pace=slow", "pace"),
         ("flowControl.queues=0", "queues"),
+        ("image.digest=latest", "digest"),
     ] {
         let chart = chart::chart_dir();
         let args = ["template", "x", chart.to_str().expect("UTF-8 path"), "--set", set];
@@ -82,6 +83,30 @@ fn the_chart_version_follows_the_crate() {
     let crate_version = env!("CARGO_PKG_VERSION");
     assert_eq!(chart["version"].as_str(), Some(crate_version), "Chart.yaml version");
     assert_eq!(chart["appVersion"].as_str(), Some(crate_version), "Chart.yaml appVersion");
+}
+
+/// The controller and the hook Job run one image: tagged with the chart's appVersion by default,
+/// by digest when `image.digest` is given (what the published chart sets), the tag ignored.
+#[test]
+fn the_image_is_pulled_by_digest_when_one_is_given() {
+    let images = |set: &str| -> Vec<String> {
+        let args = ["--set", "migrateOnUpgrade.enabled=true", "--set", set];
+        objects(&render("kube-svm", "kube-svm", &args))
+            .iter()
+            .filter_map(|object| {
+                let containers = &object.data["spec"]["template"]["spec"]["containers"];
+                containers[0]["image"].as_str().map(str::to_owned)
+            })
+            .collect()
+    };
+    let version = env!("CARGO_PKG_VERSION");
+    let tagged = format!("registry.example.com/kube-svm:{version}");
+    assert_eq!(images("image.repository=registry.example.com/kube-svm"), [tagged.clone(), tagged]);
+    let digest = format!("sha256:{}", "0123456789abcdef".repeat(4));
+    let set =
+        format!("image.repository=registry.example.com/kube-svm,image.tag=x,image.digest={digest}");
+    let pinned = format!("registry.example.com/kube-svm@{digest}");
+    assert_eq!(images(&set), [pinned.clone(), pinned]);
 }
 
 /// The CRDs are templated, installed by default, kept on uninstall, and can be left out.

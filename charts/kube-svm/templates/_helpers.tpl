@@ -40,7 +40,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
-{{/* The container image, tagged with the chart's appVersion unless a tag is given. */}}
+{{/* The container image: by digest when one is given, else tagged with the chart's appVersion unless a tag is given. */}}
 {{- define "kube-svm.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
 {{- end }}

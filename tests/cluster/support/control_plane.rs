@@ -326,9 +326,14 @@ impl ControlPlane {
         path
     }
 
-    /// The port clients are given: the balancer's, or the one apiserver's.
-    fn front_port(&self) -> u16 {
+    /// The port clients are given, on 127.0.0.1: the balancer's, or the one apiserver's.
+    pub fn front_port(&self) -> u16 {
         self.balancer.as_ref().map_or(self.apiservers[0].port, |b| b.port)
+    }
+
+    /// The CA certificate that signed the apiserver's serving certificate (a pod's `ca.crt`).
+    pub fn ca_certificate(&self) -> PathBuf {
+        self.dir.join("certs/ca.crt")
     }
 
     /// An admin client of apiserver `i` alone, bypassing the balancer.
@@ -713,7 +718,7 @@ pub(super) fn terminate(child: &mut Child) -> anyhow::Result<()> {
 /// apiservers one after another) any outgoing connection of the machine may take it. A port is
 /// handed out once per test process: two control planes starting at once never get the same
 /// free port before either binds it.
-pub(super) fn free_port() -> std::io::Result<u16> {
+pub fn free_port() -> std::io::Result<u16> {
     static HANDED_OUT: Mutex<Vec<u16>> = Mutex::new(Vec::new());
     let ephemeral = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok();
     let first = ephemeral.and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok());

@@ -7,6 +7,7 @@ pub mod conversion;
 pub mod docs;
 mod etcd;
 pub mod fixtures;
+pub mod image;
 pub mod invariant;
 pub mod migrations;
 pub mod process;
@@ -17,7 +18,9 @@ mod secure_etcd;
 pub mod upstream;
 pub mod webhook;
 
-pub use control_plane::{AuditEvent, CONTROLLER_NAMESPACE, ControlPlane, Topology, asset, shared};
+pub use control_plane::{
+    AuditEvent, CONTROLLER_NAMESPACE, ControlPlane, Topology, asset, free_port, shared,
+};
 pub use etcd::{Etcd, KeyValue};
 pub use scenario::Scenario;
 pub use secure_etcd::SecureEtcd;

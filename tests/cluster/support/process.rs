@@ -96,13 +96,19 @@ impl KubeSvm {
                 }
             }
         }
+        let mut command = Command::new(built);
+        command.args(&args).arg("--kubeconfig").arg(kubeconfig);
+        command.env("RUST_LOG", "info,kube_svm=debug");
+        Self::spawn(control_plane, name, command)
+    }
+
+    /// Starts `command`, which runs kube-svm some other way (from the image, in a root of its
+    /// own), as it is: no flag or variable added. Its output goes to `<name>.log` in the control
+    /// plane's directory.
+    pub fn spawn(control_plane: &ControlPlane, name: &str, mut command: Command) -> KubeSvm {
         let log = control_plane.path(&format!("{name}.log"));
         let out = fs::File::create(&log).expect("log file");
-        let child = Command::new(built)
-            .args(&args)
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .env("RUST_LOG", "info,kube_svm=debug")
+        let child = command
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("log file"))
             .stderr(out)
