@@ -38,10 +38,11 @@ pub const TARGET_HASH_ANNOTATION: &str = "kube-svm.io/storage-version-hash";
 /// patch). Removed once it creates one again.
 pub const HELD_ANNOTATION: &str = "kube-svm.io/not-migrating";
 
-/// Migrations of a hash that succeeded in a row without proving anything, after which the
-/// trigger creates no more for it: every run rewrites the whole resource, and one that cannot
-/// prove the encoding (client-IP affinity, an aggregated API, a status schema that drops
-/// kube-svm's fields) never will until the cluster changes.
+/// Migrations of a hash that succeeded in a row without proving anything, against the same
+/// apiservers, after which the trigger creates no more for it while those apiservers answer:
+/// every run rewrites the whole resource, and one that cannot prove the encoding (client-IP
+/// affinity, an aggregated API, a status schema that drops kube-svm's fields) never will until
+/// the cluster changes.
 const MAX_UNPROVEN: u32 = 3;
 
 /// Least time between the polls that follow a running migration, a CRD change or a failure.
@@ -215,6 +216,8 @@ async fn poll(
     // Two intervals, the settle period, and the last poll and this one as long as the slowest.
     let stale_after = settings.interval * 2 + settings.encoding.settle + slowest * 2;
     let crds = crd_names(requests).await;
+    // The kube-apiserver processes answering now: what an unproven run is held against.
+    let apiservers = crate::lifecycle::resume::apiserver_processes(requests).await.ok();
     for Discovered { resource, kind, version, hash } in &discovered {
         let name = resource.name();
         let state = existing_states.get(&name);
@@ -306,15 +309,21 @@ async fn poll(
                 }
             }
             (false, None) => {
+                // Runs for this hash, against the apiservers answering now: runs that could not
+                // prove anything while apiservers came and went (a rolling restart) say nothing
+                // of whether the next one can.
                 let for_current = |m: &StorageVersionMigration| {
+                    let target = m.status.as_ref().and_then(|s| s.target.as_ref());
+                    let against = target.and_then(|t| t.apiservers.as_ref());
                     m.annotations().get(TARGET_HASH_ANNOTATION).is_some_and(|h| *h == current)
+                        && apiservers.as_ref().is_some_and(|now| against == Some(now))
                 };
                 let unproven = storage_state::unproven_in_a_row(&of_resource, for_current, |m| {
                     proof(m).is_ok()
                 });
                 let held = match unproven >= MAX_UNPROVEN {
                     true => Some(format!(
-                        "{unproven} migrations in a row succeeded without proving the objects are stored in {current} (the last: {}); none is created for it again: vouch for the encoding on a migration of your own (kube-svm.io/encoding-confirmed), or serve the StorageVersion API",
+                        "{unproven} migrations in a row succeeded without proving the objects are stored in {current} (the last: {}); none is created for it again while the same apiservers answer: vouch for the encoding on a migration of your own (kube-svm.io/encoding-confirmed), or serve the StorageVersion API",
                         storage_state::last_ended(&of_resource)
                             .and_then(|m| proof(m).err())
                             .map_or("unknown", |why| why.reason())
