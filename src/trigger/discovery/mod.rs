@@ -216,8 +216,9 @@ async fn poll(
     // Two intervals, the settle period, and the last poll and this one as long as the slowest.
     let stale_after = settings.interval * 2 + settings.encoding.settle + slowest * 2;
     let crds = crd_names(requests).await;
-    // The kube-apiserver processes answering now: what an unproven run is held against.
-    let apiservers = crate::lifecycle::resume::apiserver_processes(requests).await.ok();
+    // The kube-apiserver processes answering now, what an unproven run is held against: read
+    // once a poll, and only by a poll about to create a migration.
+    let mut apiservers: Option<Option<Vec<String>>> = None;
     for Discovered { resource, kind, version, hash } in &discovered {
         let name = resource.name();
         let state = existing_states.get(&name);
@@ -309,6 +310,11 @@ async fn poll(
                 }
             }
             (false, None) => {
+                if apiservers.is_none() {
+                    let now = crate::lifecycle::resume::apiserver_processes(requests).await;
+                    apiservers = Some(now.ok());
+                }
+                let apiservers = apiservers.as_ref().and_then(Option::as_ref);
                 // Runs for this hash, against the apiservers answering now: runs that could not
                 // prove anything while apiservers came and went (a rolling restart) say nothing
                 // of whether the next one can.
@@ -316,7 +322,7 @@ async fn poll(
                     let target = m.status.as_ref().and_then(|s| s.target.as_ref());
                     let against = target.and_then(|t| t.apiservers.as_ref());
                     m.annotations().get(TARGET_HASH_ANNOTATION).is_some_and(|h| *h == current)
-                        && apiservers.as_ref().is_some_and(|now| against == Some(now))
+                        && apiservers.is_some_and(|now| against == Some(now))
                 };
                 let unproven = storage_state::unproven_in_a_row(&of_resource, for_current, |m| {
                     proof(m).is_ok()
