@@ -12,7 +12,7 @@ use clap::builder::TypedValueParser;
 use super::values;
 use crate::api::{Budget, Pace};
 use crate::apiserver::requests::Requests;
-use crate::engine::{self, Engine, RateLimiter, rate_limit};
+use crate::engine::{self, Engine, ProbeParams, RateLimiter, rate_limit};
 use crate::evidence::encoding::EncodingPolicy;
 use crate::ops::metrics::Metrics;
 
@@ -52,6 +52,12 @@ pub struct EngineArgs {
     /// instead. The fast pace ignores it.
     #[arg(long, env = "KUBE_SVM_FOREGROUND_BUDGET", default_value = "3x", value_parser = budget)]
     pub foreground_budget: ForegroundBudget,
+
+    /// The gentle pace's numbers, by name, comma-separated (`hold_ms=10000,cut=0.5`); those not
+    /// named keep their defaults. For measuring the pace against a bench: docs/performance.md
+    /// names each and its default.
+    #[arg(long, env = "KUBE_SVM_PACE_PARAMS", default_value = "", hide_default_value = true, value_parser = ProbeParams::parse)]
+    pub pace_params: ProbeParams,
 
     /// The namespace of the ConfigMap `kube-svm-probe` that the gentle pace's probe writes at
     /// most once a second (the chart creates it in the release's namespace). The controller
@@ -113,6 +119,7 @@ impl EngineArgs {
             writes_in_flight,
             pace,
             foreground_budget,
+            pace_params,
             probe_namespace,
             page_size,
             storage_version_settle,
@@ -130,6 +137,7 @@ impl EngineArgs {
             writes_in_flight,
             pace,
             foreground_budget: foreground_budget.0,
+            probe_params: pace_params,
             probe_namespace: probe_namespace.or(own_namespace),
             request_timeout,
             outage_timeout: seconds(apiserver_outage_timeout),
