@@ -60,3 +60,16 @@ impl KubeArgs {
 pub fn in_cluster() -> bool {
     std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::KubeArgs;
+
+    #[tokio::test]
+    async fn a_command_that_asks_one_cluster_refuses_several_contexts() {
+        let kube = KubeArgs { kubeconfig: None, context: vec!["east".into(), "west".into()] };
+        let error = kube.config().await.expect_err("refused");
+        assert!(error.to_string().starts_with("--context is given 2 times"), "{error}");
+        assert_eq!(kube.at("west").context, ["west"]);
+    }
+}

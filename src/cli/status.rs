@@ -404,6 +404,33 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_row_counts_migrations_by_phase_and_names_the_running_and_failed() {
+        use crate::cli::fleet::{Cluster, State};
+        let rows = vec![
+            row(&held_back("Running"), at(50)),
+            row(&migration("Succeeded", 1000, None), at(500)),
+            Row { name: "broken".into(), ..row(&migration("Failed", 10, None), at(5)) },
+        ];
+        let answers = Answers {
+            clusters: vec![Cluster {
+                context: "east".into(),
+                state: State::Answered,
+                reachable: true,
+                installed: Some(true),
+                error: None,
+                answer: Some(rows),
+            }],
+        };
+        let table = render_fleet(&answers);
+        let cells: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+        assert_eq!(
+            cells,
+            ["east", "installed", "3", "1", "1", "1", "m", "running", "25%,", "broken", "failed"],
+            "{table}"
+        );
+    }
+
+    #[test]
     fn the_json_is_a_contract_of_names_not_debug_output() {
         let row = row(&held_back("Running"), at(50));
         let json = serde_json::to_value(&row).expect("serializes");
