@@ -52,8 +52,8 @@ pub enum Command {
     /// only when every resource succeeded (and a CRD's storedVersions was pruned).
     Migrate(Box<migrate::MigrateArgs>),
     /// Show what needs migrating and what kube-svm would do, writing nothing. Exits 0 when
-    /// nothing needs migrating, 3 when something does, 1 on an error; --drop has its own
-    /// (see its help), and alone asks several clusters at once.
+    /// nothing needs migrating, 3 when something does, 1 on an error. --drop has exit codes of
+    /// its own (see its help), and is the only form that asks several clusters at once.
     Plan(plan::PlanArgs),
     /// Run Failed migrations again in place, from their first object: the controller acts on
     /// the annotation kube-svm.io/retry this sets, once, and keeps the outcome it clears in an
