@@ -358,5 +358,6 @@ mod tests {
         metrics.stored_versions.with_label_values(&["pruned", "Pruned"]);
         metrics.write_window.with_label_values(&[resource, "gentle"]);
         metrics.write_window_held_back.with_label_values(&[resource, "latency"]);
+        metrics.gentle_changes.with_label_values(&["cut"]);
     }
 }
