@@ -240,8 +240,8 @@ impl lifecycle::Host for Host<'_> {
             }
             Notice::Encoding { .. } => return,
             Notice::Unproven(change) => {
-                warn!(change = change.message, "the run proves nothing about the encoding");
-                let note = format!("the objects were rewritten, but {}", change.message);
+                warn!(%change, "the run proves nothing about the encoding");
+                let note = format!("the objects were rewritten, but {change}");
                 (EventType::Warning, events::ENCODING_UNCONFIRMED, note)
             }
             Notice::StoredVersions(condition) => {

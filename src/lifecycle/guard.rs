@@ -12,7 +12,7 @@ use crate::engine::{ResolveError, Resource};
 use crate::evidence::encoding;
 use crate::rules::crd::{CrdChange, CrdState};
 
-use super::change::Change;
+use super::change::{Change, Unseen};
 use super::cluster::{Cluster, crd_of};
 use super::crd_watch::{self, Followed};
 
@@ -36,27 +36,15 @@ pub fn crd_change(
     let recorded = CrdState::recorded(target)?;
     let now = now.map(CrdState::read);
     // A target recorded without the uid is left to the prune's own check, which refuses it.
+    let resource = resource.to_string();
     Some(match CrdChange::between(&recorded, now.as_ref())? {
-        CrdChange::Deleted => {
-            let why = format!("the CRD of {resource} was deleted while the migration ran");
-            Change::not_served(why)
-        }
-        CrdChange::Replaced => {
-            let why = format!(
-                "the CRD of {resource} was deleted and created again while the migration ran"
-            );
-            Change::not_served(why)
-        }
+        CrdChange::Deleted => Change::Deleted { resource },
+        CrdChange::Replaced => Change::Replaced { resource },
         CrdChange::StorageSwitched { from, to } => {
-            let to = if to.is_empty() { "none".to_owned() } else { to };
-            let why = format!("the storage version of {resource} changed from {from} to {to}");
-            Change::storage_moved(why)
+            Change::StorageSwitched { resource, from, to, generation: None }
         }
         CrdChange::Edited { from, to } => {
-            let why = format!(
-                "the CRD of {resource} changed (generation {from} then {to}): its storage version may have been switched and switched back"
-            );
-            Change::storage_moved(why)
+            Change::Edited { resource, from, to, unseen: Unseen::Polled }
         }
     })
 }
@@ -169,10 +157,7 @@ fn hash_change(
 ) -> Option<Change> {
     let encoding::DuringRun::Other(other) = seen else { return None };
     let encoding::Expected::Hash { hash, .. } = &check.expected else { return None };
-    let why = format!(
-        "discovery published storage version hash {other} for {resource} while the run wrote in {hash}: an apiserver encodes it in another version, so objects written through it may be stored there"
-    );
-    Some(Change::storage_moved(why))
+    Some(Change::OtherHash { resource: resource.to_string(), target: hash.clone(), seen: other })
 }
 
 /// What changed about the resource since the migration started, if anything.
@@ -197,18 +182,12 @@ pub async fn changed_since_start(
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
             Err(error @ ResolveError::Discovery(..)) => {
-                let why = format!(
-                    "could not confirm that {resource} was still served at the end: {}",
-                    crate::error_chain(&error)
-                );
-                return Some(Change::unreadable(why));
+                let why = crate::error_chain(&error);
+                return Some(Change::DiscoveryUnreadable { resource: resource.to_string(), why });
             }
             Err(error) => {
-                let why = format!(
-                    "{resource} stopped being served while the migration ran: {}",
-                    crate::error_chain(&error)
-                );
-                return Some(Change::not_served(why));
+                let why = crate::error_chain(&error);
+                return Some(Change::NotServed { resource: resource.to_string(), why });
             }
         }
     };
@@ -219,15 +198,12 @@ pub async fn changed_since_start(
         let check = hash_check(&now, hash.clone());
         return match encoding::at_end(cluster.requests, &check).await {
             encoding::AtEnd::Same => None,
-            encoding::AtEnd::Moved(other) => {
-                let why = format!(
-                    "the storage version hash of {resource} changed from {hash} to {other} while the migration ran"
-                );
-                Some(Change::storage_moved(why))
+            encoding::AtEnd::Moved(to) => {
+                Some(Change::HashMoved { resource: resource.to_string(), from: hash, to })
             }
-            encoding::AtEnd::Mixed(seen) => Some(Change::unproven(format!(
-                "at the end of the run the apiservers did not all publish {hash} for {resource}: {seen}"
-            ))),
+            encoding::AtEnd::Mixed(seen) => {
+                Some(Change::ApiserversDisagree { resource: resource.to_string(), hash, seen })
+            }
         };
     }
     match crd_of(cluster, resource).await {
@@ -237,11 +213,8 @@ pub async fn changed_since_start(
         }
         Ok(crd) => crd_change(resource, target, crd.as_ref()),
         Err(error) => {
-            let why = format!(
-                "could not read the CRD of {resource} at the end: {}",
-                crate::error_chain(&error)
-            );
-            Some(Change::unreadable(why))
+            let why = crate::error_chain(&error);
+            Some(Change::CrdUnreadable { resource: resource.to_string(), why })
         }
     }
 }
@@ -288,12 +261,12 @@ mod tests {
         let switched = crd_change(&Resource::widgets(), &target(), Some(&crd("u1", 5, "v1")));
         let switched = switched.expect("a change");
         assert!(switched.starts_over());
-        assert!(switched.message.contains("from v2 to v1"), "{}", switched.message);
+        assert!(switched.to_string().contains("from v2 to v1"), "{switched}");
         // v2 -> v1 -> v2: the same storage version, two generations later.
         let back = crd_change(&Resource::widgets(), &target(), Some(&crd("u1", 6, "v2")))
             .expect("a change");
         assert!(back.starts_over());
-        assert!(back.message.contains("generation 4 then 6"), "{}", back.message);
+        assert!(back.to_string().contains("generation 4 then 6"), "{back}");
     }
 
     fn built_in_target(confirmed: Option<bool>) -> MigrationTarget {
@@ -328,18 +301,15 @@ mod tests {
         let other = hash_change(&resource, &check, encoding::DuringRun::Other("B".into()))
             .expect("a change");
         assert!(other.starts_over());
-        assert_eq!(other.reason, reasons::STORAGE_VERSION_CHANGED);
-        assert!(
-            other.message.contains("hash B") && other.message.contains("in A"),
-            "{}",
-            other.message
-        );
+        assert_eq!(other.reason(), reasons::STORAGE_VERSION_CHANGED);
+        let message = other.to_string();
+        assert!(message.contains("hash B") && message.contains("in A"), "{message}");
     }
 
     #[test]
     fn a_deleted_or_replaced_crd_ends_the_migration() {
         let gone = crd_change(&Resource::widgets(), &target(), None).expect("a change");
-        assert_eq!((gone.reason, gone.starts_over()), (reasons::RESOURCE_NOT_SERVED, false));
+        assert_eq!((gone.reason(), gone.starts_over()), (reasons::RESOURCE_NOT_SERVED, false));
         let other = crd_change(&Resource::widgets(), &target(), Some(&crd("u2", 4, "v2")))
             .expect("a change");
         assert!(!other.starts_over());

@@ -199,12 +199,12 @@ impl<'a, H: Host> Lifecycle<'a, H> {
                         return self.record_end(&resource, done).await;
                     }
                 }
-                Attempt::StartOver { change, current } if change.then == Then::Redo => {
+                Attempt::StartOver { change, current } if change.then() == Then::Redo => {
                     redos += 1;
                     self.vouch_lapsed = true;
                     // An Event says so; nothing for an operator to act on unless it goes on.
                     info!(
-                        change = change.message,
+                        change = %change,
                         redos, "the cluster changed mid-run; starting over"
                     );
                     let now = Timestamp::now();
@@ -217,7 +217,7 @@ impl<'a, H: Host> Lifecycle<'a, H> {
                     let restarts = start.restarts + 1;
                     self.vouch_lapsed = true;
                     warn!(
-                        change = change.message,
+                        change = %change,
                         restarts, "the target changed mid-run; starting over"
                     );
                     // The start-overs for a changed storage version, not those of a changed cluster.
@@ -333,17 +333,13 @@ impl<'a, H: Host> Lifecycle<'a, H> {
             Some(change) if change.starts_over() => {
                 return Attempt::StartOver { change, current: Box::new(done) };
             }
-            Some(change) if change.then == Then::Unproven => {
+            Some(change) if change.then() == Then::Unproven => {
                 self.host.tell(Notice::Unproven(&change)).await;
-                done = status::unproven(done, &change.message);
+                done = status::unproven(done, &change.to_string());
             }
             Some(change) => {
-                let message = format!(
-                    "{}; {} objects were processed, but those written before the change may be stored in the old version: migrate again",
-                    change.message,
-                    progress.processed()
-                );
-                done = status::failed(Some(&done), change.reason, message, Timestamp::now());
+                let processed = progress.processed();
+                done = status::changed_at_end(&done, &change, processed, Timestamp::now());
             }
             None => {}
         }
@@ -466,36 +462,13 @@ impl<'a, H: Host> Lifecycle<'a, H> {
             .await;
             *self.marked.lock().unwrap_or_else(|p| p.into_inner()) = Some(resource.clone());
         }
-        let mut note = format!("{resource}: {}", start.note);
-        if let Some(unknown) = self.host.migration().unknown_pace() {
-            note.push_str(&format!(
-                "; the annotation {}: {unknown:?} names no pace ({}), so the default pace applies",
-                crate::api::PACE_ANNOTATION,
-                crate::api::Pace::NAMES.join(" or ")
-            ));
-        }
-        if let Some(Err(unknown)) = self.host.migration().requested_budget() {
-            note.push_str(&format!(
-                "; the annotation {}: {unknown}, so the controller's budget applies",
-                crate::api::FOREGROUND_BUDGET_ANNOTATION
-            ));
-        }
-        if self.options.clean_managed_fields {
-            note.push_str(&match self.cleaning(crd) {
-                Some(served) => format!(
-                    "; managedFields entries naming a version not served (served: {}) are removed{}",
-                    served.names(),
-                    match self.writes_to_status(resource) {
-                        // The apiserver keeps the live managedFields for a subresource.
-                        true => ", through the resource itself for the objects that have any, as /status keeps managedFields as they are",
-                        false => "",
-                    }
-                ),
-                None => format!(
-                    "; {resource} has no CRD, so its managedFields are left as they are (only a CRD's versions stop being served)"
-                ),
-            });
-        }
+        let cleaning = self.options.clean_managed_fields.then(|| match self.cleaning(crd) {
+            Some(served) => {
+                status::Cleaning::Crd { served, writes_to_status: self.writes_to_status(resource) }
+            }
+            None => status::Cleaning::NoCrd,
+        });
+        let note = status::start_note(resource, self.host.migration(), start, cleaning);
         let processed = start.progress.processed();
         self.host.tell(Notice::Start { event: start.event, note: &note, processed }).await;
         Ok(current)

@@ -112,7 +112,7 @@ pub async fn settle_stored_versions(
         // Followed to this read: changes that left what is stored alone do not count.
         if let Some(followed) = followed.as_deref_mut() {
             if let Some(change) = followed.catch_up(cluster, resource, &crd).await {
-                return Some(condition(false, stored_versions::CRD_CHANGED, change.message));
+                return Some(condition(false, stored_versions::CRD_CHANGED, change.to_string()));
             }
             started.generation = followed.generation();
         }

@@ -107,9 +107,9 @@ pub async fn target_of(
             match (&state, followed.as_mut()) {
                 (Some(_), Some(followed)) => tokio::select! {
                     encoding = confirming => encoding,
-                    moved = followed.follow(cluster, resource) => Encoding::Unconfirmed(format!(
-                        "{} during the encoding check", moved.message
-                    )),
+                    moved = followed.follow(cluster, resource) => {
+                        Encoding::Unconfirmed(format!("{moved} during the encoding check"))
+                    }
                 },
                 (Some(state), None) => tokio::select! {
                     encoding = confirming => encoding,
