@@ -18,7 +18,7 @@ use kube::api::{WatchEvent, WatchParams};
 use tracing::debug;
 
 use super::change::{Change, Unseen};
-use super::cluster::{Cluster, crd_of};
+use super::cluster::Cluster;
 use crate::api::MigrationTarget;
 use crate::engine::Resource;
 use crate::rules::crd::{CrdChange, CrdState};
@@ -29,7 +29,7 @@ const REOPEN_AFTER: Duration = Duration::from_secs(2);
 /// A run's CRD as followed so far: every change up to `resource_version` was seen, and none
 /// touched what is stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Followed {
+pub struct CrdWatch {
     name: String,
     uid: Option<String>,
     storage_version: String,
@@ -50,12 +50,12 @@ enum Seen {
     Changed(Change),
 }
 
-impl Followed {
+impl CrdWatch {
     /// Follows the CRD of a run from its target, where the target recorded the resourceVersion
     /// it was read at; `None` for a built-in resource or a target recorded without it (its
     /// generation decides).
-    pub fn of(resource: &Resource, target: &MigrationTarget) -> Option<Followed> {
-        Some(Followed {
+    pub fn of(resource: &Resource, target: &MigrationTarget) -> Option<CrdWatch> {
+        Some(CrdWatch {
             name: format!("{}.{}", resource.plural, resource.group),
             uid: target.crd_uid.clone(),
             storage_version: target.storage_version.clone()?,
@@ -74,9 +74,9 @@ impl Followed {
 
     /// Follows `crd` from the state it was read in; `None` when it names no storage version or
     /// was read without a resourceVersion.
-    pub fn from_crd(crd: &CustomResourceDefinition) -> Option<Followed> {
+    pub fn from_crd(crd: &CustomResourceDefinition) -> Option<CrdWatch> {
         let state = CrdState::of(crd)?;
-        Some(Followed {
+        Some(CrdWatch {
             name: crd.metadata.name.clone()?,
             uid: state.uid,
             storage_version: state.storage_version,
@@ -284,20 +284,6 @@ impl Followed {
     }
 }
 
-/// The CRD of `resource` read now, followed from `followed` to it: `None` when nothing that
-/// affects storage changed (or the CRD could not be read: the caller's next step decides).
-pub async fn changed_by_now(
-    cluster: &Cluster<'_>,
-    resource: &Resource,
-    followed: &mut Followed,
-) -> Option<Change> {
-    match crd_of(cluster, resource).await {
-        Ok(Some(crd)) => followed.catch_up(cluster, resource, &crd).await,
-        Ok(None) => Some(Change::Deleted { resource: resource.to_string() }),
-        Err(_) => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,8 +307,8 @@ mod tests {
         .expect("a CRD")
     }
 
-    fn followed() -> Followed {
-        Followed::from_crd(&crd("u1", 4, "v2", "100")).expect("followed")
+    fn followed() -> CrdWatch {
+        CrdWatch::from_crd(&crd("u1", 4, "v2", "100")).expect("followed")
     }
 
     #[test]
@@ -349,7 +335,7 @@ mod tests {
         let widgets = Resource::widgets();
         let mut unserved = crd("u1", 4, "v2", "100");
         unserved.spec.versions[0].served = false;
-        let mut f = Followed::from_crd(&unserved).expect("followed");
+        let mut f = CrdWatch::from_crd(&unserved).expect("followed");
         // Not cleaning: serving v1 again changes nothing stored.
         assert_eq!(f.clone().see(&widgets, &crd("u1", 5, "v2", "101")), Seen::Same);
         f.cleaning(&unserved);
