@@ -271,7 +271,6 @@ impl<'a, H: Host> Lifecycle<'a, H> {
             target = self.target(resource, crd, known.clone(), &mut watch) => target,
             () = self.cancel.cancelled() => return Attempt::Ended(self.stopped(start, "stopped before the first write")),
         };
-        watch.aim(&target, self.cleaning(crd).and(crd));
         let waiting = std::time::Instant::now();
         // A resource that stores nothing has nothing to write: its run is one list, and it takes
         // no turn from those that write (a sweep finds most built-in resources empty).
@@ -292,6 +291,7 @@ impl<'a, H: Host> Lifecycle<'a, H> {
                 () = self.cancel.cancelled() => return Attempt::Ended(self.stopped(start, "stopped before the first write")),
             },
         };
+        // Watched from here on as the run writes for it.
         watch.aim(&target, self.cleaning(crd).and(crd));
         if let Some(change) = watch.changed_by_now(&self.cluster).await {
             return Attempt::Retarget(change);

@@ -394,4 +394,77 @@ mod tests {
             .expect("a change");
         assert!(!other.starts_over());
     }
+
+    /// The watch against a fake apiserver that answers a read of the CRD with `now` (404 when
+    /// `None`), and every other request with 404.
+    fn cluster_with(
+        now: Option<CustomResourceDefinition>,
+    ) -> (crate::apiserver::requests::Requests, crate::apiserver::fake::Recorded) {
+        use crate::apiserver::fake;
+        const CRD: &str =
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com";
+        let (client, recorded) = fake::client(move |sent| match (&now, sent.path.as_str()) {
+            (Some(crd), CRD) => (200, serde_json::to_value(crd).expect("JSON")),
+            _ => fake::not_found(sent),
+        });
+        (fake::requests(client), recorded)
+    }
+
+    async fn changed_by_now(
+        watch: &mut TargetWatch,
+        requests: &crate::apiserver::requests::Requests,
+    ) -> Option<Change> {
+        let observer = encoding::Observer::default();
+        let encoding = encoding::EncodingPolicy::AT_ONCE;
+        let cluster = Cluster { requests, encoding, observer: &observer };
+        watch.changed_by_now(&cluster).await
+    }
+
+    #[tokio::test]
+    async fn a_built_in_target_changes_nothing_before_the_first_write() {
+        let (requests, recorded) = cluster_with(None);
+        let mut watch = TargetWatch::of_target(&Resource::widgets(), &built_in_target(Some(true)));
+        watch.aim(&built_in_target(Some(true)), None);
+        assert_eq!(changed_by_now(&mut watch, &requests).await, None);
+        assert!(recorded.writes().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_crd_deleted_since_the_target_was_recorded_is_a_change() {
+        let (requests, _) = cluster_with(None);
+        // Followed from where the target was read, and read now and then where it predates that.
+        let followed = MigrationTarget { crd_resource_version: Some("100".into()), ..target() };
+        for target in [followed, target()] {
+            let mut watch = TargetWatch::of_target(&Resource::widgets(), &target);
+            let resource = "widgets.example.com".to_owned();
+            let change = changed_by_now(&mut watch, &requests).await;
+            assert_eq!(change, Some(Change::Deleted { resource }), "{target:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_crd_read_now_and_then_counts_any_move_of_its_generation() {
+        let (requests, _) = cluster_with(Some(crd("u1", 5, "v2")));
+        let mut watch = TargetWatch::of_target(&Resource::widgets(), &target());
+        let change = changed_by_now(&mut watch, &requests).await.expect("a change");
+        let resource = "widgets.example.com".to_owned();
+        assert_eq!(change, Change::Edited { resource, from: 4, to: 5, unseen: Unseen::Polled });
+        assert!(change.starts_over());
+    }
+
+    #[test]
+    fn a_followed_crd_records_the_state_it_was_followed_to() {
+        let mut read = crd("u1", 7, "v2");
+        read.metadata.resource_version = Some("250".into());
+        let watch = TargetWatch::of_crd(&Resource::widgets(), Some(&read));
+        let mut recorded = MigrationTarget::default();
+        watch.record_into(&mut recorded);
+        assert_eq!(recorded.crd_generation, Some(7));
+        assert_eq!(recorded.crd_resource_version.as_deref(), Some("250"));
+        // A CRD read now and then records nothing of its own: the target's generation stands.
+        let polled = TargetWatch::of_target(&Resource::widgets(), &target());
+        let mut untouched = MigrationTarget::default();
+        polled.record_into(&mut untouched);
+        assert_eq!(untouched, MigrationTarget::default());
+    }
 }
