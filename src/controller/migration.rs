@@ -240,8 +240,8 @@ impl lifecycle::Host for Host<'_> {
             }
             Notice::Encoding { .. } => return,
             Notice::Unproven(change) => {
-                warn!(change = change.message, "the run proves nothing about the encoding");
-                let note = format!("the objects were rewritten, but {}", change.message);
+                warn!(%change, "the run proves nothing about the encoding");
+                let note = format!("the objects were rewritten, but {change}");
                 (EventType::Warning, events::ENCODING_UNCONFIRMED, note)
             }
             Notice::StoredVersions(condition) => {
@@ -411,5 +411,174 @@ mod tests {
         assert_eq!(held_by_hand(&ended, now, hour), None);
         let controller = marked(storage_migrating::MIGRATING, STATUS_TRUE, 9_000);
         assert_eq!(held_by_hand(&controller, now, hour), None, "the controller's own mark");
+    }
+
+    /// The controller as a host against a fake apiserver that takes every Event: what it
+    /// publishes and counts for each notice.
+    mod host {
+        use kube::api::Api;
+        use serde_json::{Value, json};
+
+        use super::super::{Context, Host, StatusWriter};
+        use crate::api::conditions::{STATUS_FALSE, STORED_VERSIONS_PRUNED, events, reasons};
+        use crate::api::{
+            MigrationCondition, StorageVersionMigration, StorageVersionMigrationStatus,
+        };
+        use crate::apiserver::fake::{self, Recorded, Sent};
+        use crate::engine::{Progress, Resource};
+        use crate::lifecycle::change::Change;
+        use crate::lifecycle::{Host as _, Notice};
+        use crate::ops::metrics::UNRESOLVED_RESOURCE;
+
+        const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
+
+        fn migration() -> StorageVersionMigration {
+            serde_json::from_value(json!({
+                "apiVersion": "migration.k8s.io/v1alpha1", "kind": "StorageVersionMigration",
+                "metadata": { "name": "widgets-1", "uid": "m1", "resourceVersion": "7" },
+                "spec": { "resource": { "group": "example.com", "version": "v1", "resource": "widgets" } },
+            }))
+            .expect("a migration")
+        }
+
+        /// A fake apiserver that creates every Event it is sent, and knows nothing else.
+        fn context() -> (Context, Recorded) {
+            let (client, recorded) = fake::client(|sent| match sent.method.as_str() {
+                "POST" | "PATCH" if sent.path.starts_with(EVENTS) => (201, sent.body.clone()),
+                _ => fake::not_found(sent),
+            });
+            (super::super::super::context_for_tests(client), recorded)
+        }
+
+        fn host<'a>(context: &'a Context, migration: &'a StorageVersionMigration) -> Host<'a> {
+            let api: Api<StorageVersionMigration> = Api::all(context.requests.client().clone());
+            let writer = StatusWriter::new(api, migration, context.requests.clone());
+            let preparing = std::sync::Mutex::new(None);
+            Host { context, migration, writer, discovery_failures: 0, preparing }
+        }
+
+        /// The Events published so far: their reason and note.
+        fn published(recorded: &Recorded) -> Vec<(String, String)> {
+            let events =
+                recorded.writes().into_iter().filter(|s: &Sent| s.path.starts_with(EVENTS));
+            let field =
+                |event: &Value, name: &str| event[name].as_str().unwrap_or_default().to_owned();
+            events.map(|sent| (field(&sent.body, "reason"), field(&sent.body, "note"))).collect()
+        }
+
+        fn ended(condition: &str, message: &str) -> StorageVersionMigrationStatus {
+            serde_json::from_value(json!({
+                "conditions": [{ "type": condition, "status": "True", "message": message }],
+                "startTime": "2026-11-28T10:00:00Z", "completionTime": "2026-11-28T10:00:30Z",
+            }))
+            .expect("a status")
+        }
+
+        fn migrations_counted(context: &Context, label: &str, outcome: &str) -> u64 {
+            context.engine.metrics().migrations.with_label_values(&[label, outcome]).get()
+        }
+
+        #[tokio::test]
+        async fn a_migration_that_ends_publishes_one_event_and_is_counted_once() {
+            let (context, recorded) = context();
+            let migration = migration();
+            let host = host(&context, &migration);
+            let done = ended("Succeeded", "3 objects migrated");
+            let resource = Resource::widgets();
+            host.tell(Notice::Ended { resource: &resource, status: &done }).await;
+            assert_eq!(
+                published(&recorded),
+                [(events::SUCCEEDED.to_owned(), "3 objects migrated".to_owned())]
+            );
+            let label = crate::ops::metrics::resource_label("example.com", "v1", "widgets");
+            assert_eq!(migrations_counted(&context, &label, "Succeeded"), 1);
+            assert_eq!(migrations_counted(&context, &label, "Failed"), 0);
+            let durations =
+                context.engine.metrics().migration_duration.with_label_values(&["Succeeded"]);
+            assert_eq!(durations.get_sample_count(), 1);
+        }
+
+        #[tokio::test]
+        async fn a_resource_that_cannot_be_resolved_publishes_one_warning_and_counts_a_failure() {
+            let (context, recorded) = context();
+            let migration = migration();
+            let host = host(&context, &migration);
+            let failed = ended("Failed", "the apiserver serves no resource \"widgets\"");
+            host.tell(Notice::Unresolvable(&failed)).await;
+            let published = published(&recorded);
+            assert_eq!(published.len(), 1, "{published:?}");
+            assert_eq!(published[0].0, events::FAILED);
+            assert!(published[0].1.contains("serves no resource"), "{published:?}");
+            assert_eq!(migrations_counted(&context, UNRESOLVED_RESOURCE, "Failed"), 1);
+        }
+
+        #[tokio::test]
+        async fn stored_versions_kept_publish_one_warning_and_are_counted_once() {
+            let (context, recorded) = context();
+            let migration = migration();
+            let host = host(&context, &migration);
+            let kept = MigrationCondition {
+                type_: STORED_VERSIONS_PRUNED.to_owned(),
+                status: STATUS_FALSE.to_owned(),
+                reason: Some("CRDChanged".to_owned()),
+                message: Some("the CRD changed".to_owned()),
+                last_update_time: None,
+            };
+            host.tell(Notice::StoredVersions(&kept)).await;
+            assert_eq!(
+                published(&recorded),
+                [(events::STORED_VERSIONS_KEPT.to_owned(), "the CRD changed".to_owned())]
+            );
+            let counted =
+                context.engine.metrics().stored_versions.with_label_values(&["kept", "CRDChanged"]);
+            assert_eq!(counted.get(), 1);
+            let pruned = context
+                .engine
+                .metrics()
+                .stored_versions
+                .with_label_values(&["pruned", "CRDChanged"]);
+            assert_eq!(pruned.get(), 0);
+        }
+
+        #[tokio::test]
+        async fn a_run_that_proves_nothing_says_why_in_one_warning() {
+            let (context, recorded) = context();
+            let migration = migration();
+            let host = host(&context, &migration);
+            let change = Change::WritesUnread { why: "connection refused".into() };
+            assert_eq!(change.reason(), reasons::STORAGE_VERSION_CHANGED);
+            host.tell(Notice::Unproven(&change)).await;
+            let published = published(&recorded);
+            assert_eq!(published.len(), 1, "{published:?}");
+            assert_eq!(published[0].0, events::ENCODING_UNCONFIRMED);
+            assert_eq!(
+                published[0].1,
+                "the objects were rewritten, but whether etcd still holds this run's writes could not be read at its end: connection refused"
+            );
+        }
+
+        #[tokio::test]
+        async fn progress_confirming_and_retargets_publish_nothing() {
+            let (context, recorded) = context();
+            let migration = migration();
+            let host = host(&context, &migration);
+            let resource = Resource::widgets();
+            host.tell(Notice::Progress(&Progress::default())).await;
+            host.tell(Notice::Confirming { resource: &resource, storage: "v2" }).await;
+            let change = Change::Deleted { resource: resource.to_string() };
+            host.tell(Notice::Retarget(&change)).await;
+            assert_eq!(published(&recorded), []);
+        }
+
+        #[tokio::test]
+        async fn an_interrupted_run_of_a_controller_not_stopping_writes_nothing() {
+            let (context, recorded) = context();
+            let migration = migration();
+            let mut host = host(&context, &migration);
+            let status = StorageVersionMigrationStatus::default();
+            let moment = crate::lifecycle::Moment::Interrupted;
+            assert!(host.record(&status, moment).await.is_ok());
+            assert_eq!(recorded.writes().len(), 0);
+        }
     }
 }

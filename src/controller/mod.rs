@@ -145,6 +145,37 @@ pub(crate) struct Context {
 }
 
 impl Context {
+    /// The context of a controller on `requests` that stops taking work when `stopping` fires
+    /// and asks for every migration to be looked at again through `requeue`.
+    fn new(
+        requests: Requests,
+        engine: Engine,
+        settings: Settings,
+        store: Store<StorageVersionMigration>,
+        stopping: CancellationToken,
+        requeue: mpsc::UnboundedSender<()>,
+    ) -> Context {
+        let instance = Some(settings.identity.clone());
+        let reporter = Reporter { controller: "kube-svm".into(), instance };
+        Context {
+            recorder: Recorder::new(requests.client().clone(), reporter),
+            store,
+            turns: Turns::new(settings.concurrency),
+            sweep_turns: Turns::new(SWEEP_SLOTS),
+            preparing: std::array::from_fn(|_| Arc::new(Semaphore::new(PREPARING))),
+            running: Mutex::new(HashMap::new()),
+            tasks: TaskTracker::new(),
+            stopping,
+            deferred: Mutex::new(HashMap::new()),
+            observer: Observer::default(),
+            requeue,
+            discovery_poke: Arc::new(tokio::sync::Notify::new()),
+            requests,
+            engine,
+            settings,
+        }
+    }
+
     /// What the steps around the engine need.
     fn cluster(&self) -> Cluster<'_> {
         Cluster {
@@ -161,6 +192,33 @@ impl Context {
     fn deferred(&self) -> std::sync::MutexGuard<'_, HashMap<String, reconcile::Deferred>> {
         self.deferred.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// A controller's context on `client` (a test's fake apiserver), as a migration's task sees it:
+/// one turn to write, encoding checks at once, no trigger.
+#[cfg(test)]
+pub(crate) fn context_for_tests(client: kube::Client) -> Context {
+    let requests = crate::apiserver::fake::requests(client.clone());
+    let metrics = Arc::new(crate::ops::metrics::Metrics::new().expect("the metrics"));
+    let limiter = Arc::new(crate::engine::rate_limit::RateLimiter::new(0.0, 0));
+    let engine = Engine::with_client(client.clone(), limiter, Default::default(), metrics);
+    let settings = Settings {
+        concurrency: 1,
+        checkpoint_interval: Duration::from_secs(10),
+        identity: "test".into(),
+        crd_trigger: false,
+        clean_managed_fields: false,
+        clean_managed_fields_after: Duration::ZERO,
+        encoding: EncodingPolicy::AT_ONCE,
+        write_to_status: false,
+        discovery_attempts: DISCOVERY_ATTEMPTS,
+        discovery_trigger: None,
+        discovery_keep_finished: 0,
+        crd_trigger_retry_delay: Duration::ZERO,
+    };
+    let (requeue, _) = mpsc::unbounded();
+    let store = kube::runtime::reflector::store::Writer::<StorageVersionMigration>::default();
+    Context::new(requests, engine, settings, store.as_reader(), CancellationToken::new(), requeue)
 }
 
 /// What the controller runs with: its clients, engine and settings, where it reports its
@@ -190,25 +248,9 @@ pub async fn run(run: Run) -> Stopped {
     let stopping = CancellationToken::new();
     let (requeue, requeued) = mpsc::unbounded();
     let controller = Controller::new(api, watcher::Config::default()).reconcile_all_on(requeued);
-    let reporter =
-        Reporter { controller: "kube-svm".into(), instance: Some(settings.identity.clone()) };
-    let context = Arc::new(Context {
-        recorder: Recorder::new(requests.client().clone(), reporter),
-        store: controller.store(),
-        turns: Turns::new(settings.concurrency),
-        sweep_turns: Turns::new(SWEEP_SLOTS),
-        preparing: std::array::from_fn(|_| Arc::new(Semaphore::new(PREPARING))),
-        running: Mutex::new(HashMap::new()),
-        tasks: TaskTracker::new(),
-        stopping: stopping.clone(),
-        deferred: Mutex::new(HashMap::new()),
-        observer: Observer::default(),
-        requeue,
-        discovery_poke: Arc::new(tokio::sync::Notify::new()),
-        requests,
-        engine,
-        settings,
-    });
+    let store = controller.store();
+    let context =
+        Arc::new(Context::new(requests, engine, settings, store, stopping.clone(), requeue));
     let stopped = {
         let (shutdown, lost, stopping) =
             (shutdown.clone(), leadership_lost.clone(), stopping.clone());

@@ -17,8 +17,8 @@ use kube::Api;
 use kube::api::{WatchEvent, WatchParams};
 use tracing::debug;
 
-use super::change::Change;
-use super::cluster::{Cluster, crd_of};
+use super::change::{Change, Unseen};
+use super::cluster::Cluster;
 use crate::api::MigrationTarget;
 use crate::engine::Resource;
 use crate::rules::crd::{CrdChange, CrdState};
@@ -29,7 +29,7 @@ const REOPEN_AFTER: Duration = Duration::from_secs(2);
 /// A run's CRD as followed so far: every change up to `resource_version` was seen, and none
 /// touched what is stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Followed {
+pub struct CrdWatch {
     name: String,
     uid: Option<String>,
     storage_version: String,
@@ -50,12 +50,12 @@ enum Seen {
     Changed(Change),
 }
 
-impl Followed {
+impl CrdWatch {
     /// Follows the CRD of a run from its target, where the target recorded the resourceVersion
     /// it was read at; `None` for a built-in resource or a target recorded without it (its
     /// generation decides).
-    pub fn of(resource: &Resource, target: &MigrationTarget) -> Option<Followed> {
-        Some(Followed {
+    pub fn of(resource: &Resource, target: &MigrationTarget) -> Option<CrdWatch> {
+        Some(CrdWatch {
             name: format!("{}.{}", resource.plural, resource.group),
             uid: target.crd_uid.clone(),
             storage_version: target.storage_version.clone()?,
@@ -74,9 +74,9 @@ impl Followed {
 
     /// Follows `crd` from the state it was read in; `None` when it names no storage version or
     /// was read without a resourceVersion.
-    pub fn from_crd(crd: &CustomResourceDefinition) -> Option<Followed> {
+    pub fn from_crd(crd: &CustomResourceDefinition) -> Option<CrdWatch> {
         let state = CrdState::of(crd)?;
-        Some(Followed {
+        Some(CrdWatch {
             name: crd.metadata.name.clone()?,
             uid: state.uid,
             storage_version: state.storage_version,
@@ -104,32 +104,23 @@ impl Followed {
             // elsewhere.
             None | Some(CrdChange::Edited { .. }) => {}
             Some(CrdChange::Deleted | CrdChange::Replaced) => {
-                let why = format!(
-                    "the CRD of {resource} was deleted and created again while the migration ran"
-                );
-                return Seen::Changed(Change::not_served(why));
+                return Seen::Changed(Change::Replaced { resource: resource.to_string() });
             }
             Some(CrdChange::StorageSwitched { from, to }) => {
-                let to = if to.is_empty() { "none".to_owned() } else { to };
-                let why = format!(
-                    "the storage version of {resource} changed from {from} to {to} (generation {})",
-                    now.generation,
-                );
-                return Seen::Changed(Change::storage_moved(why));
+                let (resource, generation) = (resource.to_string(), Some(now.generation));
+                return Seen::Changed(Change::StorageSwitched { resource, from, to, generation });
             }
         }
-        let served_again: Vec<&str> = crd
+        let versions: Vec<String> = crd
             .spec
             .versions
             .iter()
             .filter(|v| v.served && self.cleaned.contains(&v.name))
-            .map(|v| v.name.as_str())
+            .map(|v| v.name.clone())
             .collect();
-        if !served_again.is_empty() {
-            let why = format!(
-                "{served_again:?} of {resource} served again: the run starts over, keeping their managedFields entries"
-            );
-            return Seen::Changed(Change::served_again(why));
+        if !versions.is_empty() {
+            let resource = resource.to_string();
+            return Seen::Changed(Change::ServedAgain { resource, versions });
         }
         self.generation = self.generation.max(crd.metadata.generation.unwrap_or_default());
         if let Some(version) = &crd.metadata.resource_version {
@@ -144,10 +135,8 @@ impl Followed {
         if let Some(CrdChange::Edited { from, to }) =
             CrdChange::between(&self.state(), Some(&CrdState::read(crd)))
         {
-            let why = format!(
-                "the CRD of {resource} changed while its changes could not all be seen (generation {from} then {to}): its storage version may have been switched and switched back"
-            );
-            return Seen::Changed(Change::storage_moved(why));
+            let resource = resource.to_string();
+            return Seen::Changed(Change::Edited { resource, from, to, unseen: Unseen::Expired });
         }
         self.see(resource, crd)
     }
@@ -203,14 +192,12 @@ impl Followed {
                 Seen::Changed(change) => Some(change),
             },
             Ok(Err(change)) => Some(change),
-            Err(_) => {
-                let why = format!(
-                    "the CRD of {resource} changed (generation {} then {generation}) and its changes could not all be seen within {} s",
-                    self.generation,
-                    cluster.requests.timeout().as_secs()
-                );
-                Some(Change::storage_moved(why))
-            }
+            Err(_) => Some(Change::Edited {
+                resource: resource.to_string(),
+                from: self.generation,
+                to: generation,
+                unseen: Unseen::TimedOut(cluster.requests.timeout().as_secs()),
+            }),
         }
     }
 
@@ -241,8 +228,7 @@ impl Followed {
             let seen = match event {
                 Ok(WatchEvent::Added(crd) | WatchEvent::Modified(crd)) => self.see(resource, &crd),
                 Ok(WatchEvent::Deleted(_)) => {
-                    let why = format!("the CRD of {resource} was deleted while the migration ran");
-                    return Err(Change::not_served(why));
+                    return Err(Change::Deleted { resource: resource.to_string() });
                 }
                 Ok(WatchEvent::Bookmark(bookmark)) => {
                     self.resource_version = bookmark.metadata.resource_version;
@@ -288,33 +274,13 @@ impl Followed {
                 Seen::Same => Ok(()),
                 Seen::Changed(change) => Err(change),
             },
-            Ok(None) => {
-                let why = format!("the CRD of {resource} was deleted while the migration ran");
-                Err(Change::not_served(why))
-            }
+            Ok(None) => Err(Change::Deleted { resource: resource.to_string() }),
             Err(error) => {
                 debug!(crd = %self.name, error = %crate::error_chain(&error), "could not read the CRD again; trying again");
                 tokio::time::sleep(REOPEN_AFTER).await;
                 Ok(())
             }
         }
-    }
-}
-
-/// The CRD of `resource` read now, followed from `followed` to it: `None` when nothing that
-/// affects storage changed (or the CRD could not be read: the caller's next step decides).
-pub async fn changed_by_now(
-    cluster: &Cluster<'_>,
-    resource: &Resource,
-    followed: &mut Followed,
-) -> Option<Change> {
-    match crd_of(cluster, resource).await {
-        Ok(Some(crd)) => followed.catch_up(cluster, resource, &crd).await,
-        Ok(None) => {
-            let why = format!("the CRD of {resource} was deleted while the migration ran");
-            Some(Change::not_served(why))
-        }
-        Err(_) => None,
     }
 }
 
@@ -341,8 +307,8 @@ mod tests {
         .expect("a CRD")
     }
 
-    fn followed() -> Followed {
-        Followed::from_crd(&crd("u1", 4, "v2", "100")).expect("followed")
+    fn followed() -> CrdWatch {
+        CrdWatch::from_crd(&crd("u1", 4, "v2", "100")).expect("followed")
     }
 
     #[test]
@@ -361,7 +327,7 @@ mod tests {
         let Seen::Changed(there) = f.see(&widgets, &crd("u1", 5, "v1", "101")) else {
             panic!("a switch to v1 is a change")
         };
-        assert!(there.starts_over() && there.message.contains("from v2 to v1"), "{there:?}");
+        assert!(there.starts_over() && there.to_string().contains("from v2 to v1"), "{there:?}");
     }
 
     #[test]
@@ -369,7 +335,7 @@ mod tests {
         let widgets = Resource::widgets();
         let mut unserved = crd("u1", 4, "v2", "100");
         unserved.spec.versions[0].served = false;
-        let mut f = Followed::from_crd(&unserved).expect("followed");
+        let mut f = CrdWatch::from_crd(&unserved).expect("followed");
         // Not cleaning: serving v1 again changes nothing stored.
         assert_eq!(f.clone().see(&widgets, &crd("u1", 5, "v2", "101")), Seen::Same);
         f.cleaning(&unserved);
@@ -377,7 +343,10 @@ mod tests {
         let Seen::Changed(again) = f.see(&widgets, &crd("u1", 5, "v2", "101")) else {
             panic!("v1 served again stops the cleaning")
         };
-        assert!(again.starts_over() && again.reason == reasons::VERSION_SERVED_AGAIN, "{again:?}");
+        assert!(
+            again.starts_over() && again.reason() == reasons::VERSION_SERVED_AGAIN,
+            "{again:?}"
+        );
     }
 
     #[test]
@@ -401,6 +370,9 @@ mod tests {
         let Seen::Changed(moved) = f.resync(&widgets, &crd("u1", 7, "v2", "200")) else {
             panic!("an unseen change counts")
         };
-        assert!(moved.starts_over() && moved.message.contains("generation 4 then 7"), "{moved:?}");
+        assert!(
+            moved.starts_over() && moved.to_string().contains("generation 4 then 7"),
+            "{moved:?}"
+        );
     }
 }

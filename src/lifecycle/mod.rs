@@ -21,8 +21,8 @@
 //! [`Options::checkpoint_interval`]), and holds the CRD's `StorageMigrating` mark until it ends
 //! ([`Lifecycle::run_until`] unmarks it when stopped from outside).
 //! The steps' requests: [`cluster`] (what they need of the process), [`steps`] (conversion
-//! preflight, the target, the `StorageMigrating` mark), [`guard`] and [`crd_watch`] (whether the
-//! target still holds, and the [`change::Change`] when it does not), [`prune`] (settling
+//! preflight, the target, the `StorageMigrating` mark), [`target_watch`] and [`crd_watch`] (whether
+//! the target still holds, and the [`change::Change`] when it does not), [`prune`] (settling
 //! `storedVersions`), `resolve` (the resource and its CRD, or the end when they cannot be had),
 //! [`resume`] (which checkpoint may be resumed), [`turns`] (whose turn it is
 //! to write, when migrations share them).
@@ -30,7 +30,6 @@
 pub mod change;
 pub mod cluster;
 pub mod crd_watch;
-pub mod guard;
 mod host;
 pub mod prune;
 mod resolve;
@@ -38,12 +37,11 @@ pub mod resume;
 mod run;
 pub mod status;
 pub mod steps;
+pub mod target_watch;
 pub mod turns;
 pub mod witness;
 
 use std::sync::Mutex;
-
-use crd_watch::Followed;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::Timestamp;
@@ -58,6 +56,7 @@ use change::{Change, Then};
 use cluster::Cluster;
 pub use host::{End, Host, LaterBecause, Moment, Notice, Options, Tries, Unrecorded};
 use status::Start;
+use target_watch::TargetWatch;
 use witness::Witness;
 
 /// How long evidence gathered before waiting for a turn to write is taken as it is; after a
@@ -103,8 +102,8 @@ enum Attempt {
 struct Finished {
     target: MigrationTarget,
     done: StorageVersionMigrationStatus,
-    /// The CRD as the run followed it, to its end.
-    followed: Option<Followed>,
+    /// The target as the run watched it, to its end.
+    watch: TargetWatch,
 }
 
 /// How the engine's part of a run ended.
@@ -184,9 +183,10 @@ impl<'a, H: Host> Lifecycle<'a, H> {
             match attempt.await {
                 Attempt::Ended(end) => return end,
                 Attempt::Finished(finished) => {
-                    let Finished { target, mut done, followed } = *finished;
+                    let Finished { target, mut done, mut watch } = *finished;
                     if crd.is_some() {
-                        self.settle_stored_versions(&resource, &target, &mut done, followed).await;
+                        self.settle_stored_versions(&resource, &target, &mut done, &mut watch)
+                            .await;
                     }
                     return self.record_end(&resource, done).await;
                 }
@@ -199,12 +199,12 @@ impl<'a, H: Host> Lifecycle<'a, H> {
                         return self.record_end(&resource, done).await;
                     }
                 }
-                Attempt::StartOver { change, current } if change.then == Then::Redo => {
+                Attempt::StartOver { change, current } if change.then() == Then::Redo => {
                     redos += 1;
                     self.vouch_lapsed = true;
                     // An Event says so; nothing for an operator to act on unless it goes on.
                     info!(
-                        change = change.message,
+                        change = %change,
                         redos, "the cluster changed mid-run; starting over"
                     );
                     let now = Timestamp::now();
@@ -217,7 +217,7 @@ impl<'a, H: Host> Lifecycle<'a, H> {
                     let restarts = start.restarts + 1;
                     self.vouch_lapsed = true;
                     warn!(
-                        change = change.message,
+                        change = %change,
                         restarts, "the target changed mid-run; starting over"
                     );
                     // The start-overs for a changed storage version, not those of a changed cluster.
@@ -259,16 +259,18 @@ impl<'a, H: Host> Lifecycle<'a, H> {
                 return Attempt::Ended(self.record_end(resource, done).await);
             }
         }
+        // One watch of the target from the encoding check to the prune: a target kept from a
+        // checkpoint is watched from where it was recorded, a new one from the CRD as resolved.
+        let known = status::known_target(last, start);
+        let mut watch = match &known {
+            Some(known) => TargetWatch::of_target(resource, known),
+            None => TargetWatch::of_crd(resource, crd),
+        };
         // The encoding check may wait minutes: a stopping process does not wait for it.
         let target = tokio::select! {
-            target = self.target(resource, crd, start, last) => target,
+            target = self.target(resource, crd, known.clone(), &mut watch) => target,
             () = self.cancel.cancelled() => return Attempt::Ended(self.stopped(start, "stopped before the first write")),
         };
-        // From here on the CRD is watched change by change.
-        let mut followed = Followed::of(resource, &target);
-        if let (Some(followed), Some(crd)) = (followed.as_mut(), self.cleaning(crd).and(crd)) {
-            followed.cleaning(crd);
-        }
         let waiting = std::time::Instant::now();
         // A resource that stores nothing has nothing to write: its run is one list, and it takes
         // no turn from those that write (a sweep finds most built-in resources empty).
@@ -285,12 +287,13 @@ impl<'a, H: Host> Lifecycle<'a, H> {
         let target = match waiting.elapsed() < EVIDENCE_FRESH_FOR {
             true => target,
             false => tokio::select! {
-                target = self.target(resource, crd, start, last) => target,
+                target = self.target(resource, crd, known, &mut watch) => target,
                 () = self.cancel.cancelled() => return Attempt::Ended(self.stopped(start, "stopped before the first write")),
             },
         };
-        let changed = guard::target_changed(&self.cluster, resource, &target, followed.as_mut());
-        if let Some(change) = changed.await {
+        // Watched from here on as the run writes for it.
+        watch.aim(&target, self.cleaning(crd).and(crd));
+        if let Some(change) = watch.changed_by_now(&self.cluster).await {
             return Attempt::Retarget(change);
         }
         let current = match self.record_start(resource, crd, &target, start, last).await {
@@ -308,7 +311,7 @@ impl<'a, H: Host> Lifecycle<'a, H> {
         let cluster = self.cluster;
         let moves = async {
             tokio::select! {
-                change = guard::guard(&cluster, resource, &target, followed.as_mut()) => change,
+                change = watch.next_change(&cluster) => change,
                 change = witness.changes(cluster.requests, resource) => change,
             }
         };
@@ -323,7 +326,7 @@ impl<'a, H: Host> Lifecycle<'a, H> {
         // The writes are over: the check at the end samples, and writes nothing.
         drop(turn);
         let change = tokio::select! {
-            change = self.check_at_end(spec, resource, &target, &done, followed.as_mut(), &mut witness) => change,
+            change = self.check_at_end(spec, resource, &done, &mut watch, &mut witness) => change,
             // Stopping: the migration is taken up again from its last checkpoint.
             () = self.cancel.cancelled() => {
                 return Attempt::Ended(self.stopped(start, "stopped during the check at the end"));
@@ -333,21 +336,17 @@ impl<'a, H: Host> Lifecycle<'a, H> {
             Some(change) if change.starts_over() => {
                 return Attempt::StartOver { change, current: Box::new(done) };
             }
-            Some(change) if change.then == Then::Unproven => {
+            Some(change) if change.then() == Then::Unproven => {
                 self.host.tell(Notice::Unproven(&change)).await;
-                done = status::unproven(done, &change.message);
+                done = status::unproven(done, &change.to_string());
             }
             Some(change) => {
-                let message = format!(
-                    "{}; {} objects were processed, but those written before the change may be stored in the old version: migrate again",
-                    change.message,
-                    progress.processed()
-                );
-                done = status::failed(Some(&done), change.reason, message, Timestamp::now());
+                let processed = progress.processed();
+                done = status::changed_at_end(&done, &change, processed, Timestamp::now());
             }
             None => {}
         }
-        Attempt::Finished(Box::new(Finished { target, done, followed }))
+        Attempt::Finished(Box::new(Finished { target, done, watch }))
     }
 
     /// Why the checkpoint `start` would resume no longer describes the cluster
@@ -376,23 +375,24 @@ impl<'a, H: Host> Lifecycle<'a, H> {
         End::Stopped { progress: Box::new(start.progress.clone()), why: why.to_owned() }
     }
 
-    /// What the run targets. A resumed run keeps what it recorded when it first started;
-    /// otherwise the storage version (hash) and whether the apiservers already encode in it
-    /// (confirmed before the first write, or vouched for by the operator).
+    /// What the run targets, `watch` following it through the encoding check. A resumed run
+    /// keeps what it recorded when it first started (`known`); otherwise the storage version
+    /// (hash) and whether the apiservers already encode in it (confirmed before the first
+    /// write, or vouched for by the operator).
     async fn target(
         &self,
         resource: &Resource,
         crd: Option<&CustomResourceDefinition>,
-        start: &Start,
-        last: Option<&StorageVersionMigrationStatus>,
+        known: Option<MigrationTarget>,
+        watch: &mut TargetWatch,
     ) -> MigrationTarget {
-        if let Some(mut known) = status::known_target(last, start) {
+        if let Some(mut known) = known {
             if known.encoding_confirmed.is_some() {
                 return known;
             }
             // Not recorded (a checkpoint file, which is not trusted with it): proved again.
             let vouched = false;
-            let proved = steps::target_of(&self.cluster, resource, crd, vouched).await;
+            let proved = steps::target_of(&self.cluster, resource, crd, vouched, watch).await;
             (known.encoding_confirmed, known.encoding_evidence) =
                 (proved.encoding_confirmed, proved.encoding_evidence);
             return known;
@@ -416,7 +416,7 @@ impl<'a, H: Host> Lifecycle<'a, H> {
         if vouch != crate::api::Vouch::None && !vouched {
             info!(%resource, ?vouch, storage, lapsed = self.vouch_lapsed, "the operator's vouch does not cover this target: checking the encoding");
         }
-        let mut target = steps::target_of(&self.cluster, resource, crd, vouched).await;
+        let mut target = steps::target_of(&self.cluster, resource, crd, vouched, watch).await;
         target.apiservers = resume::apiserver_processes(self.cluster.requests).await.ok();
         let evidence = target.encoding_evidence.clone().unwrap_or_default();
         let confirmed = target.encoding_confirmed;
@@ -466,36 +466,13 @@ impl<'a, H: Host> Lifecycle<'a, H> {
             .await;
             *self.marked.lock().unwrap_or_else(|p| p.into_inner()) = Some(resource.clone());
         }
-        let mut note = format!("{resource}: {}", start.note);
-        if let Some(unknown) = self.host.migration().unknown_pace() {
-            note.push_str(&format!(
-                "; the annotation {}: {unknown:?} names no pace ({}), so the default pace applies",
-                crate::api::PACE_ANNOTATION,
-                crate::api::Pace::NAMES.join(" or ")
-            ));
-        }
-        if let Some(Err(unknown)) = self.host.migration().requested_budget() {
-            note.push_str(&format!(
-                "; the annotation {}: {unknown}, so the controller's budget applies",
-                crate::api::FOREGROUND_BUDGET_ANNOTATION
-            ));
-        }
-        if self.options.clean_managed_fields {
-            note.push_str(&match self.cleaning(crd) {
-                Some(served) => format!(
-                    "; managedFields entries naming a version not served (served: {}) are removed{}",
-                    served.names(),
-                    match self.writes_to_status(resource) {
-                        // The apiserver keeps the live managedFields for a subresource.
-                        true => ", through the resource itself for the objects that have any, as /status keeps managedFields as they are",
-                        false => "",
-                    }
-                ),
-                None => format!(
-                    "; {resource} has no CRD, so its managedFields are left as they are (only a CRD's versions stop being served)"
-                ),
-            });
-        }
+        let cleaning = self.options.clean_managed_fields.then(|| match self.cleaning(crd) {
+            Some(served) => {
+                status::Cleaning::Crd { served, writes_to_status: self.writes_to_status(resource) }
+            }
+            None => status::Cleaning::NoCrd,
+        });
+        let note = status::start_note(resource, self.host.migration(), start, cleaning);
         let processed = start.progress.processed();
         self.host.tell(Notice::Start { event: start.event, note: &note, processed }).await;
         Ok(current)

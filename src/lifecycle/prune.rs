@@ -19,7 +19,7 @@ use crate::rules::encoding::Encoding;
 use crate::rules::stored_versions::{Decision, Run, decide};
 
 use super::cluster::{Cluster, crd_of};
-use super::crd_watch::Followed;
+use super::target_watch::TargetWatch;
 
 /// Why the prune could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -70,7 +70,7 @@ pub async fn settle_stored_versions(
     resource: &Resource,
     target: &MigrationTarget,
     run: &Run,
-    mut followed: Option<&mut Followed>,
+    watch: &mut TargetWatch,
 ) -> Option<MigrationCondition> {
     let (Some(generation), Some(storage_version)) =
         (target.crd_generation, target.storage_version.clone())
@@ -110,11 +110,12 @@ pub async fn settle_stored_versions(
             ));
         };
         // Followed to this read: changes that left what is stored alone do not count.
-        if let Some(followed) = followed.as_deref_mut() {
-            if let Some(change) = followed.catch_up(cluster, resource, &crd).await {
-                return Some(condition(false, stored_versions::CRD_CHANGED, change.message));
+        match watch.caught_up(cluster, &crd).await {
+            Ok(Some(generation)) => started.generation = generation,
+            Ok(None) => {}
+            Err(change) => {
+                return Some(condition(false, stored_versions::CRD_CHANGED, change.to_string()));
             }
-            started.generation = followed.generation();
         }
         let stored_versions = match decide(run, &started, &now, &encoding) {
             Decision::Prune(stored_versions) => stored_versions,

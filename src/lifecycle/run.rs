@@ -14,10 +14,10 @@ use crate::api::{GroupVersionResource, MigrationTarget, StorageVersionMigrationS
 use crate::engine::{self, Job, Progress, Resource};
 
 use super::change::Change;
-use super::crd_watch::Followed;
 use super::status::{self, Start};
+use super::target_watch::TargetWatch;
 use super::witness::Witness;
-use super::{End, Host, Lifecycle, Moment, Notice, Ran, Unrecorded, guard, prune};
+use super::{End, Host, Lifecycle, Moment, Notice, Ran, Unrecorded, prune};
 
 impl<H: Host> Lifecycle<'_, H> {
     /// The engine, with progress recorded beside it (never pausing it), until it finishes or
@@ -106,28 +106,24 @@ impl<H: Host> Lifecycle<'_, H> {
 
     /// A run that completed proves nothing if the resource stopped being served, or its storage
     /// version (or its CRD) changed, while it ran: then objects written earlier may be stored in
-    /// the old version; nor if etcd was restored or the apiservers restarted ([`Witness`]). The
-    /// change, if any, for a Succeeded run.
+    /// the old version ([`TargetWatch::at_end`]); nor if etcd was restored or the apiservers
+    /// restarted ([`Witness`]). The change, if any, for a Succeeded run.
     pub(super) async fn check_at_end(
         &self,
         spec: &GroupVersionResource,
         resource: &Resource,
-        target: &MigrationTarget,
         done: &StorageVersionMigrationStatus,
-        followed: Option<&mut Followed>,
+        watch: &mut TargetWatch,
         witness: &mut Witness,
     ) -> Option<Change> {
         if done.conditions.first().map(|c| c.type_.as_str()) != Some(SUCCEEDED) {
             return None;
         }
         let requires_status = self.host.migration().requests_status_writes();
-        let cluster = &self.cluster;
-        let changed =
-            guard::changed_since_start(cluster, spec, requires_status, resource, target, followed);
-        if let Some(change) = changed.await {
+        if let Some(change) = watch.at_end(&self.cluster, spec, requires_status).await {
             return Some(change);
         }
-        witness.at_end(cluster.requests, resource).await
+        witness.at_end(self.cluster.requests, resource).await
     }
 
     /// Prunes the CRD's `storedVersions` when that is proven safe; says what was done, and why,
@@ -137,18 +133,16 @@ impl<H: Host> Lifecycle<'_, H> {
         resource: &Resource,
         target: &MigrationTarget,
         done: &mut StorageVersionMigrationStatus,
-        mut followed: Option<Followed>,
+        watch: &mut TargetWatch,
     ) {
         let run = status::run_of(done);
-        let settled =
-            prune::settle_stored_versions(&self.cluster, resource, target, &run, followed.as_mut());
+        let settled = prune::settle_stored_versions(&self.cluster, resource, target, &run, watch);
         let Some(pruned) = settled.await else {
             return;
         };
         // The record says which state of the CRD the run was followed to.
-        if let (Some(followed), Some(recorded)) = (&followed, done.target.as_mut()) {
-            recorded.crd_generation = Some(followed.generation());
-            recorded.crd_resource_version = Some(followed.resource_version().to_owned());
+        if let Some(recorded) = done.target.as_mut() {
+            watch.record_into(recorded);
         }
         self.host.tell(Notice::StoredVersions(&pruned)).await;
         done.conditions.retain(|c| c.type_ != pruned.type_);

@@ -10,8 +10,9 @@ use crate::api::{
     CONDITION_MESSAGE_LIMIT, Checkpoint, MigrationCondition, MigrationProgress, MigrationTarget,
     RETRY_ANNOTATION, StorageVersionMigration, StorageVersionMigrationStatus, cut,
 };
-use crate::engine::{self, Progress};
+use crate::engine::{self, Progress, Resource};
 use crate::rules::crd::{CrdChange, CrdState};
+use crate::rules::managed_fields::Served;
 use crate::rules::stored_versions::Run;
 
 /// Failures named in a Failed condition's message.
@@ -82,15 +83,14 @@ pub fn redo(
     if redos > MAX_REDOS {
         let message = format!(
             "{}, after {processed} objects, and the cluster had already changed {MAX_REDOS} times under the migration: objects may be stored as they were before it; let the cluster settle, then migrate again",
-            change.message
+            change
         );
-        return Err(Box::new(failed(Some(current), change.reason, message, now)));
+        return Err(Box::new(failed(Some(current), change.reason(), message, now)));
     }
-    let mut start =
-        Start::over(&format!("{}, after {processed} objects", change.message), restarts);
+    let mut start = Start::over(&format!("{}, after {processed} objects", change), restarts);
     start.note = format!(
         "migrating every object again from the first (done again {redos} of at most {MAX_REDOS} times): {}, after {processed} objects",
-        change.message
+        change
     );
     Ok(start)
 }
@@ -115,11 +115,11 @@ pub fn restart(
     if switched > MAX_RESTARTS {
         let message = format!(
             "{}, after {processed} objects, and it had already changed {MAX_RESTARTS} times while the migration ran: objects may be stored in any of those versions; settle the storage version, then migrate again",
-            change.message
+            change
         );
-        return Err(Box::new(failed(Some(current), change.reason, message, now)));
+        return Err(Box::new(failed(Some(current), change.reason(), message, now)));
     }
-    Ok(Start::over(&format!("{}, after {processed} objects", change.message), restarts))
+    Ok(Start::over(&format!("{}, after {processed} objects", change), restarts))
 }
 
 /// `done` with its encoding no longer taken as confirmed, saying why (the apiservers disagreed
@@ -143,9 +143,9 @@ pub fn kept_changing(
 ) -> StorageVersionMigrationStatus {
     let message = format!(
         "the target kept changing before the first write ({MAX_RETARGETS} times; the last: {}); settle the storage version, then migrate again",
-        change.message
+        change
     );
-    failed(previous, change.reason, message, now)
+    failed(previous, change.reason(), message, now)
 }
 
 /// Where `migration` starts, given the storage version hash discovery publishes now and, for a
@@ -290,6 +290,76 @@ pub fn retry_note(previous: Option<&StorageVersionMigrationStatus>, token: &str)
         counts.failed,
         first.message.unwrap_or_default()
     )
+}
+
+/// Whether, and how, a run cleans `managedFields`: the operator asked for it on a resource with
+/// a CRD (`Crd`, the versions kept and whether the run writes through `/status`), or on one
+/// without (`NoCrd`: nothing to clean).
+pub enum Cleaning {
+    /// The entries naming a version not in `served` are removed.
+    Crd {
+        /// The versions served, whose entries are kept.
+        served: Served,
+        /// Whether the run writes through `/status`, which keeps `managedFields` as they are.
+        writes_to_status: bool,
+    },
+    /// The resource has no CRD, so its `managedFields` are left as they are.
+    NoCrd,
+}
+
+/// What the operator is told as a run of `resource` starts from `start` under `migration`: what
+/// kind of start it is, the annotations that name no pace or budget, and the `managedFields`
+/// cleaning the run does, if asked.
+pub fn start_note(
+    resource: &Resource,
+    migration: &StorageVersionMigration,
+    start: &Start,
+    cleaning: Option<Cleaning>,
+) -> String {
+    let mut note = format!("{resource}: {}", start.note);
+    if let Some(unknown) = migration.unknown_pace() {
+        note.push_str(&format!(
+            "; the annotation {}: {unknown:?} names no pace ({}), so the default pace applies",
+            crate::api::PACE_ANNOTATION,
+            crate::api::Pace::NAMES.join(" or ")
+        ));
+    }
+    if let Some(Err(unknown)) = migration.requested_budget() {
+        note.push_str(&format!(
+            "; the annotation {}: {unknown}, so the controller's budget applies",
+            crate::api::FOREGROUND_BUDGET_ANNOTATION
+        ));
+    }
+    note.push_str(&match cleaning {
+        None => String::new(),
+        Some(Cleaning::Crd { served, writes_to_status }) => format!(
+            "; managedFields entries naming a version not served (served: {}) are removed{}",
+            served.names(),
+            match writes_to_status {
+                // The apiserver keeps the live managedFields for a subresource.
+                true => ", through the resource itself for the objects that have any, as /status keeps managedFields as they are",
+                false => "",
+            }
+        ),
+        Some(Cleaning::NoCrd) => format!(
+            "; {resource} has no CRD, so its managedFields are left as they are (only a CRD's versions stop being served)"
+        ),
+    });
+    note
+}
+
+/// The status of a run that completed as `done` after `processed` objects, failed by `change`
+/// found at its end (the resource or its CRD gone, or unreadable): its writes prove nothing.
+pub fn changed_at_end(
+    done: &StorageVersionMigrationStatus,
+    change: &Change,
+    processed: u64,
+    now: Timestamp,
+) -> StorageVersionMigrationStatus {
+    let message = format!(
+        "{change}; {processed} objects were processed, but those written before the change may be stored in the old version: migrate again"
+    );
+    failed(Some(done), change.reason(), message, now)
 }
 
 /// The status of a migration starting from `start`, targeting `target`.
@@ -762,10 +832,11 @@ mod tests {
 
     #[test]
     fn a_change_after_the_first_write_starts_over_a_few_times_then_fails() {
-        let change = Change {
-            reason: reasons::STORAGE_VERSION_CHANGED,
-            message: "the storage version of widgets.example.com changed from v2 to v1".into(),
-            then: super::super::change::Then::StartOver,
+        let change = Change::StorageSwitched {
+            resource: "widgets.example.com".into(),
+            from: "v2".into(),
+            to: "v1".into(),
+            generation: None,
         };
         let current = running(None, &target("h2"), &progress(0), now());
         let next = restart(&current, &change, 1, 1, now()).expect("starts over");

@@ -23,8 +23,7 @@ use crate::rules::encoding::Encoding;
 use crate::rules::storage_hash::storage_version_hash;
 
 use super::cluster::{Cluster, crd_name};
-use super::crd_watch::Followed;
-use super::guard::crd_moves;
+use super::target_watch::TargetWatch;
 
 /// Whether the conversion webhook of `crd` (the CRD behind `resource`), if it has one, answers
 /// a read of an object that needs converting ([`conversion::preflight`]).
@@ -68,20 +67,21 @@ pub fn encoding_check(
 
 /// What the migration targets, and whether the apiservers already encode in it (`vouched` when
 /// an operator said so on the migration). For a CRD-backed resource: the CRD's generation, uid
-/// and storage version. For a built-in resource: the storage version hash discovery publishes,
-/// which every apiserver must publish too (during a rolling upgrade, two releases publish two).
+/// and storage version, as `watch` followed it through the encoding check. For a built-in
+/// resource: the storage version hash discovery publishes, which every apiserver must publish
+/// too (during a rolling upgrade, two releases publish two).
 pub async fn target_of(
     cluster: &Cluster<'_>,
     resource: &Resource,
     crd: Option<&CustomResourceDefinition>,
     vouched: bool,
+    watch: &mut TargetWatch,
 ) -> MigrationTarget {
     let mut target = MigrationTarget {
         storage_version_hash: resource.storage_version_hash.clone(),
         ..MigrationTarget::default()
     };
     let state = crd.and_then(CrdState::of);
-    let mut followed = crd.and_then(Followed::from_crd);
     let check = match encoding_check(cluster, resource, crd) {
         Ok(check) => check,
         Err(Unchecked::CrdWithoutStorage) => return target,
@@ -104,18 +104,14 @@ pub async fn target_of(
             let confirming = cluster.observer.confirm(cluster.requests, &check);
             // A CRD whose storage changes during the check makes its verdict moot: no need to
             // wait it out. Other changes to it are followed, and the target records the last.
-            match (&state, followed.as_mut()) {
-                (Some(_), Some(followed)) => tokio::select! {
+            match &state {
+                Some(_) => tokio::select! {
                     encoding = confirming => encoding,
-                    moved = followed.follow(cluster, resource) => Encoding::Unconfirmed(format!(
-                        "{} during the encoding check", moved.message
-                    )),
+                    moved = watch.next_change(cluster) => {
+                        Encoding::Unconfirmed(format!("{moved} during the encoding check"))
+                    }
                 },
-                (Some(state), None) => tokio::select! {
-                    encoding = confirming => encoding,
-                    moved = crd_moves(cluster, resource, state) => Encoding::Unconfirmed(moved),
-                },
-                (None, _) => confirming.await,
+                None => confirming.await,
             }
         }
     };
@@ -132,10 +128,7 @@ pub async fn target_of(
         target.storage_version = Some(state.storage_version);
         target.crd_generation = Some(state.generation);
         target.crd_uid = state.uid;
-        if let Some(followed) = followed {
-            target.crd_generation = Some(followed.generation());
-            target.crd_resource_version = Some(followed.resource_version().to_owned());
-        }
+        watch.record_into(&mut target);
     }
     target
 }

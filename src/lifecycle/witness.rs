@@ -127,14 +127,10 @@ impl Witness {
             }
         }
         if !why.is_empty() {
-            return Some(Change::unproven(format!(
-                "whether etcd still holds this run's writes could not be read at its end: {why}"
-            )));
+            return Some(Change::WritesUnread { why });
         }
         let gap = self.gap.as_ref()?;
-        Some(Change::unproven(format!(
-            "whether etcd still holds this run's writes cannot be shown: {gap}"
-        )))
+        Some(Change::WritesUnshown { gap: gap.clone() })
     }
 
     async fn same_apiservers(&self, requests: &Requests) -> Result<(), Seen> {
@@ -142,9 +138,7 @@ impl Witness {
         let now = resume::apiserver_processes(requests).await.map_err(Seen::Unreadable)?;
         match resume::restarted(then, &now) {
             None => Ok(()),
-            Some(why) => Err(Seen::Changed(Change::cluster_changed(format!(
-                "the apiservers restarted while the run wrote ({why}): a restart can bring another encryption key, and follows an etcd restore"
-            )))),
+            Some(why) => Err(Seen::Changed(Change::ApiserversRestarted { why })),
         }
     }
 }
@@ -162,18 +156,14 @@ async fn readable(requests: &Requests, resource: &Resource, revision: &str) -> R
     match list_one(requests, resource, &params).await {
         Ok(_) => Ok(()),
         Err(RequestError::Api(kube::Error::Api(status))) if status.code == 410 => {
-            Err(Seen::Changed(Change::cluster_changed(format!(
-                "etcd no longer holds revision {revision}, read seconds before (410 Gone): it was restored from a backup, or compacted to its latest revision"
-            ))))
+            Err(Seen::Changed(Change::RevisionGone { revision: revision.to_owned() }))
         }
         Err(RequestError::Api(kube::Error::Api(status)))
             if status.details.as_ref().is_some_and(|details| {
                 details.causes.iter().any(|cause| cause.reason == "ResourceVersionTooLarge")
             }) =>
         {
-            Err(Seen::Changed(Change::cluster_changed(format!(
-                "etcd has not reached revision {revision}, read seconds before: it was restored from a backup"
-            ))))
+            Err(Seen::Changed(Change::RevisionAhead { revision: revision.to_owned() }))
         }
         Err(error) => Err(Seen::Unreadable(crate::error_chain(&error))),
     }

@@ -92,12 +92,11 @@ impl<C: Console> lifecycle::Host for Host<'_, C> {
             Notice::Encoding { evidence, .. } => self.say(&format!(
                 "not confirmed, so storedVersions will be kept; migrating anyway: {evidence}"
             )),
-            Notice::Retarget(change) => self.say(&format!(
-                "{}; before the first write, so only the target changes",
-                change.message
-            )),
+            Notice::Retarget(change) => {
+                self.say(&format!("{change}; before the first write, so only the target changes"))
+            }
             Notice::Unproven(change) => {
-                self.say(&format!("the objects were rewritten, but {}", change.message));
+                self.say(&format!("the objects were rewritten, but {change}"));
             }
             // The result line says how it ended.
             Notice::Start { .. }
