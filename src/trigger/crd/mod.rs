@@ -234,8 +234,8 @@ pub struct Settings {
     pub observer: Observer,
     /// How long those checks take.
     pub encoding: EncodingPolicy,
-    /// Told of CRD changes (the discovery trigger polls then), each CRD at most once per
-    /// discovery interval, the second field.
+    /// Told of CRD changes (the discovery trigger polls then); a CRD that keeps changing, at
+    /// most once per discovery interval, the second field, in the end.
     pub poke: Option<(Arc<tokio::sync::Notify>, Duration)>,
     /// Also migrate a CRD that stopped serving a version, removing the `managedFields` entries
     /// that name it (`--clean-managed-fields`).
@@ -327,14 +327,23 @@ async fn reconcile(
         *first_seen.entry(uid).or_insert(generation) == generation
     };
     // The discovery trigger polls when a CRD is new or its spec changed (a storage switch, a
-    // version served or not), once per interval per CRD: not for every status write or
-    // migration checkpoint, nor for every step of a CRD that churns.
+    // version served or not): not for every status write or migration checkpoint, and ever
+    // less often for a CRD that keeps changing ([`pokes`]).
     if let Some((poke, every)) = &context.settings.poke {
         let uid = crd.metadata.uid.as_deref().unwrap_or_default();
         let generation = crd.metadata.generation.unwrap_or_default();
         let mut told = context.told.lock().unwrap_or_else(|p| p.into_inner());
-        if told.poke(uid, generation, std::time::Instant::now(), *every) {
-            poke.notify_one();
+        match told.poke(uid, generation, std::time::Instant::now(), *every) {
+            Some(wait) if wait.is_zero() => poke.notify_one(),
+            // At most one waits per CRD: a change made meanwhile is read by its poll.
+            Some(wait) => {
+                let poke = poke.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(wait).await;
+                    poke.notify_one();
+                });
+            }
+            None => {}
         }
     }
     // Whoever creates the migration, the encoding check starts now, at the storage switch.

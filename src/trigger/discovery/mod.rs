@@ -1,9 +1,9 @@
 //! The discovery trigger (`--discovery-trigger`), as kube-storage-version-migrator's: every
-//! `--discovery-interval`, whenever a CRD changes (once per interval per CRD) or one of its
-//! migrations ends (at most every 2 s), read discovery through a fresh connection; keep one
-//! StorageState per migratable resource; and create a migration for every resource whose objects
-//! may be stored under a hash other than the one the apiserver writes now, unless one is pending
-//! or running for it already (whoever created it). While a new hash waits to be trusted, fast
+//! `--discovery-interval`, whenever a CRD changes (ever less often while it keeps changing) or
+//! one of its migrations ends (at most every 2 s), read discovery through a fresh connection;
+//! keep one StorageState per migratable resource; and create a migration for every resource
+//! whose objects may be stored under a hash other than the one the apiserver writes now, unless
+//! one is pending or running for it already (whoever created it). While a new hash waits to be trusted, fast
 //! polls in between read only the discovery of the group versions serving it ([`cadence`]). The
 //! decisions are in [`super::storage_state`].
 
