@@ -266,7 +266,11 @@ impl Bench {
         }
         let from = Instant::now();
         let cpu_from = self.meter.cpu_seconds(self.meter.apiserver);
-        let probe = Probe::start(&self.account, self.config.pace.probe_budget());
+        let probe = Probe::start(
+            &self.account,
+            self.config.pace.probe_budget(),
+            self.config.pace.probe_params(),
+        );
         tokio::time::sleep(PROBE_ALONE).await;
         let seen = probe.stop();
         // The apiserver's CPU the probe costs, the idle rate (the foreground's) subtracted.

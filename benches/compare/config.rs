@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kube_svm::api::Budget;
-use kube_svm::engine::Band;
+use kube_svm::engine::{Band, ProbeParams};
 
 /// The widgets are spread over this many namespaces; `BENCH_OBJECTS` is rounded down to a
 /// multiple of it.
@@ -107,6 +107,9 @@ impl Config {
             ["controller", "--leader-elect=false", "--crd-trigger=false"].map(String::from),
         );
         args.push(format!("--foreground-budget={budget}"));
+        if let Some(params) = &self.pace.params {
+            args.push(format!("--pace-params={params}"));
+        }
         if let Some(writes) = self.pace.writes_in_flight {
             args.push(format!("--writes-in-flight={writes}"));
         }
@@ -145,9 +148,10 @@ impl Sweep {
 }
 
 /// The gentle pace's numbers that kube-svm takes as parameters (`BENCH_PACE`, `key=value` pairs
-/// separated by commas: `BENCH_PACE=budget=2x,max_spacing=1`). A key not given keeps kube-svm's
-/// default, and so does every argument the bench passes. The steering law's own numbers (its
-/// start rate, cuts and growths) are constants of the library, not parameters, and are not here.
+/// separated by commas: `BENCH_PACE=budget=2x,hold_ms=10000`). A key not given keeps kube-svm's
+/// default, and so does every argument the bench passes. The names of kube-svm's
+/// `--pace-params` (the steering law's numbers: `start_rate`, `cut`, `hold_ms`, ...) go to every
+/// controller the bench starts, a `BENCH_BEFORE_BINARY` build's included, and to its own probe.
 pub struct PaceTuning {
     /// `budget`: the `--foreground-budget` of the controllers that run at the defaults
     /// (every contender but `kube-svm-controller-probe`), and the budget of the probe the bench
@@ -160,18 +164,24 @@ pub struct PaceTuning {
     /// engine contender (`kube-svm-engine`), which paces by its own write latency. The controller
     /// takes no flag for it. Default [`Band::GENTLE`] (1.5, 3, 100 ms, 2).
     pub band: Band,
+    /// Any of kube-svm's `--pace-params` names: the steering law's numbers, passed on as given.
+    pub params: Option<String>,
 }
 
 impl PaceTuning {
     /// The keys `BENCH_PACE` knows.
-    const KEYS: &'static str =
-        "budget, writes_in_flight, grow_below, shrink_above, ceiling_ms, max_spacing";
+    const KEYS: &'static str = "budget, writes_in_flight, grow_below, shrink_above, ceiling_ms, max_spacing, and the names of kube-svm's --pace-params";
 
     fn parse(text: &str) -> PaceTuning {
         // The controller's default budget, named: the test support's controllers follow their own
         // latency unless told.
-        let mut tuning =
-            PaceTuning { budget: "3x".to_owned(), writes_in_flight: None, band: Band::GENTLE };
+        let mut tuning = PaceTuning {
+            budget: "3x".to_owned(),
+            writes_in_flight: None,
+            band: Band::GENTLE,
+            params: None,
+        };
+        let mut params = Vec::new();
         for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or_else(|| {
                 panic!("BENCH_PACE: {pair:?} is not key=value (keys: {})", Self::KEYS)
@@ -197,10 +207,22 @@ impl PaceTuning {
                 "shrink_above" => tuning.band.shrink_above = number(),
                 "ceiling_ms" => tuning.band.ceiling = Duration::from_secs_f64(number() / 1000.0),
                 "max_spacing" => tuning.band.max_spacing = number(),
-                _ => panic!("BENCH_PACE: no key {key:?} (keys: {})", Self::KEYS),
+                _ => params.push(format!("{key}={value}")),
             }
         }
+        if !params.is_empty() {
+            let params = params.join(",");
+            if let Err(error) = ProbeParams::parse(&params) {
+                panic!("BENCH_PACE: {error} (keys: {})", Self::KEYS);
+            }
+            tuning.params = Some(params);
+        }
         tuning
+    }
+
+    /// The steering law's numbers of the probe the bench sends by itself.
+    pub fn probe_params(&self) -> ProbeParams {
+        ProbeParams::parse(self.params.as_deref().unwrap_or_default()).expect("checked when read")
     }
 
     /// The budget of the probe the bench sends by itself.

@@ -19,12 +19,13 @@ pub struct Probe {
 impl Probe {
     /// Starts the probe as the controller's ServiceAccount (`account`), on the chart's ConfigMap,
     /// against `budget`.
-    pub fn start(account: &kube::Config, budget: Budget) -> Probe {
+    pub fn start(account: &kube::Config, budget: Budget, params: engine::ProbeParams) -> Probe {
         let metrics = Arc::new(kube_svm::ops::metrics::Metrics::new().expect("metrics"));
         let gate = Arc::new(engine::Foreground::new(
             account.clone(),
             Some(CONTROLLER_NAMESPACE),
             budget,
+            params,
             metrics,
         ));
         let admitting = {

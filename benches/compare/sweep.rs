@@ -197,7 +197,11 @@ async fn point(bench: &mut Bench, setting: Setting) -> Point {
             }
         })
     };
-    let probe = Probe::start(&bench.account, bench.config.pace.probe_budget());
+    let probe = Probe::start(
+        &bench.account,
+        bench.config.pace.probe_budget(),
+        bench.config.pace.probe_params(),
+    );
     run_engine_for(&engine, resource, setting.for_at_most).await;
     let probed = probe.stop();
     let millis = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1000.0);
@@ -218,7 +222,7 @@ async fn point(bench: &mut Bench, setting: Setting) -> Point {
         setting.name,
         latency * 1000.0,
         foreground.as_ref().map(|f| f.cells()).unwrap_or_default(),
-        millis(probed.probe_p99).map(|p| format!("{p:.1} ms")).unwrap_or_default()
+        millis(probed.probe).map(|p| format!("{p:.1} ms")).unwrap_or_default()
     );
     let gentle = setting.pace == Pace::Gentle;
     Point {
@@ -234,6 +238,6 @@ async fn point(bench: &mut Bench, setting: Setting) -> Point {
         mean_window,
         mean_in_flight,
         foreground,
-        probe_p99_ms: millis(probed.probe_p99),
+        probe_p99_ms: millis(probed.probe),
     }
 }

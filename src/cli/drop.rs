@@ -13,6 +13,7 @@ use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, Client};
 
 use super::etcd::EtcdArgs;
+use super::fleet::{Answers, Fleet};
 use super::table::Output;
 use crate::api::{GroupResource, StorageVersionMigration};
 use crate::census::{self, EtcdReader, Scope};
@@ -23,15 +24,45 @@ use crate::removal::{self, Count, Dependents, Facts, RequestCounts, Verdict};
 const PAGE_SIZE: u32 = 500;
 
 /// What `plan --drop` is asked.
+#[derive(Clone)]
 pub struct Question {
     pub version: String,
     pub resource: String,
     pub etcd: EtcdArgs,
-    pub output: Output,
 }
 
-pub async fn run(client: Client, question: Question) -> anyhow::Result<ExitCode> {
-    let Question { version, resource, etcd, output } = question;
+/// Asks one cluster, prints its verdict, and exits 0 when the version can be removed.
+pub async fn run(client: Client, question: Question, output: Output) -> anyhow::Result<ExitCode> {
+    let verdict = verdict(client, question).await?;
+    let text = output.format(&verdict, render)?;
+    std::io::stdout().write_all(text.as_bytes()).context("failed to write the plan")?;
+    Ok(ExitCode::from(exit_code(&verdict)))
+}
+
+/// Asks every cluster of `fleet` at once and prints one row each; exits 0 when the version can
+/// be removed in every one.
+pub async fn run_fleet(
+    fleet: &Fleet,
+    question: Question,
+    output: Output,
+) -> anyhow::Result<ExitCode> {
+    if !question.etcd.etcd_endpoints.is_empty() {
+        anyhow::bail!("--etcd-endpoints names one cluster's etcd: ask one cluster with it");
+    }
+    let answers = fleet.ask(|client| verdict(client, question.clone())).await;
+    let text = output.format(&answers, render_fleet)?;
+    std::io::stdout().write_all(text.as_bytes()).context("failed to write the plan")?;
+    Ok(ExitCode::from(answers.exit_code(exit_code)))
+}
+
+/// 0 when the version can be removed, [`EXIT_NEEDS_MIGRATION`] when something blocks it.
+pub fn exit_code(verdict: &Verdict) -> u8 {
+    if verdict.removable { 0 } else { EXIT_NEEDS_MIGRATION }
+}
+
+/// Whether the version can be removed from the CRD in the cluster `client` talks to.
+pub async fn verdict(client: Client, question: Question) -> anyhow::Result<Verdict> {
+    let Question { version, resource, etcd } = question;
     let GroupResource { group, resource } = GroupResource::parse(&resource);
     let name = GroupResource::name_of(&group, &resource);
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -83,10 +114,7 @@ pub async fn run(client: Client, question: Question) -> anyhow::Result<ExitCode>
         migration: crate::removal::plan::existing(&migrations, &group, &resource),
         dependents: dependents(&client, &api_version, kind).await?,
     };
-    let verdict = removal::judge(&facts);
-    let text = output.format(&verdict, render)?;
-    std::io::stdout().write_all(text.as_bytes()).context("failed to write the plan")?;
-    Ok(ExitCode::from(if verdict.removable { 0 } else { EXIT_NEEDS_MIGRATION }))
+    Ok(removal::judge(&facts))
 }
 
 /// Objects whose `managedFields` name `api_version`, of every object, listed page by page
@@ -199,6 +227,22 @@ async fn stored(etcd: EtcdArgs, name: &str, api_version: &str) -> anyhow::Result
     let objects = census.api_versions.get(api_version).copied().unwrap_or(0);
     let unreadable = census.objects.saturating_sub(census.api_versions.values().sum::<u64>());
     Ok(Some(Count { objects, of: unreadable }))
+}
+
+/// One row per cluster: whether the version can be removed, and what blocks it.
+fn render_fleet(answers: &Answers<Verdict>) -> String {
+    answers.render(
+        ["REMOVABLE", "BLOCKERS"],
+        |verdict| {
+            let mut blockers: Vec<String> =
+                verdict.blockers.iter().map(|found| format!("{:?}", found.blocker)).collect();
+            blockers.dedup();
+            let removable = if verdict.removable { "yes" } else { "no" };
+            let blockers = if blockers.is_empty() { "-".into() } else { blockers.join(", ") };
+            [removable.to_owned(), blockers]
+        },
+        &[],
+    )
 }
 
 fn render(verdict: &Verdict) -> String {

@@ -12,7 +12,7 @@ use clap::builder::TypedValueParser;
 use super::values;
 use crate::api::{Budget, Pace};
 use crate::apiserver::requests::Requests;
-use crate::engine::{self, Engine, RateLimiter, rate_limit};
+use crate::engine::{self, Engine, ProbeParams, RateLimiter, rate_limit};
 use crate::evidence::encoding::EncodingPolicy;
 use crate::ops::metrics::Metrics;
 
@@ -46,12 +46,18 @@ pub struct EngineArgs {
     /// How slow the gentle pace lets other clients get: the p99 of a probe kube-svm sends as
     /// another client would, either a multiple of the probe's quiet baseline (`3x`, the default)
     /// or a latency (`25ms`, which needs no baseline: its writes take no quiet pause). The
-    /// gentle pace sets a rate of writes, cut when the probe passes the budget and grown below
-    /// it; a migration can ask for a stricter budget with the annotation
+    /// gentle pace sets a rate of writes, cut when the probe passes the budget (and the cut
+    /// undone if the probe is no faster for it) and grown below it; a migration can ask for a stricter budget with the annotation
     /// `kube-svm.io/foreground-budget`. `off` paces gentle migrations by their own write latency
     /// instead. The fast pace ignores it.
     #[arg(long, env = "KUBE_SVM_FOREGROUND_BUDGET", default_value = "3x", value_parser = budget)]
     pub foreground_budget: ForegroundBudget,
+
+    /// The gentle pace's numbers, by name, comma-separated (`hold_ms=10000,cut=0.5`); those not
+    /// named keep their defaults. For measuring the pace against a bench: docs/performance.md
+    /// names each and its default.
+    #[arg(long, env = "KUBE_SVM_PACE_PARAMS", default_value = "", hide_default_value = true, value_parser = ProbeParams::parse)]
+    pub pace_params: ProbeParams,
 
     /// The namespace of the ConfigMap `kube-svm-probe` that the gentle pace's probe writes at
     /// most once a second (the chart creates it in the release's namespace). The controller
@@ -113,6 +119,7 @@ impl EngineArgs {
             writes_in_flight,
             pace,
             foreground_budget,
+            pace_params,
             probe_namespace,
             page_size,
             storage_version_settle,
@@ -130,6 +137,7 @@ impl EngineArgs {
             writes_in_flight,
             pace,
             foreground_budget: foreground_budget.0,
+            probe_params: pace_params,
             probe_namespace: probe_namespace.or(own_namespace),
             request_timeout,
             outage_timeout: seconds(apiserver_outage_timeout),

@@ -6,6 +6,7 @@ mod drop;
 mod engine;
 mod etcd;
 mod figures;
+mod fleet;
 mod inspect;
 pub mod kube;
 mod migrate;
@@ -51,14 +52,17 @@ pub enum Command {
     /// only when every resource succeeded (and a CRD's storedVersions was pruned).
     Migrate(Box<migrate::MigrateArgs>),
     /// Show what needs migrating and what kube-svm would do, writing nothing. Exits 0 when
-    /// nothing needs migrating, 3 when something does.
+    /// nothing needs migrating, 3 when something does, 1 on an error. --drop has exit codes of
+    /// its own (see its help), and is the only form that asks several clusters at once.
     Plan(plan::PlanArgs),
     /// Run Failed migrations again in place, from their first object: the controller acts on
     /// the annotation kube-svm.io/retry this sets, once, and keeps the outcome it clears in an
     /// Event. Exits 1 when a migration does not exist or is not Failed.
     Retry(retry::RetryArgs),
     /// Show migrations and their progress (kube-svm's, and the in-tree migrator's where the
-    /// cluster serves its API), once or with --watch.
+    /// cluster serves its API), once or with --watch. Exits 1 when the cluster cannot be read;
+    /// with several clusters (--context more than once, --all-contexts), one row each, and 1
+    /// when one of them did not answer.
     Status(status::StatusArgs),
 }
 
@@ -103,7 +107,7 @@ impl Cli {
             Command::Migrate(args) => migrate::run(*args).await,
             Command::Plan(args) => plan::run(args).await,
             Command::Retry(args) => retry::run(args).await,
-            Command::Status(args) => done(status::run(args).await),
+            Command::Status(args) => status::run(args).await,
         }
     }
 }

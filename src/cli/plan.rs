@@ -13,6 +13,7 @@ use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, Client};
 
 use super::etcd::EtcdArgs;
+use super::fleet::FleetArgs;
 use super::kube::KubeArgs;
 use super::table::{self, Output};
 use crate::api::{GroupResource, GroupVersionResource, StorageState, StorageVersionMigration};
@@ -30,6 +31,10 @@ pub struct PlanArgs {
     #[command(flatten)]
     pub kube: KubeArgs,
 
+    /// With --drop: several clusters at once.
+    #[command(flatten)]
+    pub fleet: FleetArgs,
+
     /// With etcd's endpoints, objects are counted exactly and the stale ones named by census.
     #[command(flatten)]
     pub etcd: EtcdArgs,
@@ -40,7 +45,9 @@ pub struct PlanArgs {
 
     /// Instead of what needs migrating: whether VERSION can be removed from the one CRD named
     /// (what blocks it, with numbers, and what clears each blocker). Exits 0 when it can, 3 when
-    /// something blocks it.
+    /// something blocks it, 1 on an error. With several clusters (--context more than once,
+    /// --all-contexts), one row each: exits 0 when it can be removed in every one, 1 when one
+    /// did not answer, else 3.
     #[arg(long, value_name = "VERSION")]
     pub drop: Option<String>,
 }
@@ -56,8 +63,8 @@ struct Known {
 }
 
 pub async fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
-    let PlanArgs { resources, kube, etcd, output, drop } = args;
-    let client = Client::try_from(kube.config().await?)?;
+    let PlanArgs { resources, kube, fleet, etcd, output, drop } = args;
+    let fleet = fleet.fleet(&kube)?;
     if let Some(version) = drop {
         let [resource] = <[String; 1]>::try_from(resources).map_err(|named| {
             anyhow::anyhow!(
@@ -65,9 +72,18 @@ pub async fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
                 named.len()
             )
         })?;
-        let question = super::drop::Question { version, resource, etcd, output };
-        return super::drop::run(client, question).await;
+        let question = super::drop::Question { version, resource, etcd };
+        return match fleet {
+            Some(fleet) => super::drop::run_fleet(&fleet, question, output).await,
+            None => {
+                super::drop::run(Client::try_from(kube.config().await?)?, question, output).await
+            }
+        };
     }
+    if fleet.is_some() {
+        anyhow::bail!("plan asks several clusters only with --drop");
+    }
+    let client = Client::try_from(kube.config().await?)?;
     let mut plan = Plan::default();
     let mut known: BTreeMap<(String, String), Known> = BTreeMap::new();
 

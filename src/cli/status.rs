@@ -3,6 +3,7 @@
 //! migrator's `storagemigration.k8s.io` ones.
 
 use std::io::Write;
+use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
@@ -13,6 +14,7 @@ use kube::{Api, Client};
 use serde::Serialize;
 
 use super::figures;
+use super::fleet::{Answers, FleetArgs};
 use super::kube::KubeArgs;
 use super::table::{self, Output};
 use crate::api::Pace;
@@ -28,6 +30,10 @@ const MIN_INTERVAL: f64 = 0.5;
 pub struct StatusArgs {
     #[command(flatten)]
     pub kube: KubeArgs,
+
+    /// Several clusters at once.
+    #[command(flatten)]
+    pub fleet: FleetArgs,
 
     /// Keep printing the table, every --interval seconds, until interrupted.
     #[arg(short, long)]
@@ -105,21 +111,33 @@ pub struct Row {
     pub age_seconds: u64,
 }
 
-pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
-    let StatusArgs { kube, watch, interval, output } = args;
-    let client = Client::try_from(kube.config().await?)?;
+/// Prints the status once, or until interrupted with --watch. With several clusters, exits 1
+/// when one of them did not answer (the last time).
+pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let StatusArgs { kube, fleet, watch, interval, output } = args;
+    let fleet = fleet.fleet(&kube)?;
+    let client = match fleet {
+        Some(_) => None,
+        None => Some(Client::try_from(kube.config().await?)?),
+    };
     loop {
-        let rows = gather(&client).await?;
-        let text = output.format(&rows, render)?;
+        let (text, code) = match (&client, &fleet) {
+            (Some(client), _) => (output.format(&gather(client).await?, render)?, 0),
+            (None, Some(fleet)) => {
+                let answers = fleet.ask(|client| async move { gather(&client).await }).await;
+                (output.format(&answers, render_fleet)?, answers.exit_code(|_| 0))
+            }
+            (None, None) => anyhow::bail!("no cluster to ask"),
+        };
         let mut stdout = std::io::stdout().lock();
         stdout.write_all(text.as_bytes()).context("failed to write the status")?;
         if !watch {
-            return Ok(());
+            return Ok(ExitCode::from(code));
         }
         stdout.write_all(b"\n").context("failed to write the status")?;
         drop(stdout);
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = tokio::signal::ctrl_c() => return Ok(ExitCode::from(code)),
             () = tokio::time::sleep(super::engine::seconds(interval)) => {}
         }
     }
@@ -224,6 +242,35 @@ fn age(created: Option<Timestamp>, now: Timestamp) -> u64 {
 /// `seconds` as [`figures::clock`] writes durations.
 fn duration(seconds: u64) -> String {
     figures::clock(std::time::Duration::from_secs(seconds))
+}
+
+/// One row per cluster: its migrations by phase, and the running and failed ones by name.
+fn render_fleet(answers: &Answers<Vec<Row>>) -> String {
+    answers.render(
+        ["MIGRATIONS", "RUNNING", "SUCCEEDED", "FAILED", "DETAIL"],
+        |rows| {
+            let count = |phase| rows.iter().filter(|r| r.phase == phase).count().to_string();
+            let mut detail = Vec::new();
+            for row in rows {
+                match (row.phase, row.progress_percent) {
+                    (Phase::Running, Some(percent)) => {
+                        detail.push(format!("{} running {percent}%", row.name))
+                    }
+                    (Phase::Running, None) => detail.push(format!("{} running", row.name)),
+                    (Phase::Failed, _) => detail.push(format!("{} failed", row.name)),
+                    _ => {}
+                }
+            }
+            [
+                rows.len().to_string(),
+                count(Phase::Running),
+                count(Phase::Succeeded),
+                count(Phase::Failed),
+                if detail.is_empty() { "-".into() } else { detail.join(", ") },
+            ]
+        },
+        &[0, 1, 2, 3],
+    )
 }
 
 fn render(rows: &Vec<Row>) -> String {
@@ -353,6 +400,33 @@ mod tests {
         assert_eq!(
             (ended.pace, ended.window, ended.holding_back),
             (Some(Pace::Gentle), None, None)
+        );
+    }
+
+    #[test]
+    fn a_cluster_row_counts_migrations_by_phase_and_names_the_running_and_failed() {
+        use crate::cli::fleet::{Cluster, State};
+        let rows = vec![
+            row(&held_back("Running"), at(50)),
+            row(&migration("Succeeded", 1000, None), at(500)),
+            Row { name: "broken".into(), ..row(&migration("Failed", 10, None), at(5)) },
+        ];
+        let answers = Answers {
+            clusters: vec![Cluster {
+                context: "east".into(),
+                state: State::Answered,
+                reachable: true,
+                installed: Some(true),
+                error: None,
+                answer: Some(rows),
+            }],
+        };
+        let table = render_fleet(&answers);
+        let cells: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+        assert_eq!(
+            cells,
+            ["east", "installed", "3", "1", "1", "1", "m", "running", "25%,", "broken", "failed"],
+            "{table}"
         );
     }
 

@@ -30,9 +30,11 @@ impl Output {
 
 /// Renders `rows` (the first is the header) with two spaces between columns; the columns in
 /// `right` (counts) are right-aligned. Trailing blanks are trimmed.
-pub fn render<const N: usize>(rows: &[[String; N]], right: &[usize]) -> String {
-    let mut widths = [0; N];
+pub fn render<Row: AsRef<[String]>>(rows: &[Row], right: &[usize]) -> String {
+    let mut widths = Vec::new();
     for row in rows {
+        let row = row.as_ref();
+        widths.resize(widths.len().max(row.len()), 0);
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
@@ -40,7 +42,7 @@ pub fn render<const N: usize>(rows: &[[String; N]], right: &[usize]) -> String {
     let mut out = String::new();
     for row in rows {
         let mut line = String::new();
-        for (i, (cell, width)) in row.iter().zip(widths).enumerate() {
+        for (i, (cell, &width)) in row.as_ref().iter().zip(&widths).enumerate() {
             let _ = match right.contains(&i) {
                 true => write!(line, "{cell:>width$}  "),
                 false => write!(line, "{cell:<width$}  "),

@@ -15,12 +15,14 @@
 //!   to objects;
 //! - [`retry`], [`rate_limit`]: backoff decisions and the client-side rate limit;
 //! - `window`: how many writes are sent at once, by the migration's [`Pace`];
+//! - `pacer`: what a run waits for before each request, by its pace;
 //! - `foreground`: the gentle pace's rate, steered by a probe of what other clients feel.
 
 mod denial;
 mod failing;
 mod foreground;
 mod outage;
+mod pacer;
 mod pager;
 mod pipeline;
 pub mod rate_limit;
@@ -51,7 +53,10 @@ pub use request::NoReply;
 
 use crate::api::FailedObject;
 pub use failing::KeepFailing;
-pub use foreground::{Flight, Foreground, PROBE_ANNOTATION, PROBE_OBJECT, Steered};
+pub use foreground::{
+    Flight, Foreground, PROBE_ANNOTATION, PROBE_OBJECT, ProbeParams, Steered, Why,
+};
+use pacer::{ByProbe, ByWindow, Pacer};
 pub use pager::Listed;
 pub use rate_limit::RateLimiter;
 pub use report::{Error, Finished, Progress, describe};
@@ -77,6 +82,8 @@ pub struct Settings {
     /// How slow the gentle pace's probe may get, for a migration that asks for no stricter
     /// budget; `None` paces gentle runs by their own latency band instead.
     pub foreground_budget: Option<Budget>,
+    /// The gentle pace's numbers, where a probe steers it.
+    pub probe_params: ProbeParams,
     /// The namespace whose ConfigMap `kube-svm-probe` the probe writes; `None`: it only reads,
     /// in the kubeconfig's namespace.
     pub probe_namespace: Option<String>,
@@ -113,6 +120,7 @@ impl Default for Settings {
             pace: Pace::Gentle,
             gentle_band: Band::GENTLE,
             foreground_budget: None,
+            probe_params: ProbeParams::default(),
             probe_namespace: None,
             write_attempts: 5,
             // A webhook's pod restarting, or rolled, is back within half a minute; the breaker
@@ -147,19 +155,14 @@ struct RunState {
     failing: std::sync::Mutex<failing::FailingWrites>,
     /// The versions whose `managedFields` entries are kept, when the run cleans them.
     cleaning: Option<Served>,
-    /// A gentle run's gate, and the budget it asks for.
-    gentle: Option<(Arc<Foreground>, Option<Budget>)>,
+    /// What the run waits for before each request.
+    pacer: Box<dyn Pacer>,
 }
 
 impl RunState {
-    fn new(
-        pace: Pace,
-        window: Window,
-        fence: Fence,
-        gentle: Option<(Arc<Foreground>, Option<Budget>)>,
-    ) -> RunState {
+    fn new(pace: Pace, window: Window, fence: Fence, pacer: Box<dyn Pacer>) -> RunState {
         RunState {
-            gentle,
+            pacer,
             pace,
             requests: AtomicU64::new(0),
             throttled: AtomicU64::new(0),
@@ -173,20 +176,14 @@ impl RunState {
         }
     }
 
-    /// Waits until a write may go: at a gentle run's rate, after any quiet window. A gentle
-    /// write is in flight until its [`Flight`] is dropped.
+    /// Waits until a write may go, as the run's pace says.
     async fn admit(&self) -> Option<Flight> {
-        match &self.gentle {
-            Some((foreground, budget)) => Some(foreground.admit(*budget).await),
-            None => None,
-        }
+        self.pacer.admit().await
     }
 
-    /// Waits until a list may go: after any quiet window of a gentle run.
+    /// Waits until a list may go, as the run's pace says.
     async fn before_list(&self) {
-        if let Some((foreground, _)) = &self.gentle {
-            foreground.quiet().await;
-        }
+        self.pacer.before_list().await
     }
 
     /// Records that a write succeeded (or had nothing left to do).
@@ -209,7 +206,7 @@ impl RunState {
         progress.throttled += self.throttled.swap(0, Ordering::Relaxed);
         progress.expired_tokens += self.expired_tokens.swap(0, Ordering::Relaxed);
         progress.outages += self.availability.outages.swap(0, Ordering::Relaxed);
-        let steered = self.gentle.as_ref().map(|(foreground, _)| foreground.seen());
+        let steered = self.pacer.seen();
         progress.pacing = Some(Pacing { pace: self.pace, window: self.window.holding(), steered });
     }
 }
@@ -273,7 +270,8 @@ impl Engine {
         // own, as another client would.
         let foreground = settings.foreground_budget.map(|budget| {
             let namespace = settings.probe_namespace.as_deref();
-            Arc::new(Foreground::new(config.clone(), namespace, budget, metrics.clone()))
+            let params = settings.probe_params;
+            Arc::new(Foreground::new(config.clone(), namespace, budget, params, metrics.clone()))
         });
         let client = Client::try_from(config)?;
         let mut engine = Engine::with_client(client, limiter, settings, metrics);
@@ -310,13 +308,12 @@ impl Engine {
         let pace = pace.unwrap_or(self.settings.pace);
         // A gentle run steered by the probe keeps its window to what the apiserver grants (429s
         // and the latency ceiling), as the rate holds it back.
-        let gentle = match pace {
-            Pace::Gentle => self.foreground.clone().map(|foreground| (foreground, budget)),
-            Pace::Fast => None,
-        };
-        let band = match (pace, &gentle) {
-            (Pace::Gentle, None) => self.settings.gentle_band,
-            _ => Band::FAST,
+        let (pacer, band): (Box<dyn Pacer>, Band) = match (pace, &self.foreground) {
+            (Pace::Gentle, Some(gate)) => {
+                (Box::new(ByProbe { gate: Arc::clone(gate), budget }), Band::FAST)
+            }
+            (Pace::Gentle, None) => (Box::new(ByWindow), self.settings.gentle_band),
+            (Pace::Fast, _) => (Box::new(ByWindow), Band::FAST),
         };
         let label = metrics::resource_label(&resource.group, &resource.version, &resource.plural);
         let gauges = window::Gauges {
@@ -326,7 +323,7 @@ impl Engine {
             }),
         };
         let window = Window::new(self.settings.writes_in_flight, band, Some(gauges));
-        RunState::new(pace, window, fence, gentle)
+        RunState::new(pace, window, fence, pacer)
     }
 
     /// The metrics this engine records into, shared with whoever serves them.

@@ -3,8 +3,8 @@
 //! resources, results, verbs and status code classes, never object names or error text.
 
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
 /// Every series kube-svm exports, in one registry that the admin server renders.
@@ -46,12 +46,8 @@ pub struct Metrics {
     pub gentle_rate: Gauge,
     /// The latency the probe may reach before the gentle rate is cut.
     pub probe_budget: Gauge,
-    /// The share of the apiserver's goroutines' waits to run that were long, last read.
-    pub apiserver_long_waits: Gauge,
-    /// Readings of the apiserver's scheduler latency that gave a share.
-    pub apiserver_reads: IntCounter,
-    /// Spells of the apiserver's that gentle writes waited out.
-    pub spell_waits: IntCounter,
+    /// Changes of the gentle rate, by `change`: `cut`, `undone` or `grew`.
+    pub gentle_changes: IntCounterVec,
     build_info: IntGaugeVec,
 }
 
@@ -196,20 +192,10 @@ impl Metrics {
                 "kube_svm_probe_budget_seconds",
                 "The latency the gentle pace's probe may reach (its p99) before the rate is cut; 0 until measured.",
             )?,
-            apiserver_long_waits: float_gauge(
-                &registry,
-                "kube_svm_apiserver_long_sched_waits_ratio",
-                "Of the apiserver's goroutines that waited to run between the gentle pace's last two reads of its /metrics (go_sched_latencies_seconds), the share that waited past about 1 ms; above 0.02 the gentle rate does not grow. 0 until read.",
-            )?,
-            apiserver_reads: int_counter(
-                &registry,
-                "kube_svm_apiserver_sched_reads_total",
-                "Reads of the apiserver's /metrics by the gentle pace that gave a share of long waits to run (none where kube-svm may not read it).",
-            )?,
-            spell_waits: int_counter(
-                &registry,
-                "kube_svm_gentle_spell_waits_total",
-                "Spells of the apiserver (the gentle pace's probe past its budget, for up to 5 s) that gentle writes waited out rather than queue behind.",
+            gentle_changes: counter(
+                "kube_svm_gentle_rate_changes_total",
+                "Changes of the gentle rate, by change: cut (the probe passed its budget), undone (the probe was no faster after a cut: the latency was not kube-svm's) and grew.",
+                &["change"],
             )?,
             build_info: {
                 let metric = IntGaugeVec::new(
@@ -260,16 +246,6 @@ impl Metrics {
 
 fn gauge(registry: &Registry, name: &str, help: &str) -> Result<IntGauge, prometheus::Error> {
     let metric = IntGauge::new(name, help)?;
-    registry.register(Box::new(metric.clone()))?;
-    Ok(metric)
-}
-
-fn int_counter(
-    registry: &Registry,
-    name: &str,
-    help: &str,
-) -> Result<IntCounter, prometheus::Error> {
-    let metric = IntCounter::new(name, help)?;
     registry.register(Box::new(metric.clone()))?;
     Ok(metric)
 }
@@ -382,5 +358,6 @@ mod tests {
         metrics.stored_versions.with_label_values(&["pruned", "Pruned"]);
         metrics.write_window.with_label_values(&[resource, "gentle"]);
         metrics.write_window_held_back.with_label_values(&[resource, "latency"]);
+        metrics.gentle_changes.with_label_values(&["cut"]);
     }
 }

@@ -257,29 +257,6 @@ async fn a_narrowed_resource_list_limits_what_kube_svm_can_migrate() {
     assert!(message.contains("secrets") && message.contains("403"), "{message}");
 }
 
-/// With `controller.readApiserverMetrics=false` kube-svm may not read the apiserver's
-/// `/metrics`: its gentle pace steers by the probe alone, says so once, and migrates every
-/// object all the same.
-#[tokio::test]
-async fn without_the_apiservers_metrics_the_probe_alone_steers() {
-    let Scenario { control_plane, client } = Scenario::own(&[]).await;
-    let widgets = WidgetCrd::stale(&client, "unguarded", 100).await;
-    let unread = ["--set", "controller.readApiserverMetrics=false"];
-    let kubeconfig =
-        control_plane.impersonating_kubeconfig("unread", "kube-svm-unread", &unread).await;
-    let args = ["controller", "--leader-elect=false", "--foreground-budget=3x"];
-    let controller = KubeSvm::start_as(&control_plane, "unread", &args, &kubeconfig);
-
-    create_migration(&client, "unguarded", &widgets.group, "widgets").await;
-    let timeout = Duration::from_secs(120);
-    wait_for(&client, "unguarded", timeout, &[&controller], phase_is(Phase::Succeeded)).await;
-    widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 100).await;
-    let logs = controller.logs();
-    let said = logs.lines().filter(|l| l.contains("steers by its probe alone")).collect::<Vec<_>>();
-    assert_eq!(said.len(), 1, "{logs}");
-    assert!(said[0].contains("403"), "{logs}");
-}
-
 /// With `flowControl.enabled`, the apiserver puts the chart's ServiceAccount's requests into the
 /// chart's priority level, of 3 seats on a default apiserver (600 seats; the default levels' 245
 /// shares and its 1), its Lease requests into the cluster's leader-election level, and the gentle

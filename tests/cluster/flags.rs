@@ -154,6 +154,8 @@ fn nonsensical_numbers_are_refused_at_start_up() {
         Case::new(&["controller", "--discovery-interval=0"], "--discovery-interval", "at least 1"),
         Case::new(&["status", "--watch", "--interval=inf"], "--interval", "finite"),
         Case::new(&["status", "--watch", "--interval=0"], "--interval", "at least 0.5"),
+        Case::new(&["status", "--all-contexts", "--timeout=0"], "--timeout", "at least 0.1"),
+        Case::new(&["plan", "--drop=v1", WIDGETS, "--timeout=inf"], "--timeout", "finite"),
     ];
     let mut wrong = Vec::new();
     std::thread::scope(|scope| {

@@ -9,6 +9,7 @@ mod discovery;
 mod engine;
 mod faults;
 mod flags;
+mod fleet;
 mod foundation;
 mod ha;
 mod image;

@@ -17,12 +17,6 @@ use super::Foreground;
 /// slower resource (a conversion webhook) moves it within its first 200 writes.
 const RECENT: usize = 200;
 
-/// The room, as a multiple of the writes the rate keeps in flight on average (Little's law:
-/// objects/s times the mean latency): chosen, not measured, so that the writes of the rate
-/// keep going while their latency varies by up to this much around its mean, and a stall of
-/// the apiserver still holds back all but a few.
-const HEADROOM: f64 = 3.0;
-
 /// Writes in flight allowed at any rate, so that one slow write does not stop the next.
 const LEAST: usize = 2;
 
@@ -55,13 +49,22 @@ impl Drop for Flight {
 }
 
 /// The gentle writes in flight, and how long the recent answered ones took.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Flights {
+    /// The room, as a multiple of the writes the rate keeps in flight on average (Little's law:
+    /// objects/s times the mean latency), so that the writes of the rate keep going while their
+    /// latency varies around its mean, and a stall of the apiserver still holds back all but a few.
+    headroom: f64,
     aloft: usize,
     recent: VecDeque<Duration>,
 }
 
 impl Flights {
+    /// No write in flight yet, with room for `headroom` times what the rate needs.
+    pub fn new(headroom: f64) -> Flights {
+        Flights { headroom, aloft: 0, recent: VecDeque::new() }
+    }
+
     /// Whether one more write may leave at `rate` objects per second.
     pub fn room(&self, rate: f64) -> bool {
         self.aloft < self.most(rate)
@@ -73,7 +76,7 @@ impl Flights {
             return LEAST;
         }
         let mean = self.recent.iter().sum::<Duration>() / self.recent.len() as u32;
-        let needed = (rate * mean.as_secs_f64() * HEADROOM).ceil();
+        let needed = (rate * mean.as_secs_f64() * self.headroom).ceil();
         // A float past usize's range saturates: the writes are bounded by the window anyway.
         (needed as usize).max(LEAST)
     }
@@ -116,7 +119,7 @@ mod tests {
 
     #[test]
     fn the_room_is_what_the_rate_needs_at_the_mean_latency_with_headroom() {
-        let mut flights = Flights::default();
+        let mut flights = Flights::new(3.0);
         assert_eq!(flights.most(100.0), LEAST, "before any write was answered");
         answered(&mut flights, 1, ms(5));
         answered(&mut flights, 1, ms(15));
@@ -128,7 +131,7 @@ mod tests {
 
     #[test]
     fn writes_aloft_fill_the_room_and_free_it_as_they_land() {
-        let mut flights = Flights::default();
+        let mut flights = Flights::new(3.0);
         assert!(flights.room(50.0) && !flights.aloft());
         flights.left();
         flights.left();
@@ -139,7 +142,7 @@ mod tests {
 
     #[test]
     fn unanswered_writes_do_not_count_toward_the_room() {
-        let mut flights = Flights::default();
+        let mut flights = Flights::new(3.0);
         answered(&mut flights, 10, ms(100));
         for _ in 0..RECENT {
             flights.left();
@@ -150,7 +153,7 @@ mod tests {
 
     #[test]
     fn a_short_stall_widens_the_room_a_little_a_slower_resource_fully() {
-        let mut flights = Flights::default();
+        let mut flights = Flights::new(3.0);
         answered(&mut flights, RECENT, ms(5));
         answered(&mut flights, 2, Duration::from_secs(1));
         assert_eq!(flights.most(100.0), 5, "two writes of a 1 s stall: 15 ms on average");

@@ -7,17 +7,13 @@
 //! writes pass through [`Foreground::admit`], which spaces them at the rate the law in
 //! `steering` allows and now and then holds them all back for a quiet window, in which the probe
 //! measures its baseline; no more of them are in flight than the rate needs (`flights`), so a
-//! stall of the apiserver queues few of them; while the probe says the apiserver is in a spell
-//! (`spell`), the writes wait for it to pass. Where kube-svm may read the apiserver's
-//! `/metrics`, the probe task also reads how long the apiserver's goroutines wait to run
-//! (`guard`), and while they wait long the rate does not grow. One `Foreground` serves every
-//! gentle migration of the process: they share the rate, so two migrations at once press the
-//! apiserver no harder than one.
+//! stall of the apiserver queues few of them. Every number is a field of [`ProbeParams`]. One
+//! `Foreground` serves every gentle migration of the process: they share the rate, so two
+//! migrations at once press the apiserver no harder than one.
 
 mod flights;
-mod guard;
+mod params;
 mod probe;
-mod spell;
 mod steering;
 
 use std::collections::VecDeque;
@@ -33,57 +29,31 @@ use crate::api::Budget;
 use crate::ops::metrics::Metrics;
 pub use flights::Flight;
 use flights::Flights;
-use spell::Spells;
+pub use params::ProbeParams;
+pub use steering::Why;
 use steering::{Change, Steering, percentile};
 
 /// The object the probe reads, and now and then writes: a ConfigMap of this name in kube-svm's
 /// namespace (the chart creates it, and lets kube-svm `get` and `patch` it).
 /// Where it does not exist or may not be written, the probe only reads: the apiserver answers a
 /// read of a missing object from etcd all the same (a quorum read, as a client's plain GET is).
+/// Its writes, a merge patch of the annotation [`PROBE_ANNOTATION`], go the way of a client's
+/// update, etcd's commit included, so the probe feels what writes wait for, not only reads.
 pub const PROBE_OBJECT: &str = "kube-svm-probe";
-
-/// The probe writes at most once in this long: a merge patch of the annotation
-/// [`PROBE_ANNOTATION`] (the probe's count), which goes the way of a client's update, etcd's
-/// commit included, so the probe feels what writes wait for, not only reads (which the
-/// apiserver serves from its cache). A patch that changed nothing would not: the apiserver
-/// stores nothing for it. Once a second keeps what every write costs the cluster (an etcd
-/// revision, a watch event, an audit entry) small beside the migration's own.
-const WRITE_EVERY: Duration = Duration::from_secs(1);
 
 /// The annotation the probe's writes set on [`PROBE_OBJECT`]: how many probes had been sent.
 pub const PROBE_ANNOTATION: &str = "kube-svm.io/probe";
 
-/// Time between two probes, on average (jittered, so the probe never keeps step with writes).
-const PROBE_EVERY: Duration = Duration::from_millis(100);
-
-/// Time between two probes in a quiet window: about 40 in a window past its settling, whose
-/// p99 is their slowest (about their 97th percentile), and the baseline is the least of ten such.
-/// So a relative budget is stricter than its multiple of the p99 another client sees on a quiet
-/// apiserver (measured: at `3x` the foreground read 1.8 times its idle p99).
-const QUIET_PROBE_EVERY: Duration = Duration::from_millis(50);
-
 /// A probe unanswered this long counts as this slow.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How often the gentle writes pause for a quiet window, and for how long (the first window, before
-/// the first write, is shorter): about 4% of the time.
-const QUIET_EVERY: Duration = Duration::from_secs(60);
-
-/// The first quiet windows come sooner, this far apart: the first may be loud (the first lists
-/// of a run, a new connection), and the baseline is the least of them.
-const EARLY_QUIET_EVERY: Duration = Duration::from_secs(10);
-const EARLY_QUIET_WINDOWS: u32 = 3;
-const QUIET_FOR: Duration = Duration::from_millis(2500);
-const FIRST_QUIET_FOR: Duration = Duration::from_millis(1500);
 
 /// The start of a quiet window that is not counted: writes in flight finish meanwhile.
 const QUIET_SETTLE: Duration = Duration::from_millis(500);
 
-/// How often the law looks at the probe.
-const LOOK_EVERY: Duration = Duration::from_secs(2);
+/// How often the law looks at the probe (it changes the rate at most once a hold).
+const LOOK_EVERY: Duration = Duration::from_secs(1);
 
-/// Probe samples kept, at most this old: enough for the tail's judgment
-/// ([`steering`]'s `TAIL_SAMPLES`) however slow the probe gets.
+/// Probe samples kept, at most this old.
 const KEEP: Duration = Duration::from_secs(60);
 
 /// With no gentle write for this long, the probe rests.
@@ -97,8 +67,10 @@ const BUDGET_MEMORY: Duration = Duration::from_secs(10);
 pub struct Steered {
     /// Writes per second allowed.
     pub rate: f64,
-    /// The probe's p99 since the rate last changed, when measured.
-    pub probe_p99: Option<Duration>,
+    /// Why the rate is what it is.
+    pub why: Why,
+    /// The probe's judged percentile since the rate last changed, when measured.
+    pub probe: Option<Duration>,
     /// The latency it may reach.
     pub limit: Option<Duration>,
     /// Its quiet baseline.
@@ -107,21 +79,19 @@ pub struct Steered {
     pub budget: Option<Budget>,
     /// Writes the rate may have in flight at once (0 before the law first looked).
     pub in_flight: usize,
-    /// Of the apiserver's goroutines that waited to run lately, the share that waited long,
-    /// where kube-svm may read its `/metrics`: past [`guard::BUSY_SHARE`], the rate does not grow.
-    pub apiserver_long_waits: Option<f64>,
 }
 
-// The rate is never NaN: it starts finite and is only multiplied and bounded; a share of long
-// waits is of 200 waits at least.
+// The rate is never NaN: it starts finite and is only multiplied and bounded.
 impl Eq for Steered {}
 
 impl fmt::Display for Steered {
-    /// `probe p99 7.1ms, budget 12.0ms (3x its quiet 4.0ms); 24.0 objects/s, 2 in flight at most`.
+    /// `24.0 objects/s (cut: the probe passed its budget); probe p99 13.1ms, budget 12.0ms (3x its
+    /// quiet 4.0ms), 2 in flight at most`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = |d: Duration| format!("{:.1}ms", d.as_secs_f64() * 1000.0);
-        match self.probe_p99 {
-            Some(p99) => write!(f, "probe p99 {}", ms(p99))?,
+        write!(f, "{:.1} objects/s ({}); ", self.rate, self.why)?;
+        match self.probe {
+            Some(probe) => write!(f, "probe p99 {}", ms(probe))?,
             None => write!(f, "probe p99 not measured yet")?,
         }
         match (self.limit, self.budget) {
@@ -132,23 +102,10 @@ impl fmt::Display for Steered {
             (Some(limit), _) => write!(f, ", budget {}", ms(limit))?,
             (None, _) => write!(f, ", budget not measured yet")?,
         }
-        write!(f, "; {:.1} objects/s", self.rate)?;
         if self.in_flight > 0 {
             write!(f, ", {} in flight at most", self.in_flight)?;
         }
-        match self.apiserver_long_waits {
-            Some(share) if share > guard::BUSY_SHARE => {
-                write!(
-                    f,
-                    "; apiserver busy, {:.1}% of its goroutines wait long to run: no growth",
-                    share * 100.0
-                )
-            }
-            Some(share) => {
-                write!(f, "; {:.1}% of the apiserver's goroutines wait long to run", share * 100.0)
-            }
-            None => Ok(()),
-        }
+        Ok(())
     }
 }
 
@@ -160,6 +117,7 @@ pub struct Foreground {
     path: String,
     /// The budget of a migration that gives none.
     budget: Budget,
+    params: ProbeParams,
     state: Mutex<State>,
     /// Writes waiting for a slot queue here, first come first served.
     turn: tokio::sync::Mutex<()>,
@@ -171,12 +129,13 @@ pub struct Foreground {
     /// Whether the probe writes too: when it has a namespace of its own, until a write is
     /// refused (no such object, no permission).
     writes: AtomicBool,
-    /// When the probe last wrote ([`WRITE_EVERY`]).
+    /// When the probe's last write was answered (`probe_write_every`).
     last_write: std::sync::Mutex<Option<std::time::Instant>>,
     metrics: Arc<Metrics>,
 }
 
 struct State {
+    params: ProbeParams,
     steering: Steering,
     /// The gentle writes in flight.
     flights: Flights,
@@ -187,8 +146,6 @@ struct State {
     quiet_until: Instant,
     /// The next quiet window; `None` before the first write.
     next_quiet: Option<Instant>,
-    /// Quiet windows begun so far.
-    quiet_windows: u32,
     /// Probe latencies outside quiet windows, by when they were answered.
     samples: VecDeque<(Instant, Duration)>,
     /// Probe latencies of the quiet window under way, past its settling.
@@ -199,24 +156,19 @@ struct State {
     last_look: Instant,
     /// The strictest budget asked for by a migration writing lately.
     strictest: Option<(Budget, Instant)>,
-    /// The guard's last reading of the apiserver (its share of long waits), and when.
-    apiserver: Option<(f64, Instant)>,
-    /// The apiserver's spell under way, which writes wait out.
-    spells: Spells,
-    /// A spell began to make writes wait, not yet counted in the metrics.
-    spell_began: bool,
     seen: Steered,
 }
 
 impl Foreground {
     /// A gate probing the ConfigMap [`PROBE_OBJECT`] in `namespace` against `budget`, as the
-    /// client of `config`. The probe has a connection, a thread and a runtime of its own, so it
-    /// waits in no queue of kube-svm's writes and for no worker busy with the engine's pages:
-    /// its latency is the apiserver's, as another client feels it.
+    /// client of `config`, steered by `params`. The probe has a connection, a thread and a
+    /// runtime of its own, so it waits in no queue of kube-svm's writes and for no worker busy
+    /// with the engine's pages: its latency is the apiserver's, as another client feels it.
     pub fn new(
         config: kube::Config,
         namespace: Option<&str>,
         budget: Budget,
+        params: ProbeParams,
         metrics: Arc<Metrics>,
     ) -> Self {
         // Without a namespace of its own, the probe reads in the kubeconfig's, and never writes:
@@ -228,7 +180,8 @@ impl Foreground {
             path: format!("/api/v1/namespaces/{namespace}/configmaps/{PROBE_OBJECT}"),
             last_write: std::sync::Mutex::new(None),
             budget,
-            state: Mutex::new(State::new(Instant::now())),
+            params,
+            state: Mutex::new(State::new(Instant::now(), params)),
             turn: tokio::sync::Mutex::new(()),
             landed: tokio::sync::Notify::new(),
             probing: AtomicBool::new(false),
@@ -255,15 +208,7 @@ impl Foreground {
                 }
                 landed.await;
             }
-            let (until, admitted) = {
-                let mut state = self.lock();
-                let admission = state.admit(Instant::now(), budget, self.budget);
-                if state.spell_began {
-                    state.spell_began = false;
-                    self.metrics.spell_waits.inc();
-                }
-                admission
-            };
+            let (until, admitted) = self.lock().admit(Instant::now(), budget, self.budget);
             tokio::time::sleep_until(until).await;
             // A slot taken before a quiet window began is given up: the window stays quiet.
             if admitted && self.lock().take_off(Instant::now()) {
@@ -292,25 +237,22 @@ impl Foreground {
 
 impl State {
     /// Before the first write: no quiet window yet, the starting rate.
-    fn new(now: Instant) -> State {
+    fn new(now: Instant, params: ProbeParams) -> State {
         State {
-            steering: Steering::new(now),
-            flights: Flights::default(),
+            params,
+            steering: Steering::new(now, params),
+            flights: Flights::new(params.headroom),
             next_slot: now,
             quiet_from: now,
             quiet_until: now,
             next_quiet: None,
-            quiet_windows: 0,
             samples: VecDeque::new(),
             quiet: Vec::new(),
             waited: false,
             last_write: None,
             last_look: now,
             strictest: None,
-            apiserver: None,
-            spells: Spells::default(),
-            spell_began: false,
-            seen: Steered { rate: steering::START_RATE, ..Steered::default() },
+            seen: Steered { rate: params.start_rate, ..Steered::default() },
         }
     }
 
@@ -340,28 +282,10 @@ impl State {
         // window of their own (they wait out one under way).
         let relative = matches!(budget.unwrap_or(default), Budget::Relative(_));
         if relative && self.next_quiet.is_none_or(|next| now >= next) {
-            let length = match self.next_quiet {
-                None => FIRST_QUIET_FOR,
-                Some(_) => QUIET_FOR,
-            };
-            (self.quiet_from, self.quiet_until) = (now, now + length);
-            self.quiet_windows += 1;
-            let every = match self.quiet_windows <= EARLY_QUIET_WINDOWS {
-                true => EARLY_QUIET_EVERY,
-                false => QUIET_EVERY,
-            };
-            self.next_quiet = Some(self.quiet_until + every);
+            (self.quiet_from, self.quiet_until) = (now, now + self.params.quiet_for);
+            self.next_quiet = Some(self.quiet_until + self.params.quiet_every);
             self.quiet.clear();
             return (self.quiet_until, false);
-        }
-        // The apiserver in a spell: writes wait for it to pass rather than queue behind it.
-        let limit = self.budget(now, default).limit(self.steering.baseline());
-        if let Some((until, first)) = limit.and_then(|limit| self.spells.wait(now, limit)) {
-            if first {
-                self.spell_began = true;
-                debug!(seen = %self.seen, "gentle writes wait out a spell of the apiserver's");
-            }
-            return (until, false);
         }
         let slot = self.next_slot.max(now);
         self.next_slot = slot + Duration::from_secs_f64(1.0 / self.steering.rate());
@@ -397,14 +321,18 @@ impl State {
         if !quiet && !writing {
             return None;
         }
-        let every = if quiet { QUIET_PROBE_EVERY } else { PROBE_EVERY };
+        // Twice as often in a quiet window, which is short: its probes make about as many as
+        // the law judges while writing.
+        let every = match quiet {
+            true => self.params.probe_every / 2,
+            false => self.params.probe_every,
+        };
         Some(every.mul_f64(0.5 + fastrand::f64()))
     }
 
-    fn record(&mut self, sent: Instant, latency: Duration, default: Budget) {
+    /// Records one probe sent at `sent` that took `latency`; says what the law did if it looked.
+    fn record(&mut self, sent: Instant, latency: Duration, default: Budget) -> Option<Change> {
         let answered = sent + latency;
-        let limit = self.budget(answered, default).limit(self.steering.baseline());
-        self.spells.answered(sent, Some(latency), limit);
         let (settled, until) = (self.quiet_from + QUIET_SETTLE, self.quiet_until);
         if sent >= settled && answered <= until {
             self.quiet.push(latency);
@@ -415,12 +343,12 @@ impl State {
             self.samples.pop_front();
         }
         if answered > until && !self.quiet.is_empty() {
-            self.steering.quiet_sample(percentile(&self.quiet, steering::JUDGED));
-            self.quiet.clear();
+            self.steering.quiet_window(std::mem::take(&mut self.quiet));
         }
-        if answered.duration_since(self.last_look) >= LOOK_EVERY {
-            self.look(answered, default);
+        if answered.duration_since(self.last_look) < LOOK_EVERY {
+            return None;
         }
+        Some(self.look(answered, default))
     }
 
     /// The budget that steers at `now`: the strictest a migration asked for lately, or the
@@ -433,52 +361,39 @@ impl State {
     }
 
     /// The law's look at the probe samples since the rate last changed.
-    fn look(&mut self, now: Instant, default: Budget) {
+    fn look(&mut self, now: Instant, default: Budget) -> Change {
         self.last_look = now;
         let budget = self.budget(now, default);
         let since = self.steering.changed();
+        let recent: Vec<Duration> = self
+            .samples
+            .iter()
+            .filter(|(at, _)| *at > since)
+            .map(|(_, latency)| *latency)
+            .collect();
+        let change = self.steering.steer(now, &recent, budget, self.waited);
+        if change != Change::Held {
+            self.waited = false;
+        }
         let baseline = self.steering.baseline();
-        let recent: Vec<(Instant, Duration)> =
-            self.samples.iter().filter(|(at, _)| *at > since).copied().collect();
-        let recent = match budget.limit(baseline) {
-            Some(limit) => steering::without_spells(&recent, limit),
-            None => recent.into_iter().map(|(_, latency)| latency).collect(),
-        };
-        // The apiserver short of CPU by its own account: the rate does not grow.
-        let apiserver = self
-            .apiserver
-            .filter(|(_, at)| now.duration_since(*at) < guard::STALE_AFTER)
-            .map(|(share, _)| share);
-        let busy = apiserver.is_some_and(|share| share > guard::BUSY_SHARE);
-        let change = self.steering.steer(now, &recent, budget, self.waited && !busy);
-        // A growth the guard held back is said as the law's changes are: a look that holds
-        // leaves the law as it was, so a copy of it tells what it would have done.
-        let held = match (change, busy && self.waited) {
-            (Change::Held, true) => match self.steering.clone().steer(now, &recent, budget, true) {
-                Change::Grew { from, to } => Some((from, to)),
-                _ => None,
-            },
-            _ => None,
-        };
-        self.waited = false;
         self.seen = Steered {
             rate: self.steering.rate(),
-            probe_p99: (!recent.is_empty()).then(|| percentile(&recent, steering::JUDGED)),
+            why: self.steering.why(),
+            probe: (!recent.is_empty()).then(|| percentile(&recent, self.params.judged)),
             limit: budget.limit(baseline),
             baseline,
             budget: Some(budget),
             in_flight: self.flights.most(self.steering.rate()),
-            apiserver_long_waits: apiserver,
         };
         match change {
             Change::Cut { from, to } => info!(from, to, seen = %self.seen, "gentle rate cut"),
-            Change::Grew { from, to } => debug!(from, to, seen = %self.seen, "gentle rate grew"),
-            Change::Held => {
-                if let Some((from, to)) = held {
-                    debug!(from, to, seen = %self.seen, "gentle rate held, not grown: the apiserver is busy by its own account");
-                }
+            Change::Undone { from, to } => {
+                info!(from, to, seen = %self.seen, "gentle rate cut undone")
             }
+            Change::Grew { from, to } => debug!(from, to, seen = %self.seen, "gentle rate grew"),
+            Change::Held => {}
         }
+        change
     }
 }
 
@@ -486,18 +401,27 @@ impl State {
 mod tests {
     use super::*;
 
+    fn params() -> ProbeParams {
+        ProbeParams::default()
+    }
+
     fn state(now: Instant) -> State {
-        State::new(now)
+        State::new(now, params())
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
     }
 
     #[test]
     fn the_first_write_waits_for_a_quiet_window_and_then_writes_go_at_the_rate() {
         let now = Instant::now();
         let mut state = state(now);
-        assert_eq!(state.admit(now, None, Budget::default()), (now + FIRST_QUIET_FOR, false));
-        let after = now + FIRST_QUIET_FOR;
+        let quiet_for = params().quiet_for;
+        assert_eq!(state.admit(now, None, Budget::default()), (now + quiet_for, false));
+        let after = now + quiet_for;
         assert_eq!(state.admit(after, None, Budget::default()), (after, true));
-        let spacing = Duration::from_secs_f64(1.0 / steering::START_RATE);
+        let spacing = Duration::from_secs_f64(1.0 / params().start_rate);
         assert_eq!(state.admit(after, None, Budget::default()), (after + spacing, true));
         assert!(state.waited, "the second write waited on the rate");
     }
@@ -505,7 +429,7 @@ mod tests {
     #[test]
     fn the_writes_of_a_fixed_budget_take_no_quiet_window() {
         let now = Instant::now();
-        let fixed = Budget::Fixed(Duration::from_millis(8));
+        let fixed = Budget::Fixed(ms(8));
         let mut state = state(now);
         assert_eq!(state.admit(now, Some(fixed), Budget::default()), (now, true));
         assert!(state.admit(now, None, fixed).1, "nor a default fixed one");
@@ -516,28 +440,17 @@ mod tests {
     }
 
     #[test]
-    fn quiet_windows_come_back_soon_at_first_then_every_minute_and_hold_every_write() {
+    fn quiet_windows_come_back_every_quiet_every_and_hold_every_write() {
         let now = Instant::now();
+        let ProbeParams { quiet_for, quiet_every, .. } = params();
         let mut state = state(now);
         state.admit(now, None, Budget::default());
-        let mut until = now + FIRST_QUIET_FOR;
-        for _ in 0..EARLY_QUIET_WINDOWS {
-            let next = until + EARLY_QUIET_EVERY;
-            assert!(state.admit(next - Duration::from_millis(1), None, Budget::default()).1);
-            assert_eq!(state.admit(next, None, Budget::default()), (next + QUIET_FOR, false));
-            until = next + QUIET_FOR;
-        }
-        let next = until + QUIET_EVERY;
-        assert!(
-            state.admit(next - Duration::from_millis(1), None, Budget::default()).1,
-            "a minute"
-        );
-        assert_eq!(state.admit(next, None, Budget::default()), (next + QUIET_FOR, false));
-        assert_eq!(
-            state.admit(next + QUIET_FOR / 2, None, Budget::default()),
-            (next + QUIET_FOR, false)
-        );
-        assert!(state.quiet_at(next + QUIET_FOR / 2) && !state.quiet_at(next + QUIET_FOR));
+        let next = now + quiet_for + quiet_every;
+        assert!(state.admit(next - ms(1), None, Budget::default()).1);
+        assert_eq!(state.admit(next, None, Budget::default()), (next + quiet_for, false));
+        let midway = next + quiet_for / 2;
+        assert_eq!(state.admit(midway, None, Budget::default()), (next + quiet_for, false));
+        assert!(state.quiet_at(midway) && !state.quiet_at(next + quiet_for));
     }
 
     #[test]
@@ -545,14 +458,13 @@ mod tests {
         let now = Instant::now();
         let mut state = state(now);
         state.admit(now, None, Budget::default());
-        let ms = Duration::from_millis;
         // Unsettled: not counted anywhere.
         state.record(now + ms(100), ms(30), Budget::default());
         for i in 0..10 {
             state.record(now + QUIET_SETTLE + ms(50 * i), ms(4), Budget::default());
         }
         assert_eq!(state.steering.baseline(), None, "the window is still under way");
-        let after = now + FIRST_QUIET_FOR + ms(10);
+        let after = now + params().quiet_for + ms(10);
         state.record(after, ms(9), Budget::default());
         assert_eq!(state.steering.baseline(), Some(ms(4)));
         assert_eq!(state.samples.iter().map(|(_, l)| *l).collect::<Vec<_>>(), [ms(9)]);
@@ -562,7 +474,7 @@ mod tests {
     fn a_write_leaves_only_with_room_in_flight_and_not_into_a_quiet_window() {
         let now = Instant::now();
         let mut state = state(now);
-        let after = now + FIRST_QUIET_FOR;
+        let after = now + params().quiet_for;
         state.admit(now, None, Budget::default());
         assert!(!state.take_off(now), "the first quiet window holds it");
         assert!(state.take_off(after) && state.take_off(after));
@@ -572,55 +484,81 @@ mod tests {
     }
 
     #[test]
-    fn the_probe_rests_when_no_gentle_write_goes() {
+    fn the_probe_rests_when_no_gentle_write_goes_and_probes_twice_as_often_in_a_quiet_window() {
         let now = Instant::now();
         let mut state = state(now);
         assert_eq!(state.next_probe(now), None);
         state.admit(now, None, Budget::default());
-        assert!(state.next_probe(now).is_some_and(|wait| wait <= QUIET_PROBE_EVERY * 2));
-        assert!(state.next_probe(now + FIRST_QUIET_FOR + IDLE_AFTER * 2).is_none());
+        let every = params().probe_every;
+        assert!(state.next_probe(now).is_some_and(|wait| wait <= every.mul_f64(0.75)));
+        let writing = now + params().quiet_for;
+        assert!(state.next_probe(writing).is_some_and(|wait| wait >= every / 2));
+        assert!(state.next_probe(now + params().quiet_for + IDLE_AFTER * 2).is_none());
         state.flights.left();
-        let stalled = now + FIRST_QUIET_FOR + IDLE_AFTER * 2;
+        let stalled = now + params().quiet_for + IDLE_AFTER * 2;
         assert!(state.next_probe(stalled).is_some(), "a write still in flight: a stall, probed");
     }
 
-    #[test]
-    fn writes_wait_out_a_spell_of_the_apiserver_and_go_on_after_it() {
-        let now = Instant::now();
-        let ms = Duration::from_millis;
-        let fixed = Budget::Fixed(ms(10));
+    /// A state past its first quiet window, whose probes read `baseline` ms, writing.
+    fn measured(now: Instant, baseline: u64) -> (State, Instant) {
         let mut state = state(now);
-        assert!(state.admit(now, None, fixed).1);
-        state.record(now, ms(25), fixed);
-        let (until, admitted) = state.admit(now + ms(25), None, fixed);
-        assert!(!admitted && until > now + ms(25), "a probe at 2.5 times its budget");
-        assert!(state.spell_began, "a spell begins to hold writes");
-        state.spell_began = false;
-        assert!(!state.admit(now + ms(50), None, fixed).1, "it holds them still");
-        assert!(!state.spell_began, "counted once");
-        state.record(now + ms(100), ms(3), fixed);
-        assert!(state.admit(now + ms(103), None, fixed).1, "the spell passed");
+        state.admit(now, None, Budget::default());
+        for i in 0..80 {
+            state.record(now + QUIET_SETTLE + ms(20 * i), ms(baseline), Budget::default());
+        }
+        let after = now + params().quiet_for;
+        state.record(after, ms(baseline), Budget::default());
+        assert_eq!(state.steering.baseline(), Some(ms(baseline)));
+        assert!(state.admit(after, None, Budget::default()).1);
+        (state, after)
+    }
+
+    /// Probes that read `latency` ms every 50 ms from `from` for `seconds`; the changes the law made.
+    fn probes(state: &mut State, from: Instant, seconds: u64, latency: u64) -> Vec<Change> {
+        (0..seconds * 20)
+            .filter_map(|i| state.record(from + ms(50 * i), ms(latency), Budget::default()))
+            .filter(|change| *change != Change::Held)
+            .collect()
+    }
+
+    #[test]
+    fn a_cut_that_does_not_make_the_probe_faster_is_undone_and_said() {
+        let now = Instant::now();
+        let (mut state, after) = measured(now, 4);
+        let changes = probes(&mut state, after, 6, 20);
+        let start = params().start_rate;
+        let cut = start * params().cut;
+        assert_eq!(changes, [Change::Cut { from: start, to: cut }]);
+        let changes = probes(&mut state, after + Duration::from_secs(6), 6, 20);
+        assert_eq!(changes, [Change::Undone { from: cut, to: start }]);
+        assert_eq!(state.seen.why, Why::Undone);
+        assert_eq!(state.seen.rate, start);
+        assert!(
+            state.seen.to_string().starts_with(
+                "20.0 objects/s (cut undone: the probe was no faster for it, the latency is not this run's); probe p99 20.0ms, budget 12.0ms (3x its quiet 4.0ms)"
+            ),
+            "{}",
+            state.seen
+        );
     }
 
     #[test]
     fn a_migration_s_stricter_budget_steers_while_it_writes() {
         let now = Instant::now();
-        let mut state = state(now);
-        state.steering.quiet_sample(Duration::from_millis(4));
-        let fixed = Budget::Fixed(Duration::from_millis(6));
+        let (mut state, _) = measured(now, 4);
+        let fixed = Budget::Fixed(ms(6));
         state.admit(now, Some(fixed), Budget::default());
         state.look(now, Budget::default());
-        assert_eq!(state.seen.limit, Some(Duration::from_millis(6)));
+        assert_eq!(state.seen.limit, Some(ms(6)));
         state.look(now + BUDGET_MEMORY * 2, Budget::default());
-        assert_eq!(state.seen.limit, Some(Duration::from_millis(12)), "forgotten once it stops");
+        assert_eq!(state.seen.limit, Some(ms(12)), "forgotten once it stops");
     }
 
     #[test]
     fn a_looser_budget_still_writing_does_not_keep_a_stricter_one_alive() {
         let now = Instant::now();
-        let mut state = state(now);
-        state.steering.quiet_sample(Duration::from_millis(4));
-        let (strict, loose) = (Budget::Fixed(Duration::from_millis(6)), Budget::Relative(3.0));
+        let (mut state, _) = measured(now, 4);
+        let (strict, loose) = (Budget::Fixed(ms(6)), Budget::Relative(3.0));
         state.admit(now, Some(strict), Budget::default());
         let mut later = now;
         for _ in 0..4 {
@@ -628,74 +566,42 @@ mod tests {
             state.admit(later, Some(loose), Budget::default());
         }
         state.look(later, Budget::default());
-        assert_eq!(state.seen.limit, Some(Duration::from_millis(12)), "the strict one lapsed");
+        assert_eq!(state.seen.limit, Some(ms(12)), "the strict one lapsed");
         state.admit(later, Some(strict), Budget::default());
         state.look(later, Budget::default());
-        assert_eq!(state.seen.limit, Some(Duration::from_millis(6)), "and comes back with it");
+        assert_eq!(state.seen.limit, Some(ms(6)), "and comes back with it");
     }
 
     #[test]
     fn what_it_saw_reads_as_a_sentence() {
-        let ms = Duration::from_millis;
         let seen = Steered {
             rate: 24.0,
-            probe_p99: Some(ms(7)),
+            why: Why::Grew,
+            probe: Some(ms(7)),
             limit: Some(ms(12)),
             baseline: Some(ms(4)),
             budget: Some(Budget::Relative(3.0)),
             in_flight: 2,
-            apiserver_long_waits: None,
         };
         assert_eq!(
             seen.to_string(),
-            "probe p99 7.0ms, budget 12.0ms (3x its quiet 4.0ms); 24.0 objects/s, 2 in flight at most"
+            "24.0 objects/s (grown: the probe is well within its budget); probe p99 7.0ms, budget 12.0ms (3x its quiet 4.0ms), 2 in flight at most"
         );
-        let fixed = Steered { budget: Some(Budget::Fixed(ms(25))), limit: Some(ms(25)), ..seen };
+        let fixed = Steered {
+            why: Why::Cut,
+            budget: Some(Budget::Fixed(ms(25))),
+            limit: Some(ms(25)),
+            in_flight: 0,
+            ..seen
+        };
         assert_eq!(
             fixed.to_string(),
-            "probe p99 7.0ms, budget 25.0ms; 24.0 objects/s, 2 in flight at most"
+            "24.0 objects/s (cut: the probe passed its budget); probe p99 7.0ms, budget 25.0ms"
         );
-        let unlooked = Steered { in_flight: 0, ..fixed };
-        assert_eq!(unlooked.to_string(), "probe p99 7.0ms, budget 25.0ms; 24.0 objects/s");
-        let guarded = Steered { apiserver_long_waits: Some(0.004), ..unlooked };
+        let unmeasured = Steered { rate: 20.0, ..Steered::default() };
         assert_eq!(
-            guarded.to_string(),
-            "probe p99 7.0ms, budget 25.0ms; 24.0 objects/s; 0.4% of the apiserver's goroutines wait long to run"
+            unmeasured.to_string(),
+            "20.0 objects/s (measuring); probe p99 not measured yet, budget not measured yet"
         );
-        let busy = Steered { apiserver_long_waits: Some(0.084), ..unlooked };
-        assert_eq!(
-            busy.to_string(),
-            "probe p99 7.0ms, budget 25.0ms; 24.0 objects/s; apiserver busy, 8.4% of its goroutines wait long to run: no growth"
-        );
-    }
-
-    /// Whether the rate grows at a look with the probe well within its budget and writes
-    /// waiting, the guard having read `apiserver` (a share of long waits, so long ago).
-    fn grows_with(apiserver: Option<(f64, Duration)>) -> (bool, Steered) {
-        let now = Instant::now();
-        let mut state = state(now);
-        state.steering.quiet_sample(Duration::from_millis(4));
-        let later = now + Duration::from_secs(30);
-        for n in 1..=200 {
-            state.samples.push_back((later - Duration::from_millis(n), Duration::from_millis(4)));
-        }
-        state.waited = true;
-        state.apiserver = apiserver.map(|(share, ago)| (share, later - ago));
-        state.look(later, Budget::default());
-        (state.steering.rate() > steering::START_RATE, state.seen)
-    }
-
-    #[test]
-    fn the_rate_does_not_grow_while_the_apiserver_says_it_is_busy() {
-        assert!(grows_with(None).0, "no reading: the probe alone steers");
-        let (grew, seen) = grows_with(Some((0.01, Duration::from_secs(1))));
-        assert!(grew, "an apiserver with CPU to spare");
-        assert_eq!(seen.apiserver_long_waits, Some(0.01));
-        let (grew, seen) = grows_with(Some((0.05, Duration::from_secs(1))));
-        assert!(!grew, "a busy apiserver holds the rate");
-        assert_eq!(seen.apiserver_long_waits, Some(0.05));
-        let (grew, seen) = grows_with(Some((0.05, guard::STALE_AFTER)));
-        assert!(grew, "a reading too old to tell");
-        assert_eq!(seen.apiserver_long_waits, None);
     }
 }

@@ -1,6 +1,5 @@
 //! The probe task: its own thread, runtime and connection, sending a probe while gentle writes
-//! go (and in quiet windows), and now and then reading the apiserver's scheduler latency for the
-//! guard (`guard`).
+//! go (and in quiet windows).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -8,21 +7,24 @@ use std::time::Duration;
 
 use kube::Client;
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::warn;
 
-use super::guard::{self, Guard};
-use super::{Foreground, PROBE_ANNOTATION, PROBE_TIMEOUT, WRITE_EVERY};
+use super::steering::Change;
+use super::{Foreground, PROBE_ANNOTATION, PROBE_TIMEOUT};
 
 impl Foreground {
-    /// Whether the probe may write now ([`WRITE_EVERY`]); if so, the write is counted as made.
+    /// Whether the probe may write now: `probe_write_every` since the last write was answered,
+    /// so that a slow write is followed by reads, not by another write at once.
     fn write_due(&self) -> bool {
-        let mut last = self.last_write.lock().unwrap_or_else(|p| p.into_inner());
+        let last = self.last_write.lock().unwrap_or_else(|p| p.into_inner());
         let now = std::time::Instant::now();
-        if last.is_some_and(|at| now.duration_since(at) < WRITE_EVERY) {
-            return false;
-        }
-        *last = Some(now);
-        true
+        last.is_none_or(|at| now.duration_since(at) >= self.params.probe_write_every)
+    }
+
+    /// A write of the probe was answered (or given up on) now.
+    fn wrote(&self) {
+        *self.last_write.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(std::time::Instant::now());
     }
 
     /// Starts the probe task on its first call; later calls do nothing.
@@ -69,6 +71,9 @@ impl Foreground {
             response.into_body().collect_bytes().await.ok().map(|_| code)
         })
         .await;
+        if write {
+            self.wrote();
+        }
         match answered {
             Ok(Some(code)) => {
                 // Refused for good (no such object, no permission, an admission webhook that
@@ -93,16 +98,16 @@ impl Foreground {
     fn record(&self, sent: Instant, latency: Duration) {
         self.metrics.probe_latency.observe(latency.as_secs_f64());
         let mut state = self.lock();
-        state.record(sent, latency, self.budget);
+        let change = state.record(sent, latency, self.budget);
         self.metrics.gentle_rate.set(state.seen.rate);
         self.metrics.probe_budget.set(state.seen.limit.map_or(0.0, |l| l.as_secs_f64()));
-    }
-
-    /// Records the share of the apiserver's goroutines' waits to run that were long, lately.
-    fn apiserver_read(&self, share: f64) {
-        self.metrics.apiserver_long_waits.set(share);
-        self.metrics.apiserver_reads.inc();
-        self.lock().apiserver = Some((share, Instant::now()));
+        let counted = match change {
+            Some(Change::Cut { .. }) => "cut",
+            Some(Change::Undone { .. }) => "undone",
+            Some(Change::Grew { .. }) => "grew",
+            Some(Change::Held) | None => return,
+        };
+        self.metrics.gentle_changes.with_label_values(&[counted]).inc();
     }
 }
 
@@ -116,8 +121,6 @@ pub(super) async fn probe(gate: Weak<Foreground>, config: kube::Config) {
             return;
         }
     };
-    // The apiserver's own view of its CPU, while it may be read: a guard on the rate's growth.
-    let (mut guard, mut reading, mut next_read) = (Guard::default(), true, Instant::now());
     loop {
         let Some(foreground) = gate.upgrade() else { return };
         let next = foreground.lock().next_probe(Instant::now());
@@ -126,27 +129,10 @@ pub(super) async fn probe(gate: Weak<Foreground>, config: kube::Config) {
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
         };
-        if reading && Instant::now() >= next_read {
-            next_read = Instant::now() + guard::READ_EVERY;
-            match guard::read(&client).await {
-                Ok(Some(read)) => {
-                    if let Some(share) = guard.read(read, Instant::now()) {
-                        foreground.apiserver_read(share);
-                    }
-                }
-                Ok(None) => {}
-                Err(reason) => {
-                    reading = false;
-                    info!(%reason, "the gentle pace steers by its probe alone: it cannot read the apiserver's scheduler latency from /metrics");
-                }
-            }
-        }
         tokio::time::sleep(wait).await;
         let sent = Instant::now();
-        foreground.lock().spells.sent(sent);
-        match foreground.probe_once(&client).await {
-            Some(latency) => foreground.record(sent, latency),
-            None => foreground.lock().spells.answered(sent, None, None),
+        if let Some(latency) = foreground.probe_once(&client).await {
+            foreground.record(sent, latency);
         }
     }
 }
