@@ -234,8 +234,8 @@ pub struct Settings {
     pub observer: Observer,
     /// How long those checks take.
     pub encoding: EncodingPolicy,
-    /// Told of CRD changes (the discovery trigger polls then); a CRD that keeps changing, at
-    /// most once per discovery interval, the second field, in the end.
+    /// Told of CRD changes (the discovery trigger polls then), with the discovery interval: a
+    /// CRD that keeps changing is told of ever less often, in the end once per interval.
     pub poke: Option<(Arc<tokio::sync::Notify>, Duration)>,
     /// Also migrate a CRD that stopped serving a version, removing the `managedFields` entries
     /// that name it (`--clean-managed-fields`).

@@ -86,8 +86,7 @@ async fn discover_only(
 }
 
 /// A fast poll: the discovery of `reads` alone, counted for the resources whose hash waits to
-/// be trusted. Returns whether a full poll must follow at once, as
-/// [`needs_full_poll`] decides.
+/// be trusted. Returns whether a full poll must follow at once, as [`needs_full_poll`] decides.
 pub(super) async fn fast_poll(
     requests: &Requests,
     guard: &mut Guard,

@@ -3,9 +3,9 @@
 //! one of its migrations ends (at most every 2 s), read discovery through a fresh connection;
 //! keep one StorageState per migratable resource; and create a migration for every resource
 //! whose objects may be stored under a hash other than the one the apiserver writes now, unless
-//! one is pending or running for it already (whoever created it). While a new hash waits to be trusted, fast
-//! polls in between read only the discovery of the group versions serving it ([`cadence`]). The
-//! decisions are in [`super::storage_state`].
+//! one is pending or running for it already (whoever created it). While a new hash waits to be
+//! trusted, fast polls in between read only the discovery of the group versions serving it
+//! ([`cadence`]). The decisions are in [`super::storage_state`].
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -204,8 +204,8 @@ fn follow_up(settings: &Settings) -> Duration {
     settings.encoding.settle.max(MIN_FOLLOW_UP).min(settings.interval)
 }
 
-/// One full poll; returns how soon something it waits on (a migration running, a failed one to try
-/// again) should be looked at again.
+/// One full poll; returns how soon something it waits on (a migration running, a failed one to
+/// try again) should be looked at again.
 async fn poll(
     requests: &Requests,
     settings: &Settings,
