@@ -337,7 +337,7 @@ async fn triggers(context: &Context, stop: CancellationToken) {
         create: settings.crd_trigger,
         observer: context.observer.clone(),
         encoding: settings.encoding,
-        poke: discovery.as_ref().map(|d| d.poke.clone()),
+        poke: discovery.as_ref().map(|d| (d.poke.clone(), d.interval)),
         clean_managed_fields: settings.clean_managed_fields,
         clean_after: settings.clean_managed_fields_after,
         retry_delay: settings.crd_trigger_retry_delay,

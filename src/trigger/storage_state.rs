@@ -23,6 +23,8 @@ pub struct Guard {
     streaks: HashMap<GroupResource, Instant>,
     /// The agreement last asked for.
     trust: Option<Trust>,
+    /// New hashes trusted so far.
+    trusts: u64,
 }
 
 /// How much agreement a new hash needs before the trigger acts on it.
@@ -63,6 +65,7 @@ impl Guard {
             self.candidates.remove(resource);
             self.trusted.insert(resource.clone(), seen.to_owned());
             self.streaks.insert(resource.clone(), since);
+            self.trusts += 1;
             return Some(seen.to_owned());
         }
         self.candidates.insert(resource.clone(), (seen.to_owned(), since, polls));
@@ -83,6 +86,33 @@ impl Guard {
     /// Whether a hash is waiting to be trusted: the next poll should come before long.
     pub fn pending(&self) -> bool {
         !self.candidates.is_empty()
+    }
+
+    /// The resources whose hash waits to be trusted, each with that hash.
+    pub fn waiting(&self) -> Vec<(GroupResource, String)> {
+        self.candidates
+            .iter()
+            .map(|(resource, (hash, ..))| (resource.clone(), hash.clone()))
+            .collect()
+    }
+
+    /// The agreement last asked for, if any was.
+    pub fn trust(&self) -> Option<Trust> {
+        self.trust
+    }
+
+    /// How many new hashes were trusted so far: a poll that moved it trusted one.
+    pub fn trusts(&self) -> u64 {
+        self.trusts
+    }
+
+    /// How long a hash shown on every poll takes to be trusted at the polls [`Guard::next_poll`]
+    /// asks for: the window, or longer when `least` keeps the polls it asks for from fitting in
+    /// it. `None` when none waits.
+    pub fn trust_period(&self, least: Duration) -> Option<Duration> {
+        let trust = self.trust.filter(|_| self.pending())?;
+        let spacing = self.next_poll(least)?;
+        Some(trust.window.max(spacing * trust.polls.saturating_sub(1)))
     }
 
     /// How soon the next poll should come while a hash waits to be trusted: soon enough that

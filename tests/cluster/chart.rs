@@ -74,6 +74,17 @@ fn the_values_schema_refuses_bad_values() {
             Err(error) => assert!(error.contains(field), "--set {set}: {error}"),
         }
     }
+    // A listed resource is one resource: "*" would grant every subresource too.
+    for resources in [r#"["*"]"#, r#"["pods/ephemeralcontainers"]"#, r#"["*/status"]"#] {
+        let chart = chart::chart_dir();
+        let set =
+            format!(r#"rbac.migratableResources=[{{"apiGroups":[""],"resources":{resources}}}]"#);
+        let args = ["template", "x", chart.to_str().expect("UTF-8 path"), "--set-json", &set];
+        match run_helm(&args) {
+            Ok(_) => panic!("helm template --set-json {set} was accepted"),
+            Err(error) => assert!(error.contains("migratableResources"), "{set}: {error}"),
+        }
+    }
 }
 
 #[test]
@@ -548,4 +559,123 @@ async fn each_power_a_migration_asks_for_takes_a_verb_of_its_own() {
         .create(&Default::default(), &cleaning)
         .await
         .expect("the CRD trigger may ask for the cleaning");
+}
+
+/// The chart's write policy narrows the RBAC kube-svm needs (every resource and, with it, every
+/// subresource) to writing objects back as they are. As the chart's ServiceAccount, a patch that
+/// changes a ConfigMap's data, a Deployment's spec or a label is refused, and so are an ephemeral
+/// container, a scale, a proxied request and a status write that changes the status; the no-op
+/// writes a migration sends, to an object and to its status, pass; and the controller, running
+/// under the policy as in every controller test, migrates a resource.
+#[tokio::test]
+async fn kube_svm_may_write_objects_back_only_as_they_are() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+    use kube::Api;
+    use kube::api::PostParams;
+    use serde_json::json;
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
+    let widgets = WidgetCrd::stale(&client, "writes", 20).await;
+    control_plane.controller_kubeconfig().await;
+    let account =
+        format!("system:serviceaccount:{}:kube-svm", crate::support::CONTROLLER_NAMESPACE);
+    let mut config = control_plane.config().await;
+    config.auth_info.impersonate = Some(account);
+    let kube_svm = kube::Client::try_from(config).expect("a client");
+
+    let created = PostParams::default();
+    fn from<T: serde::de::DeserializeOwned>(body: serde_json::Value) -> T {
+        serde_json::from_value(body).expect("an object")
+    }
+    let settings: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let object = from(json!({ "metadata": { "name": "settings" }, "data": { "mode": "safe" } }));
+    settings.create(&created, &object).await.expect("created");
+    let web = from(json!({ "metadata": { "name": "web" },
+        "spec": { "replicas": 1, "selector": { "matchLabels": { "app": "web" } },
+                  "template": { "metadata": { "labels": { "app": "web" } },
+                                "spec": { "containers": [{ "name": "web", "image": "nginx" }] } } } }));
+    Api::<Deployment>::namespaced(client.clone(), "default")
+        .create(&created, &web)
+        .await
+        .expect("created");
+    let app = from(json!({ "metadata": { "name": "app" },
+                           "spec": { "containers": [{ "name": "app", "image": "nginx" }] } }));
+    Api::<Pod>::namespaced(client.clone(), "default")
+        .create(&created, &app)
+        .await
+        .expect("created");
+
+    // A raw merge patch as kube-svm, and the apiserver's answer: its status code, or 200.
+    let patch = |path: String, body: serde_json::Value| {
+        let kube_svm = kube_svm.clone();
+        async move {
+            let request = http::Request::patch(&path)
+                .header(http::header::CONTENT_TYPE, "application/merge-patch+json")
+                .body(serde_json::to_vec(&body).expect("JSON"))
+                .expect("a request");
+            match kube_svm.request_text(request).await {
+                Ok(_) => (200, String::new()),
+                Err(kube::Error::Api(status)) => (status.code, status.message),
+                Err(error) => panic!("{path}: {error}"),
+            }
+        }
+    };
+    let configmap = "/api/v1/namespaces/default/configmaps/settings".to_owned();
+    let deployment = "/apis/apps/v1/namespaces/default/deployments/web".to_owned();
+    let pod = "/api/v1/namespaces/default/pods/app".to_owned();
+    // The policy takes effect once the apiserver has loaded it: wait for the first refusal.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let changed = json!({ "data": { "mode": "open" } });
+    let refusal = loop {
+        match patch(configmap.clone(), changed.clone()).await {
+            (403, message) => break message,
+            answer => {
+                assert!(std::time::Instant::now() < deadline, "never refused: {answer:?}");
+                let _ = patch(configmap.clone(), json!({ "data": { "mode": "safe" } })).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    assert!(refusal.contains("only writes objects back as they are"), "{refusal}");
+    let refused = [
+        (deployment.clone(), json!({ "spec": { "replicas": 3 } })),
+        (configmap.clone(), json!({ "metadata": { "labels": { "owned": "yes" } } })),
+        (format!("{deployment}/status"), json!({ "status": { "replicas": 7 } })),
+        (format!("{deployment}/scale"), json!({ "spec": { "replicas": 5 } })),
+        (
+            format!("{pod}/ephemeralcontainers"),
+            json!({ "spec": { "ephemeralContainers": [{ "name": "shell", "image": "busybox" }] } }),
+        ),
+        (format!("{pod}/proxy/anything"), json!({})),
+    ];
+    for (path, body) in refused {
+        let (code, message) = patch(path.clone(), body).await;
+        assert_eq!(code, 403, "{path} was let through: {message}");
+        assert!(message.contains("kube-svm"), "{path}: {message}");
+    }
+    let kept = settings.get("settings").await.expect("read");
+    assert_eq!(kept.data.and_then(|d| d.get("mode").cloned()).as_deref(), Some("safe"));
+
+    // What a migration sends: its identity and resourceVersion, to the object or its status.
+    let resource_version = kept.metadata.resource_version.expect("a resourceVersion");
+    let write_back = json!({ "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": { "name": "settings", "namespace": "default",
+                      "resourceVersion": resource_version } });
+    assert_eq!(patch(configmap, write_back).await, (200, String::new()));
+    let identity = json!({ "metadata": { "name": "web", "namespace": "default" } });
+    assert_eq!(patch(deployment.clone(), identity.clone()).await, (200, String::new()));
+    assert_eq!(patch(format!("{deployment}/status"), identity).await, (200, String::new()));
+    // kube-svm's own objects stay its own: the probe's count.
+    let probe = format!(
+        "/api/v1/namespaces/{}/configmaps/kube-svm-probe",
+        crate::support::CONTROLLER_NAMESPACE
+    );
+    let count = json!({ "metadata": { "annotations": { "kube-svm.io/probe": "1" } } });
+    assert_eq!(patch(probe, count).await, (200, String::new()));
+
+    let controller = KubeSvm::start(&control_plane, "writes", &["controller"]).await;
+    create_migration(&client, "widgets", &widgets.group, "widgets").await;
+    let timeout = Duration::from_secs(60);
+    wait_for(&client, "widgets", timeout, &[&controller], phase_is(Phase::Succeeded)).await;
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 20).await;
 }

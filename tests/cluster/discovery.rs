@@ -19,12 +19,12 @@ use kube_svm::trigger::discovery::{Error, HELD_ANNOTATION, TARGET_HASH_ANNOTATIO
 use kube_svm::trigger::storage_state::next_status;
 use serde_json::json;
 
-use crate::support::ControlPlane;
 use crate::support::Scenario;
 use crate::support::fixtures::{WidgetCrd, missing_aggregated_api, unique};
 use crate::support::invariant::Census;
 use crate::support::process::KubeSvm;
 use crate::support::upstream::{install_upstream_crds, take_over_as_the_readme_says};
+use crate::support::{AuditEvent, CONTROLLER_NAMESPACE, ControlPlane};
 use crate::support::{admission, migrations};
 
 async fn start(control_plane: &ControlPlane, name: &str, settle: &str) -> KubeSvm {
@@ -497,4 +497,61 @@ async fn a_resource_that_keeps_failing_leaves_a_bounded_number_of_migrations() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(controller.logs().contains("oldest finished migrations"), "{}", controller.logs());
+}
+
+/// While a new hash waits to be trusted, the polls between the full ones read only the
+/// discovery of the group version serving it. After a storage switch the controller's log shows
+/// fast polls reading the widgets' group version alone, and the audit log shows the trigger
+/// reading a group with nothing to migrate (authorization.k8s.io/v1) only in full polls: each
+/// such read is followed by the poll's list of StorageStates before the next one, which a fast
+/// poll between them would break.
+#[tokio::test]
+async fn a_fast_poll_reads_only_the_group_version_of_the_pending_hash() {
+    let Scenario { control_plane, client } = Scenario::audited(&[]).await;
+    let widgets = WidgetCrd::new("fast-poll", false);
+    widgets.create(&client, "v1").await;
+    widgets.seed(&client, "v1", &[None], 5).await;
+    let controller = start(&control_plane, "controller", "4").await;
+    let (h1, h2) = (hash(&widgets, "v1"), hash(&widgets, "v2"));
+    wait_persisted(&client, &widgets, &[&h1], &controller).await;
+
+    let switched = Timestamp::now();
+    let logged_before = controller.logs().len();
+    widgets.set_storage_version(&client, "v2").await;
+    wait_persisted(&client, &widgets, &[&h2], &controller).await;
+
+    let logs = controller.logs();
+    let fast: Vec<&str> =
+        logs[logged_before..].lines().filter(|l| l.contains("fast discovery poll")).collect();
+    assert!(!fast.is_empty(), "no fast poll after the switch\n{logs}");
+    for line in &fast {
+        assert!(line.contains(&widgets.group) && line.contains("waiting=1"), "{line}");
+        assert_eq!(line.matches("\"v").count(), 1, "one group version read: {line}");
+    }
+    let account = format!("system:serviceaccount:{CONTROLLER_NAMESPACE}:kube-svm");
+    let mut events: Vec<AuditEvent> = control_plane
+        .audit_events()
+        .into_iter()
+        .filter(|e| e.sender() == account && e.received() > switched)
+        .collect();
+    events.sort_by_key(AuditEvent::received);
+    let path = |e: &AuditEvent| e.request_uri.split('?').next().unwrap_or_default().to_owned();
+    let lists_states = |e: &AuditEvent| {
+        e.verb == "list" && e.object_ref.as_ref().is_some_and(|o| o.resource == "storagestates")
+    };
+    // In time order: `u` for a read of the unrelated group, `l` for a list of StorageStates.
+    let order: String = events
+        .iter()
+        .filter_map(|e| match path(e).as_str() {
+            "/apis/authorization.k8s.io/v1" => Some('u'),
+            _ if lists_states(e) => Some('l'),
+            _ => None,
+        })
+        .collect();
+    let full_polls = order.matches('u').count();
+    assert!(full_polls >= 1, "no full poll after the switch");
+    assert!(!order.contains("uu"), "another group was read in a fast poll: {order}");
+    let widgets_path = format!("/apis/{}/", widgets.group);
+    let pending = events.iter().filter(|e| path(e).starts_with(&widgets_path)).count();
+    assert!(pending >= full_polls + fast.len(), "{pending} reads of the widgets' group: {order}");
 }

@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 mod names;
+mod pokes;
 mod rounds;
 
 pub use super::TRIGGER_LABEL;
@@ -233,8 +234,9 @@ pub struct Settings {
     pub observer: Observer,
     /// How long those checks take.
     pub encoding: EncodingPolicy,
-    /// Told of every CRD change (the discovery trigger polls then).
-    pub poke: Option<Arc<tokio::sync::Notify>>,
+    /// Told of CRD changes (the discovery trigger polls then), with the discovery interval: a
+    /// CRD that keeps changing is told of ever less often, in the end once per interval.
+    pub poke: Option<(Arc<tokio::sync::Notify>, Duration)>,
     /// Also migrate a CRD that stopped serving a version, removing the `managedFields` entries
     /// that name it (`--clean-managed-fields`).
     pub clean_managed_fields: bool,
@@ -265,8 +267,8 @@ fn encoding_check(crd: &CustomResourceDefinition, settings: &Settings) -> Option
 struct Context {
     requests: Requests,
     settings: Settings,
-    /// The generation each CRD (by uid) had when the discovery trigger was last told of it.
-    told: std::sync::Mutex<std::collections::HashMap<String, i64>>,
+    /// What the discovery trigger was told of each CRD.
+    told: std::sync::Mutex<pokes::Pokes>,
     /// Since when versions have been seen unserved.
     unserved_since: UnservedSince,
     /// The generation each CRD (by uid) had when this process first saw it: a migration for
@@ -325,13 +327,23 @@ async fn reconcile(
         *first_seen.entry(uid).or_insert(generation) == generation
     };
     // The discovery trigger polls when a CRD is new or its spec changed (a storage switch, a
-    // version served or not): not for every status write or migration checkpoint.
-    if let Some(poke) = &context.settings.poke {
-        let uid = crd.metadata.uid.clone().unwrap_or_default();
+    // version served or not): not for every status write or migration checkpoint, and ever
+    // less often for a CRD that keeps changing ([`pokes`]).
+    if let Some((poke, every)) = &context.settings.poke {
+        let uid = crd.metadata.uid.as_deref().unwrap_or_default();
         let generation = crd.metadata.generation.unwrap_or_default();
         let mut told = context.told.lock().unwrap_or_else(|p| p.into_inner());
-        if told.insert(uid, generation) != Some(generation) {
-            poke.notify_one();
+        match told.poke(uid, generation, std::time::Instant::now(), *every) {
+            Some(wait) if wait.is_zero() => poke.notify_one(),
+            // At most one waits per CRD: a change made meanwhile is read by its poll.
+            Some(wait) => {
+                let poke = poke.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(wait).await;
+                    poke.notify_one();
+                });
+            }
+            None => {}
         }
     }
     // Whoever creates the migration, the encoding check starts now, at the storage switch.

@@ -1,14 +1,17 @@
-//! What discovery shows the trigger: every migratable resource with its storage version hash,
-//! and the cluster's CRDs.
+//! What discovery shows the trigger: every migratable resource with its storage version hash
+//! (in a fast poll, only those whose hash waits to be trusted), and the cluster's CRDs.
 
-use std::collections::{BTreeSet, HashSet};
-use std::time::Duration;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{APIResourceList, GroupVersionForDiscovery};
 use kube::Api;
+use tracing::debug;
 
 use super::Error;
+use super::cadence::{GroupVersion, needs_full_poll};
+use super::storage_state::Guard;
 use crate::api::GroupResource;
 use crate::apiserver::requests::Requests;
 
@@ -56,8 +59,58 @@ pub(super) async fn discover(requests: &Requests) -> Result<(Vec<Discovered>, Ve
             }
         }
     }
+    Ok((migratable(lists), unexamined))
+}
+
+/// The migratable resources the discovery of `group_versions` alone shows, read through a new
+/// connection: what a fast poll reads. Any group version that cannot be read fails it.
+async fn discover_only(
+    requests: &Requests,
+    group_versions: &[GroupVersion],
+) -> Result<Vec<Discovered>, Error> {
+    let client = requests.fresh_client().map_err(Error::Discovery)?;
+    let mut lists = Vec::new();
+    for (group, version) in group_versions {
+        let list = match group.is_empty() {
+            true => client.list_core_api_resources(version).await,
+            false => {
+                let group_version = format!("{group}/{version}");
+                let request = client.list_api_group_resources(&group_version);
+                let answer = tokio::time::timeout(GROUP_DISCOVERY_TIMEOUT, request).await;
+                answer.map_err(|_| Error::Unanswered(group_version.clone()))?
+            }
+        };
+        lists.push((group.clone(), version.clone(), list.map_err(Error::Discovery)?));
+    }
+    Ok(migratable(lists))
+}
+
+/// A fast poll: the discovery of `reads` alone, counted for the resources whose hash waits to
+/// be trusted. Returns whether a full poll must follow at once, as [`needs_full_poll`] decides.
+pub(super) async fn fast_poll(
+    requests: &Requests,
+    guard: &mut Guard,
+    reads: &[GroupVersion],
+) -> Result<bool, Error> {
+    let before = guard.waiting();
+    let Some(trust) = guard.trust() else { return Ok(true) };
+    let shown: HashMap<GroupResource, String> =
+        discover_only(requests, reads).await?.into_iter().map(|d| (d.resource, d.hash)).collect();
+    let now = Instant::now();
+    for (resource, hash) in &before {
+        if shown.get(resource) == Some(hash) {
+            guard.observe(resource, hash, None, now, trust);
+        }
+    }
+    debug!(?reads, waiting = before.len(), "fast discovery poll");
+    Ok(needs_full_poll(&before, &shown, &guard.waiting()))
+}
+
+/// The migratable resources of discovery `lists` (group, version, resources), each taken at the
+/// first list that shows it.
+fn migratable(lists: Vec<(String, String, APIResourceList)>) -> Vec<Discovered> {
     let mut seen = HashSet::new();
-    let discovered = lists
+    lists
         .into_iter()
         .flat_map(|(group, version, list)| {
             list.resources.into_iter().filter_map(move |r| {
@@ -72,8 +125,7 @@ pub(super) async fn discover(requests: &Requests) -> Result<(Vec<Discovered>, Ve
             })
         })
         .filter(|found| seen.insert(found.resource.clone()))
-        .collect();
-    Ok((discovered, unexamined))
+        .collect()
 }
 
 /// A group's versions, its preferred one first, then the others in discovery's order.

@@ -1,11 +1,13 @@
 //! The discovery trigger (`--discovery-trigger`), as kube-storage-version-migrator's: every
-//! `--discovery-interval`, whenever a CRD changes or one of its migrations ends (at most every
-//! 2 s), read discovery through a fresh connection; keep one StorageState per migratable
-//! resource; and create a migration for every resource whose objects may be stored under a hash
-//! other than the one the apiserver writes now, unless one is pending or running for it already
-//! (whoever created it). The decisions are in [`super::storage_state`].
+//! `--discovery-interval`, whenever a CRD changes (ever less often while it keeps changing) or
+//! one of its migrations ends (at most every 2 s), read discovery through a fresh connection;
+//! keep one StorageState per migratable resource; and create a migration for every resource
+//! whose objects may be stored under a hash other than the one the apiserver writes now, unless
+//! one is pending or running for it already (whoever created it). While a new hash waits to be
+//! trusted, fast polls in between read only the discovery of the group versions serving it
+//! ([`cadence`]). The decisions are in [`super::storage_state`].
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,8 +27,10 @@ use crate::api::{
 use crate::apiserver::requests::{RequestError, Requests};
 use crate::evidence::encoding::{self, EncodingPolicy, Observer};
 use crate::rules::backoff::doubling;
-use found::{Discovered, crd_names, discover};
+use cadence::{Cadence, fast_reads};
+use found::{Discovered, crd_names, discover, fast_poll};
 
+mod cadence;
 mod found;
 
 /// Annotation on the migrations this trigger creates: the storage version hash it saw when it
@@ -61,6 +65,9 @@ pub enum Error {
     /// could not be read: nothing was examined.
     #[error("failed to read discovery")]
     Discovery(#[source] kube::Error),
+    /// The discovery of the named group version did not answer in time.
+    #[error("no timely answer from the discovery of {0}")]
+    Unanswered(String),
     /// Listing the kind named (StorageStates or StorageVersionMigrations) failed.
     #[error("failed to list {0}")]
     List(&'static str, #[source] RequestError),
@@ -107,28 +114,65 @@ pub async fn run(requests: Requests, settings: Settings, stop: CancellationToken
     // Polls that failed in a row: the next is tried again soon, not after the whole interval
     // (a StorageState CRD whose storage is still initializing answers 429 right after start).
     let mut failures = 0;
+    // The version at which the last full poll found each resource: where fast polls look.
+    let mut found_at = HashMap::new();
+    let mut cadence = Cadence::default();
+    // Whether the next poll is a full one, and when the next full one is due.
+    let (mut full, mut full_at) = (true, Instant::now());
     loop {
-        let began = std::time::Instant::now();
-        let polled = poll(&requests, &settings, &mut guard, &mut explained, slowest).await;
-        slowest = slowest.max(began.elapsed());
-        let due = match polled {
-            Ok(due) => {
-                crate::apiserver::reachability::reachable();
-                failures = 0;
-                due
+        let began = Instant::now();
+        let trusts = guard.trusts();
+        let waiting: Vec<GroupResource> = guard.waiting().into_iter().map(|(r, _)| r).collect();
+        match fast_reads(&waiting, &found_at).filter(|_| !full) {
+            None => {
+                let polled =
+                    poll(&requests, &settings, &mut guard, &mut explained, slowest, &mut found_at);
+                let polled = polled.await;
+                slowest = slowest.max(began.elapsed());
+                let due = match polled {
+                    Ok(due) => {
+                        crate::apiserver::reachability::reachable();
+                        failures = 0;
+                        due
+                    }
+                    Err(error) => {
+                        let unreachable = crate::apiserver::reachability::unreachable(
+                            &error,
+                            "discovery trigger poll",
+                        );
+                        if !unreachable {
+                            warn!(error = %crate::error_chain(&error), "discovery trigger poll failed");
+                        }
+                        failures += 1;
+                        None
+                    }
+                };
+                // A migration the trigger waits on is looked at again soon, a failing resource
+                // when its retry is due.
+                full_at = began + next_poll_in(failures, due, None, settings.interval);
             }
-            Err(error) => {
-                if !crate::apiserver::reachability::unreachable(&error, "discovery trigger poll") {
-                    warn!(error = %crate::error_chain(&error), "discovery trigger poll failed");
+            Some(reads) => match fast_poll(&requests, &mut guard, &reads).await {
+                Ok(false) => {}
+                Ok(true) => full_at = Instant::now(),
+                Err(error) => {
+                    debug!(error = %crate::error_chain(&error), "fast discovery poll failed");
+                    full_at = Instant::now();
                 }
-                failures += 1;
-                None
-            }
+            },
+        }
+        // A hash waiting to be trusted is looked at again as often as its trust asks, by fast
+        // polls, for a few trust periods at most.
+        let now = Instant::now();
+        let period = guard.trust_period(MIN_TRUST_POLL).unwrap_or(settings.encoding.settle);
+        cadence.record(now, guard.pending(), guard.trusts() > trusts, period);
+        let soon =
+            guard.next_poll(MIN_TRUST_POLL).filter(|_| failures == 0 && cadence.fast(now, period));
+        let until_full = full_at.saturating_duration_since(now);
+        let wait;
+        (full, wait) = match soon {
+            Some(soon) if soon < until_full => (false, soon),
+            _ => (true, until_full),
         };
-        // A hash waiting to be trusted is looked at again as often as its trust asks, a
-        // migration the trigger waits on soon, a failing resource when its retry is due.
-        let soon = guard.next_poll(MIN_TRUST_POLL);
-        let wait = next_poll_in(failures, due, soon, settings.interval);
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(wait) => {}
@@ -136,6 +180,7 @@ pub async fn run(requests: Requests, settings: Settings, stop: CancellationToken
                 // Woken by a CRD change or a migration's end: at most a poll every so often,
                 // however many come.
                 tokio::time::sleep(MIN_FOLLOW_UP.saturating_sub(began.elapsed())).await;
+                full = true;
             }
         }
     }
@@ -159,16 +204,18 @@ fn follow_up(settings: &Settings) -> Duration {
     settings.encoding.settle.max(MIN_FOLLOW_UP).min(settings.interval)
 }
 
-/// One poll; returns how soon something it waits on (a migration running, a failed one to try
-/// again) should be looked at again.
+/// One full poll; returns how soon something it waits on (a migration running, a failed one to
+/// try again) should be looked at again.
 async fn poll(
     requests: &Requests,
     settings: &Settings,
     guard: &mut Guard,
     explained: &mut HashSet<String>,
     slowest: Duration,
+    found_at: &mut HashMap<GroupResource, String>,
 ) -> Result<Option<Duration>, Error> {
     let (discovered, unexamined) = discover(requests).await?;
+    *found_at = discovered.iter().map(|d| (d.resource.clone(), d.version.clone())).collect();
     if !unexamined.is_empty() {
         warn!(
             ?unexamined,

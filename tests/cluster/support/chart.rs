@@ -84,8 +84,9 @@ pub async fn apply(
     Ok(())
 }
 
-/// Installs the chart's ServiceAccount, RBAC and the probe's ConfigMap (release `release` in `namespace`, with helm
-/// `args`) and returns the name the ServiceAccount authenticates as.
+/// Installs the chart's ServiceAccount, RBAC, the policy on its writes and the probe's ConfigMap
+/// (release `release` in `namespace`, with helm `args`) and returns the name the ServiceAccount
+/// authenticates as.
 pub async fn install_service_account(
     client: &Client,
     release: &str,
@@ -95,6 +96,8 @@ pub async fn install_service_account(
     let mut all = vec!["--show-only", "templates/serviceaccount.yaml"];
     all.extend(["--show-only", "templates/rbac.yaml"]);
     all.extend(["--show-only", "templates/probe.yaml"]);
+    // The policy that narrows what the RBAC grants: every controller test writes under it.
+    all.extend(["--show-only", "templates/write-policy.yaml"]);
     all.extend(args);
     let namespace_object =
         format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {namespace}\n");

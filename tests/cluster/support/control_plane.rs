@@ -88,12 +88,18 @@ pub async fn shared() -> &'static ControlPlane {
 const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
 kind: Policy
 rules:
+  - level: Metadata
+    nonResourceURLs: [/api, /api/*, /apis, /apis/*]
+  - level: Metadata
+    verbs: [list]
+    resources: [{ group: migration.k8s.io, resources: [storagestates] }]
   - level: None
     verbs: [get, list, watch]
   - level: Metadata
 ";
 
-/// One entry of kube-apiserver's audit log: a request that wrote, as the apiserver saw it.
+/// One entry of kube-apiserver's audit log: a request that wrote, a read of discovery or a list
+/// of StorageStates, as the apiserver saw it.
 #[derive(Clone, Debug, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AuditEvent {
@@ -102,6 +108,9 @@ pub struct AuditEvent {
     #[serde(rename = "auditID")]
     pub audit_id: String,
     pub verb: String,
+    /// The path and query asked for.
+    #[serde(default, rename = "requestURI")]
+    pub request_uri: String,
     #[serde(default)]
     pub impersonated_user: Option<AuditUser>,
     pub user: AuditUser,
