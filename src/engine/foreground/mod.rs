@@ -525,17 +525,17 @@ mod tests {
     fn a_cut_that_does_not_make_the_probe_faster_is_undone_and_said() {
         let now = Instant::now();
         let (mut state, after) = measured(now, 4);
-        let changes = probes(&mut state, after, 6, 20);
+        let changes = probes(&mut state, after, 6, 13);
         let start = params().start_rate;
         let cut = start * params().cut;
         assert_eq!(changes, [Change::Cut { from: start, to: cut }]);
-        let changes = probes(&mut state, after + Duration::from_secs(6), 6, 20);
+        let changes = probes(&mut state, after + Duration::from_secs(6), 6, 13);
         assert_eq!(changes, [Change::Undone { from: cut, to: start }]);
         assert_eq!(state.seen.why, Why::Undone);
         assert_eq!(state.seen.rate, start);
         assert!(
             state.seen.to_string().starts_with(
-                "20.0 objects/s (cut undone: the probe was no faster for it, the latency is not this run's); probe p99 20.0ms, budget 12.0ms (3x its quiet 4.0ms)"
+                "100.0 objects/s (cut undone: the probe was no faster for it, the latency is not this run's); probe p99 13.0ms, budget 12.0ms (3x its quiet 4.0ms)"
             ),
             "{}",
             state.seen

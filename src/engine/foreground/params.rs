@@ -27,7 +27,7 @@ pub struct ProbeParams {
     pub judged: f64,
     /// The least time between two changes of the rate, so the effect of one is seen before the next.
     pub hold: Duration,
-    /// The rate after a cut, as a fraction of the rate before it.
+    /// The rate after a cut, as a fraction of the rate before it (deeper, down to its square, as far as the probe is past its budget).
     pub cut: f64,
     /// The most the rate grows by in one step before a cut has shown that it hurt.
     pub first_increase: f64,
@@ -44,7 +44,7 @@ pub struct ProbeParams {
 impl Default for ProbeParams {
     fn default() -> ProbeParams {
         ProbeParams {
-            start_rate: 20.0,
+            start_rate: 100.0,
             min_rate: 2.0,
             probe_every: Duration::from_millis(50),
             probe_write_every: Duration::from_secs(1),
@@ -54,7 +54,7 @@ impl Default for ProbeParams {
             judged: 0.99,
             hold: Duration::from_secs(5),
             cut: 0.7,
-            first_increase: 2.0,
+            first_increase: 4.0,
             increase: 1.2,
             room: 0.85,
             undo_above: 0.9,
@@ -238,7 +238,7 @@ mod tests {
             "quiet_windows=2.5: must be a whole number, 1 or more"
         );
         assert_eq!(refused("hold_ms=0.5"), "hold_ms=0.5: must be 1 ms or more");
-        assert_eq!(refused("min_rate=30"), "min_rate=30 is above start_rate=20");
+        assert_eq!(refused("min_rate=300"), "min_rate=300 is above start_rate=100");
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //!   statistic the law judges while writing, over about as many probes. Load that is not
 //!   kube-svm's (another client, a busy machine) raises it as it raises the figure judged.
 //! - **Budget.** How slow the probe may get: a multiple of the baseline (`3x`) or a latency.
-//! - **Cut, on trial.** The probe's percentile past the budget cuts the rate. The next look judges
+//! - **Cut, on trial.** The probe's percentile past the budget cuts the rate, the deeper the
+//!   further past (down to two cuts at once). The next look judges
 //!   the cut: if the probe is not faster for it, the latency was not the run's, and the cut is
 //!   undone; that latency is then noted, and only a probe past it cuts again until the probe is
 //!   back within the budget. A cut that made the probe faster stands.
@@ -186,7 +187,10 @@ impl Steering {
         let bar =
             self.ambient.map_or(limit, |ambient| ambient.max(limit).div_f64(params.undo_above));
         if seen > bar {
-            let to = (from * params.cut).max(params.min_rate);
+            // As deep as the probe is past the budget, down to two cuts at once.
+            let depth =
+                (limit.as_secs_f64() / seen.as_secs_f64()).clamp(params.cut.powi(2), params.cut);
+            let to = (from * depth).max(params.min_rate);
             if to >= from {
                 self.why = Why::AtFloor;
                 return Change::Held;
@@ -321,6 +325,24 @@ mod tests {
         at += hold();
         assert_eq!(steering.steer(at, &steady(13), Budget::default(), false), Change::Held);
         assert_eq!(steering.why(), Why::AtFloor);
+    }
+
+    #[test]
+    fn a_cut_is_as_deep_as_the_probe_is_past_the_budget_down_to_two_cuts() {
+        let now = Instant::now();
+        let factor = |latency: u64| match with_baseline(now, 4).steer(
+            now + hold(),
+            &steady(latency),
+            Budget::default(),
+            true,
+        ) {
+            Change::Cut { from, to } => to / from,
+            other => panic!("{other:?}"),
+        };
+        let cut = params().cut;
+        assert!(close(factor(13), cut), "just past: one cut");
+        assert!(close(factor(20), 12.0 / 20.0), "two thirds past: by as much");
+        assert!(close(factor(100), cut * cut), "far past: two cuts at once, no deeper");
     }
 
     #[test]
