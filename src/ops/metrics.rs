@@ -211,6 +211,10 @@ impl Metrics {
             registry,
         };
         metrics.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        // Every change of the gentle rate is a series from the start, at 0, for the dashboard.
+        for change in ["cut", "undone", "grew"] {
+            metrics.gentle_changes.with_label_values(&[change]);
+        }
         metrics
             .registry
             .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
@@ -358,6 +362,5 @@ mod tests {
         metrics.stored_versions.with_label_values(&["pruned", "Pruned"]);
         metrics.write_window.with_label_values(&[resource, "gentle"]);
         metrics.write_window_held_back.with_label_values(&[resource, "latency"]);
-        metrics.gentle_changes.with_label_values(&["cut"]);
     }
 }

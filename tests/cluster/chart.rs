@@ -566,7 +566,7 @@ async fn each_power_a_migration_asks_for_takes_a_verb_of_its_own() {
 /// changes a ConfigMap's data, a Deployment's spec or a label is refused, and so are an ephemeral
 /// container, a scale, a proxied request and a status write that changes the status; the no-op
 /// writes a migration sends, to an object and to its status, pass; and the controller, running
-/// under the policy as in every controller test, migrates a resource.
+/// under the policy, migrates a resource. (The policy is off by default: `admissionPolicy.writes`.)
 #[tokio::test]
 async fn kube_svm_may_write_objects_back_only_as_they_are() {
     use k8s_openapi::api::apps::v1::Deployment;
@@ -577,6 +577,7 @@ async fn kube_svm_may_write_objects_back_only_as_they_are() {
     let Scenario { control_plane, client } = Scenario::own(&[]).await;
     let widgets = WidgetCrd::stale(&client, "writes", 20).await;
     control_plane.controller_kubeconfig().await;
+    chart::install_write_policy(&client, "kube-svm", crate::support::CONTROLLER_NAMESPACE).await;
     let account =
         format!("system:serviceaccount:{}:kube-svm", crate::support::CONTROLLER_NAMESPACE);
     let mut config = control_plane.config().await;

@@ -84,9 +84,8 @@ pub async fn apply(
     Ok(())
 }
 
-/// Installs the chart's ServiceAccount, RBAC, the policy on its writes and the probe's ConfigMap
-/// (release `release` in `namespace`, with helm `args`) and returns the name the ServiceAccount
-/// authenticates as.
+/// Installs the chart's ServiceAccount, RBAC and the probe's ConfigMap (release `release` in
+/// `namespace`, with helm `args`) and returns the name the ServiceAccount authenticates as.
 pub async fn install_service_account(
     client: &Client,
     release: &str,
@@ -96,8 +95,6 @@ pub async fn install_service_account(
     let mut all = vec!["--show-only", "templates/serviceaccount.yaml"];
     all.extend(["--show-only", "templates/rbac.yaml"]);
     all.extend(["--show-only", "templates/probe.yaml"]);
-    // The policy that narrows what the RBAC grants: every controller test writes under it.
-    all.extend(["--show-only", "templates/write-policy.yaml"]);
     all.extend(args);
     let namespace_object =
         format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {namespace}\n");
@@ -110,4 +107,13 @@ pub async fn install_service_account(
         .expect("the chart renders a ServiceAccount");
     apply(client, &rendered, false).await.expect("the chart's RBAC applies");
     format!("system:serviceaccount:{namespace}:{account}")
+}
+
+/// Installs the chart's policy on the writes of its ServiceAccount (`admissionPolicy.writes`)
+/// for release `release` in `namespace`.
+pub async fn install_write_policy(client: &Client, release: &str, namespace: &str) {
+    let args =
+        ["--show-only", "templates/write-policy.yaml", "--set", "admissionPolicy.writes=true"];
+    let rendered = objects(&render(release, namespace, &args));
+    apply(client, &rendered, false).await.expect("the policy on kube-svm's writes applies");
 }
