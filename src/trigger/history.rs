@@ -67,12 +67,24 @@ pub async fn forget(
     by: &str,
     kept: usize,
 ) {
-    let old = forgotten(migrations, by, kept);
+    delete(requests, api, &forgotten(migrations, by, kept), by, kept).await;
+}
+
+/// Deletes `old`, (name, uid) pairs of the trigger `by` that [`forgotten`] named with `kept`,
+/// each only while it is the one read (its uid as a precondition). A deletion that fails is
+/// tried again at the next look.
+pub async fn delete(
+    requests: &Requests,
+    api: &Api<StorageVersionMigration>,
+    old: &[(String, String)],
+    by: &str,
+    kept: usize,
+) {
     if old.is_empty() {
         return;
     }
     let mut deleted = 0;
-    for (name, uid) in &old {
+    for (name, uid) in old {
         let params = DeleteParams {
             preconditions: Some(Preconditions { uid: Some(uid.clone()), ..Default::default() }),
             ..DeleteParams::default()
