@@ -43,7 +43,7 @@ mod rounds;
 pub use super::TRIGGER_LABEL;
 use super::history;
 use super::is_conflict;
-use crate::api::{GroupVersionResource, Phase, StorageVersionMigration};
+use crate::api::{GroupVersionResource, Phase, StorageVersionMigration, Trigger};
 use crate::apiserver::requests::{RequestError, Requests};
 use crate::evidence::encoding::{Check, EncodingPolicy, Expected, Observer};
 use crate::rules::crd::CrdState;
@@ -94,9 +94,7 @@ pub fn retry_wait(retries: u32, first: Duration) -> Duration {
 /// Whether, and when, to retry `migration` at `now`, from what its status records (when it
 /// failed, how often it was retried), never from a timer: a restart keeps the schedule. Pure.
 pub fn retry_of(migration: &StorageVersionMigration, now: Timestamp, first: Duration) -> Retry {
-    let labels = migration.metadata.labels.as_ref();
-    let ours = labels.and_then(|l| l.get(TRIGGER_LABEL)).is_some_and(|v| v == "crd");
-    if !ours || Phase::of(migration) != Phase::Failed {
+    if migration.made_by() != Some(Trigger::Crd) || Phase::of(migration) != Phase::Failed {
         return Retry::No;
     }
     if migration.retry_requested().is_some() {
@@ -394,7 +392,8 @@ async fn apply(
     for step in steps {
         match step {
             Step::Forget(old) => {
-                history::delete(requests, &api, &old, "crd", history::KEPT_PER_RESOURCE).await;
+                history::delete(requests, &api, &old, Trigger::Crd, history::KEPT_PER_RESOURCE)
+                    .await;
             }
             Step::RetryLater { migration, wait } => {
                 debug!(migration, ?wait, "the migration failed; retrying it later");

@@ -15,8 +15,8 @@ use super::{
     rounds,
 };
 use crate::api::{
-    BACKLOG_ANNOTATION, CLEAN_MANAGED_FIELDS_ANNOTATION, Phase, StorageVersionMigration,
-    StorageVersionMigrationSpec,
+    BACKLOG_ANNOTATION, CLEAN_MANAGED_FIELDS_ANNOTATION, StorageVersionMigration,
+    StorageVersionMigrationSpec, Trigger,
 };
 
 /// What the trigger read of a CRD before it decides.
@@ -86,17 +86,14 @@ pub fn plan<'a>(observed: &Observed<'a>, settings: &Settings, now: Timestamp) ->
     // one's lane meanwhile. The catch-up leaves a resource to the sweep's, which proves the
     // same, rather than rewrite it twice.
     let busy = migrations.iter().any(|m| {
-        let swept = m.labels().get(TRIGGER_LABEL).is_some_and(|by| by == "discovery");
-        m.spec.resource.group == target.group
-            && m.spec.resource.resource == target.resource
-            && !Phase::of(m).is_terminal()
-            && (caught_up || !swept)
+        let swept = m.made_by() == Some(Trigger::Discovery);
+        m.is_of(&target.group, &target.resource) && m.is_unfinished() && (caught_up || !swept)
     });
     if busy {
         return Plan { steps: Vec::new(), look_again: after_grace };
     }
     let mut steps = Vec::new();
-    let old = history::forgotten(migrations, "crd", history::KEPT_PER_RESOURCE);
+    let old = history::forgotten(migrations, Trigger::Crd, history::KEPT_PER_RESOURCE);
     if !old.is_empty() {
         steps.push(Step::Forget(old));
     }
@@ -149,7 +146,10 @@ pub fn plan<'a>(observed: &Observed<'a>, settings: &Settings, now: Timestamp) ->
     let migration = StorageVersionMigration {
         metadata: ObjectMeta {
             name: Some(name),
-            labels: Some(BTreeMap::from([(TRIGGER_LABEL.to_owned(), "crd".to_owned())])),
+            labels: Some(BTreeMap::from([(
+                TRIGGER_LABEL.to_owned(),
+                Trigger::Crd.label().to_owned(),
+            )])),
             annotations: Some(annotations),
             ..ObjectMeta::default()
         },

@@ -22,7 +22,7 @@ use super::storage_state::{self, Guard, Trust};
 use super::{TRIGGER_LABEL, is_conflict};
 use crate::api::{
     GroupResource, GroupVersionResource, PERSISTED_SINCE_ANNOTATION, Phase, StorageState,
-    StorageStateSpec, StorageVersionMigration, StorageVersionMigrationSpec,
+    StorageStateSpec, StorageVersionMigration, StorageVersionMigrationSpec, Trigger,
 };
 use crate::apiserver::requests::{RequestError, Requests};
 use crate::evidence::encoding::{self, EncodingPolicy, Observer};
@@ -244,7 +244,7 @@ async fn poll(
         requests,
         &migrations,
         &existing_migrations,
-        "discovery",
+        Trigger::Discovery,
         settings.keep_finished,
     )
     .await;
@@ -329,12 +329,9 @@ async fn poll(
         }
         let of_resource: Vec<&StorageVersionMigration> = existing_migrations
             .iter()
-            .filter(|m| {
-                m.spec.resource.group == resource.group
-                    && m.spec.resource.resource == resource.resource
-            })
+            .filter(|m| m.is_of(&resource.group, &resource.resource))
             .collect();
-        let busy = of_resource.iter().any(|m| !Phase::of(m).is_terminal());
+        let busy = of_resource.iter().any(|m| m.is_unfinished());
         let proof =
             |m: &StorageVersionMigration| storage_state::proof(m, resource, &current, Some(since));
         let (failures, last_failure) = storage_state::failures(&of_resource, |m| proof(m).is_ok());
@@ -593,7 +590,9 @@ async fn create_migration(
     let migration = StorageVersionMigration {
         metadata: ObjectMeta {
             generate_name: Some(format!("{name}-")),
-            labels: Some([(TRIGGER_LABEL.to_owned(), "discovery".to_owned())].into()),
+            labels: Some(
+                [(TRIGGER_LABEL.to_owned(), Trigger::Discovery.label().to_owned())].into(),
+            ),
             annotations: Some([(TARGET_HASH_ANNOTATION.to_owned(), hash.to_owned())].into()),
             ..ObjectMeta::default()
         },
