@@ -21,7 +21,7 @@ use tracing::{debug, info, warn};
 use super::storage_state::{self, Guard, Trust};
 use super::{TRIGGER_LABEL, is_conflict};
 use crate::api::{
-    GroupResource, GroupVersionResource, PERSISTED_SINCE_ANNOTATION, Phase, StorageState,
+    GroupResource, GroupVersionResource, PERSISTED_SINCE_ANNOTATION, StorageState,
     StorageStateSpec, StorageVersionMigration, StorageVersionMigrationSpec, Trigger,
 };
 use crate::apiserver::requests::{RequestError, Requests};
@@ -29,9 +29,11 @@ use crate::evidence::encoding::{self, EncodingPolicy, Observer};
 use crate::rules::backoff::doubling;
 use cadence::{Cadence, fast_reads};
 use found::{Discovered, crd_names, discover, fast_poll};
+use plan::Plan;
 
 mod cadence;
 mod found;
+mod plan;
 
 /// Annotation on the migrations this trigger creates: the storage version hash it saw when it
 /// created them (the hash a migration really targeted is in `status.target`).
@@ -331,29 +333,22 @@ async fn poll(
             .iter()
             .filter(|m| m.is_of(&resource.group, &resource.resource))
             .collect();
-        let busy = of_resource.iter().any(|m| m.is_unfinished());
         let proof =
             |m: &StorageVersionMigration| storage_state::proof(m, resource, &current, Some(since));
-        let (failures, last_failure) = storage_state::failures(&of_resource, |m| proof(m).is_ok());
-        let retry =
-            crate::rules::backoff::doubling(failures, follow_up(settings), settings.interval);
-        let since_failure =
-            last_failure.map(|ended| Timestamp::now().duration_since(ended).unsigned_abs());
-        let retry_in = since_failure.and_then(|elapsed| retry.checked_sub(elapsed));
-        match (busy, retry_in) {
-            (true, _) => look_again(follow_up(settings)),
+        let first_wait = follow_up(settings);
+        match plan::plan(&of_resource, proof, first_wait, settings.interval, Timestamp::now()) {
+            Plan::Busy => look_again(first_wait),
             // A failing resource is tried again at the regular polls, not at every follow-up.
-            (false, Some(wait)) => {
+            Plan::BackOff { wait, failures, unproven } => {
                 look_again(wait);
-                let last = storage_state::last_ended(&of_resource);
-                match last.map(|m| (m, proof(m))) {
-                    Some((last, Err(unproven))) if Phase::of(last) == Phase::Succeeded => {
-                        explain(explained, &name, last, unproven, failures, wait);
+                match unproven {
+                    Some((last, why)) => explain(explained, &name, last, why, failures, wait),
+                    None => {
+                        debug!(resource = %name, failures, ?wait, "failing; trying again later")
                     }
-                    _ => debug!(resource = %name, failures, ?wait, "failing; trying again later"),
                 }
             }
-            (false, None) => {
+            Plan::Try => {
                 if apiservers.is_none() {
                     let now = crate::lifecycle::resume::apiserver_processes(requests).await;
                     apiservers = Some(now.ok());
