@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::Api;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Api, ResourceExt};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -354,26 +354,9 @@ async fn poll(
                     apiservers = Some(now.ok());
                 }
                 let apiservers = apiservers.as_ref().and_then(Option::as_ref);
-                // Runs for this hash, against the apiservers answering now: runs that could not
-                // prove anything while apiservers came and went (a rolling restart) say nothing
-                // of whether the next one can.
-                let for_current = |m: &StorageVersionMigration| {
-                    let target = m.status.as_ref().and_then(|s| s.target.as_ref());
-                    let against = target.and_then(|t| t.apiservers.as_ref());
-                    m.annotations().get(TARGET_HASH_ANNOTATION).is_some_and(|h| *h == current)
-                        && apiservers.is_some_and(|now| against == Some(now))
-                };
-                let unproven = storage_state::unproven_in_a_row(&of_resource, for_current, |m| {
-                    proof(m).is_ok()
-                });
-                let held = match unproven >= MAX_UNPROVEN {
-                    true => Some(format!(
-                        "{unproven} migrations in a row succeeded without proving the objects are stored in {current} (the last: {}); none is created for it again while the same apiservers answer: vouch for the encoding on a migration of your own (kube-svm.io/encoding-confirmed), or serve the StorageVersion API",
-                        storage_state::last_ended(&of_resource)
-                            .and_then(|m| proof(m).err())
-                            .map_or("unknown", |why| why.reason())
-                    )),
-                    false => may_not_migrate(requests, resource).await,
+                let held = match plan::held(&of_resource, &current, apiservers, proof) {
+                    Some(why) => Some(why),
+                    None => may_not_migrate(requests, resource).await,
                 };
                 if let Some(why) = held {
                     if let Err(error) = hold(requests, &states, state, Some(&why)).await {
