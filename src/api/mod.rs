@@ -7,6 +7,7 @@
 pub mod conditions;
 pub mod installed;
 mod migration;
+mod of_resource;
 mod pace;
 mod storage_state;
 
@@ -20,6 +21,7 @@ pub use migration::{
     MigrationTarget, StorageVersionMigration, StorageVersionMigrationSpec,
     StorageVersionMigrationStatus,
 };
+pub use of_resource::{TRIGGER_LABEL, Trigger};
 pub use pace::{Budget, Pace};
 pub use storage_state::{
     GroupResource, PERSISTED_SINCE_ANNOTATION, StorageState, StorageStateSpec, StorageStateStatus,

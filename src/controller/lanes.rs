@@ -5,9 +5,8 @@
 use std::time::Duration;
 
 use super::Context;
-use crate::api::{BACKLOG_ANNOTATION, GroupResource, Phase, StorageVersionMigration};
+use crate::api::{BACKLOG_ANNOTATION, StorageVersionMigration, Trigger};
 use crate::lifecycle::turns::Turn;
-use crate::trigger::TRIGGER_LABEL;
 
 /// How soon a migration waiting for its turn is looked at again.
 pub(super) const WAIT_FOR_TURN: Duration = Duration::from_secs(2);
@@ -27,8 +26,7 @@ pub(super) enum Lane {
 
 /// Whether the discovery trigger created `migration`. Pure.
 pub(super) fn swept(migration: &StorageVersionMigration) -> bool {
-    let labels = migration.metadata.labels.as_ref();
-    labels.and_then(|l| l.get(TRIGGER_LABEL)).is_some_and(|v| v == "discovery")
+    migration.made_by() == Some(Trigger::Discovery)
 }
 
 /// The lane `migration` asks for by itself: its trigger and its annotation. Pure.
@@ -51,13 +49,12 @@ pub(super) fn lane<'a>(
     others: impl IntoIterator<Item = &'a StorageVersionMigration>,
 ) -> Lane {
     let own = own_lane(migration);
-    let resource = group_resource(migration);
+    let resource = migration.group_resource();
     let name = migration.metadata.name.as_deref();
     let waiting = others.into_iter().filter(|other| {
         other.metadata.name.as_deref() != name
-            && group_resource(other) == resource
-            && !Phase::of(other).is_terminal()
-            && other.metadata.deletion_timestamp.is_none()
+            && other.is_of(&resource.group, &resource.resource)
+            && other.is_unfinished_and_not_deleted()
     });
     waiting.map(own_lane).fold(own, Lane::min)
 }
@@ -81,15 +78,10 @@ pub(super) async fn turn(context: &Context, migration: &StorageVersionMigration)
     }
 }
 
-/// The resource `migration` migrates.
-pub(super) fn group_resource(migration: &StorageVersionMigration) -> GroupResource {
-    let target = &migration.spec.resource;
-    GroupResource { group: target.group.clone(), resource: target.resource.clone() }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::TRIGGER_LABEL;
 
     fn migration(name: &str, resource: &str, trigger: Option<&str>) -> StorageVersionMigration {
         let spec = crate::api::StorageVersionMigrationSpec {

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tracing::{debug, error, instrument};
 
 use super::Context;
-use super::lanes::{Lane, WAIT_FOR_TURN, group_resource, lane, swept};
+use super::lanes::{Lane, WAIT_FOR_TURN, lane, swept};
 use super::migration::{self, Requeue};
 use crate::api::{GroupResource, Phase, StorageVersionMigration};
 
@@ -94,7 +94,7 @@ pub(super) async fn reconcile(
         context.deferred().remove(&uid);
         return Ok(Action::await_change());
     }
-    let resource = group_resource(&migration);
+    let resource = migration.group_resource();
     let mut deferred = context.deferred().get(&uid).cloned();
     if let Some(left_at) =
         deferred.as_ref().and_then(|r| r.given_up_at.as_ref().or(r.ended_at.as_ref()))
@@ -238,12 +238,11 @@ fn admit<'a>(
     if running.contains_key(&migration.name_any()) {
         return Admission::Running;
     }
-    let resource = group_resource(migration);
+    let resource = migration.group_resource();
     let key = order_key(migration);
     let older_waiting = all.clone().any(|other| {
-        group_resource(other) == resource
-            && !Phase::of(other).is_terminal()
-            && other.metadata.deletion_timestamp.is_none()
+        other.is_of(&resource.group, &resource.resource)
+            && other.is_unfinished_and_not_deleted()
             && !parked(other)
             && order_key(other) < key
     });
@@ -336,7 +335,7 @@ mod tests {
         let admitted = super::admit(&newer, after_end.iter().copied(), &none, |_| false);
         assert_eq!(admitted, Admission::Prepare(Lane::Main), "one that ended holds no one back");
         // Running here: not started twice; and its resource waits for it, whatever the age.
-        let running = HashMap::from([("b".to_owned(), group_resource(&newer))]);
+        let running = HashMap::from([("b".to_owned(), newer.group_resource())]);
         assert_eq!(admit(&newer, &running, &[]), Admission::Running);
         assert_eq!(admit(&older, &running, &[]), Admission::WaitForResource);
         assert_eq!(admit(&other, &running, &[]), Admission::Prepare(Lane::Main));

@@ -7,7 +7,7 @@ use std::time::Duration;
 use kube::api::ListParams;
 use kube::{Api, Client};
 
-use crate::api::{GroupResource, Phase, StorageVersionMigration};
+use crate::api::{GroupResource, StorageVersionMigration};
 use crate::apiserver::answers::{is_not_found, is_transient};
 use crate::apiserver::in_tree;
 
@@ -57,11 +57,7 @@ async fn running_now(client: &Client, name: &GroupResource) -> Result<Option<Str
     };
     // Not only a Running one: a migration checking the encoding, or waiting for its turn, is
     // about to write.
-    let running = ours.iter().find(|m| {
-        let spec = &m.spec.resource;
-        !Phase::of(m).is_terminal()
-            && GroupResource::name_of(&spec.group, &spec.resource) == name.name()
-    });
+    let running = ours.iter().find(|m| m.is_unfinished() && m.is_of(&name.group, &name.resource));
     if let Some(running) = running {
         let named = running.metadata.name.as_deref().unwrap_or_default();
         return Ok(Some(format!("the kube-svm migration {named}")));

@@ -179,12 +179,9 @@ pub fn existing(
     group: &str,
     resource: &str,
 ) -> Option<ExistingMigration> {
-    let mut of: Vec<_> = migrations
-        .iter()
-        .filter(|m| m.spec.resource.group == group && m.spec.resource.resource == resource)
-        .collect();
+    let mut of: Vec<_> = migrations.iter().filter(|m| m.is_of(group, resource)).collect();
     of.sort_by_key(|m| m.metadata.creation_timestamp.clone());
-    let chosen = of.iter().find(|m| !Phase::of(m).is_terminal()).or_else(|| of.last())?;
+    let chosen = of.iter().find(|m| m.is_unfinished()).or_else(|| of.last())?;
     Some(ExistingMigration {
         name: chosen.metadata.name.clone().unwrap_or_default(),
         phase: Phase::of(chosen),

@@ -13,8 +13,7 @@ use kube::Api;
 use kube::api::{DeleteParams, Preconditions};
 use tracing::{debug, info};
 
-use super::TRIGGER_LABEL;
-use crate::api::{Phase, StorageVersionMigration};
+use crate::api::{StorageVersionMigration, Trigger};
 use crate::apiserver::requests::Requests;
 
 /// Finished migrations of the discovery trigger kept per resource by default, newest first: ten
@@ -22,19 +21,17 @@ use crate::apiserver::requests::Requests;
 /// cluster uses, so the back-off is the same as with every one kept.
 pub const KEPT_PER_RESOURCE: usize = 10;
 
-/// The finished migrations of the trigger `by` (`discovery`, `crd`) beyond the newest `kept` of
-/// their resource: (name, uid), oldest first. Pure.
+/// The finished migrations of the trigger `by` beyond the newest `kept` of their resource:
+/// (name, uid), oldest first. Pure.
 pub fn forgotten(
     migrations: &[StorageVersionMigration],
-    by: &str,
+    by: Trigger,
     kept: usize,
 ) -> Vec<(String, String)> {
     let mut by_resource: BTreeMap<(String, String), Vec<&StorageVersionMigration>> =
         BTreeMap::new();
     for migration in migrations {
-        let labels = migration.metadata.labels.as_ref();
-        let ours = labels.and_then(|l| l.get(TRIGGER_LABEL)).is_some_and(|v| v == by);
-        if !ours || !Phase::of(migration).is_terminal() {
+        if migration.made_by() != Some(by) || migration.is_unfinished() {
             continue;
         }
         let resource = &migration.spec.resource;
@@ -64,15 +61,27 @@ pub async fn forget(
     requests: &Requests,
     api: &Api<StorageVersionMigration>,
     migrations: &[StorageVersionMigration],
-    by: &str,
+    by: Trigger,
     kept: usize,
 ) {
-    let old = forgotten(migrations, by, kept);
+    delete(requests, api, &forgotten(migrations, by, kept), by, kept).await;
+}
+
+/// Deletes `old`, (name, uid) pairs of the trigger `by` that [`forgotten`] named with `kept`,
+/// each only while it is the one read (its uid as a precondition). A deletion that fails is
+/// tried again at the next look.
+pub async fn delete(
+    requests: &Requests,
+    api: &Api<StorageVersionMigration>,
+    old: &[(String, String)],
+    by: Trigger,
+    kept: usize,
+) {
     if old.is_empty() {
         return;
     }
     let mut deleted = 0;
-    for (name, uid) in &old {
+    for (name, uid) in old {
         let params = DeleteParams {
             preconditions: Some(Preconditions { uid: Some(uid.clone()), ..Default::default() }),
             ..DeleteParams::default()
@@ -87,7 +96,7 @@ pub async fn forget(
     info!(
         deleted,
         kept_per_resource = kept,
-        trigger = by,
+        trigger = by.label(),
         "deleted a trigger's oldest finished migrations"
     );
 }
@@ -95,6 +104,7 @@ pub async fn forget(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::TRIGGER_LABEL;
     use crate::api::conditions::{FAILED, RUNNING, STATUS_TRUE};
     use crate::api::{GroupVersionResource, MigrationCondition, StorageVersionMigrationSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -138,7 +148,7 @@ mod tests {
         all.push(migration("deployments-running", "deployments", "discovery", RUNNING, 99));
         all.push(migration("deployments-crd", "deployments", "crd", FAILED, 0));
         all.push(migration("statefulsets-0", "statefulsets", "discovery", FAILED, 0));
-        let names: Vec<String> = forgotten(&all, "discovery", KEPT_PER_RESOURCE)
+        let names: Vec<String> = forgotten(&all, Trigger::Discovery, KEPT_PER_RESOURCE)
             .into_iter()
             .map(|(name, _)| name)
             .collect();

@@ -11,10 +11,8 @@ pub mod discovery;
 pub mod history;
 pub mod storage_state;
 
+pub use crate::api::TRIGGER_LABEL;
 use crate::apiserver::requests::RequestError;
-
-/// Label on the migrations a trigger creates: `crd` or `discovery`.
-pub const TRIGGER_LABEL: &str = "kube-svm.io/trigger";
 
 /// Whether `error` is an answer with HTTP `code`.
 fn is_conflict(error: &RequestError) -> bool {

@@ -15,6 +15,10 @@
 //! A migration for a CRD as this process first saw it (switched before the controller started:
 //! the catch-up after an install or an upgrade) is marked `kube-svm.io/backlog`, so that a switch
 //! made since, and a migration created by hand, take their turn to write before it.
+//!
+//! Each look at a CRD reads what the decision needs (the CRD, what this process remembers of it,
+//! and the migrations when the CRD needs one), [`plan()`] decides what to do without a request,
+//! and `apply` sends the requests it names.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,7 +27,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
@@ -32,20 +36,19 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 mod names;
+mod plan;
 mod pokes;
 mod rounds;
 
 pub use super::TRIGGER_LABEL;
 use super::history;
 use super::is_conflict;
-use crate::api::{
-    BACKLOG_ANNOTATION, CLEAN_MANAGED_FIELDS_ANNOTATION, GroupVersionResource, Phase,
-    StorageVersionMigration, StorageVersionMigrationSpec,
-};
+use crate::api::{GroupVersionResource, Phase, StorageVersionMigration, Trigger};
 use crate::apiserver::requests::{RequestError, Requests};
 use crate::evidence::encoding::{Check, EncodingPolicy, Expected, Observer};
 use crate::rules::crd::CrdState;
 pub use names::{CRD_UID_ANNOTATION, cleaning_name, created_for, migration_name, recreated_name};
+use plan::{Observed, Plan, Step, plan};
 
 /// Annotation on a CRD: `"false"` keeps kube-svm from migrating it on its own.
 pub const OPT_OUT_ANNOTATION: &str = "kube-svm.io/auto-migrate";
@@ -91,9 +94,7 @@ pub fn retry_wait(retries: u32, first: Duration) -> Duration {
 /// Whether, and when, to retry `migration` at `now`, from what its status records (when it
 /// failed, how often it was retried), never from a timer: a restart keeps the schedule. Pure.
 pub fn retry_of(migration: &StorageVersionMigration, now: Timestamp, first: Duration) -> Retry {
-    let labels = migration.metadata.labels.as_ref();
-    let ours = labels.and_then(|l| l.get(TRIGGER_LABEL)).is_some_and(|v| v == "crd");
-    if !ours || Phase::of(migration) != Phase::Failed {
+    if migration.made_by() != Some(Trigger::Crd) || Phase::of(migration) != Phase::Failed {
         return Retry::No;
     }
     if migration.retry_requested().is_some() {
@@ -272,7 +273,7 @@ struct Context {
     /// Since when versions have been seen unserved.
     unserved_since: UnservedSince,
     /// The generation each CRD (by uid) had when this process first saw it: a migration for
-    /// that generation is the catch-up ([`BACKLOG_ANNOTATION`]).
+    /// that generation is the catch-up ([`crate::api::BACKLOG_ANNOTATION`]).
     first_seen: std::sync::Mutex<std::collections::HashMap<String, i64>>,
 }
 
@@ -366,132 +367,82 @@ async fn reconcile(
             "versions no longer served: their managedFields entries are cleaned once the grace ends or the CRD names them in {REMOVE_VERSIONS_ANNOTATION}"
         );
     }
-    let requeue = |action: Action| match clean_wait {
-        Some(left) => Action::requeue(left + Duration::from_secs(1)),
-        None => action,
-    };
-    let Some(Needed { name, target, clean_managed_fields }) = needed else {
-        return Ok(requeue(Action::await_change()));
-    };
-    if !context.settings.create {
-        return Ok(Action::await_change());
-    }
-    let api: Api<StorageVersionMigration> = Api::all(context.requests.client().clone());
     let requests = &context.requests;
-    let existing = requests.send(api.list(&Default::default())).await.map_err(Error::List)?;
-    // The discovery trigger's sweep does not hold back a switch seen since the start: the
-    // migration created here waits for the sweep's of the same resource, which writes in this
-    // one's lane meanwhile. The catch-up leaves a resource to the sweep's, which proves the
-    // same, rather than rewrite it twice.
-    let busy = existing.items.iter().any(|m| {
-        let swept = m.labels().get(TRIGGER_LABEL).is_some_and(|by| by == "discovery");
-        m.spec.resource.group == target.group
-            && m.spec.resource.resource == target.resource
-            && !Phase::of(m).is_terminal()
-            && (caught_up || !swept)
-    });
-    if busy {
-        return Ok(requeue(Action::await_change()));
-    }
-    history::forget(requests, &api, &existing.items, "crd", history::KEPT_PER_RESOURCE).await;
-    // The state's own migration, whatever generation it was made at: retried in place when it
-    // failed, left alone when it succeeded without pruning ([`rounds`]).
-    let latest = rounds::latest_for(&existing.items, &crd, &target.version, clean_managed_fields);
-    if let Some(own) = latest.filter(|own| !rounds::round_over(own, clean_managed_fields)) {
-        return retry(requests, &api, own, context.settings.retry_delay).await;
-    }
-    let named =
-        |name: &str| existing.items.iter().find(|m| m.metadata.name.as_deref() == Some(name));
-    let uid = crd.metadata.uid.clone().unwrap_or_default();
-    let name = match named(&name) {
-        // Taken by a migration of a CRD of the same name deleted since, or of the last round.
-        Some(_) => {
-            let generation = crd.metadata.generation.unwrap_or_default();
-            let recreated =
-                recreated_name(&target.resource, &target.group, &target.version, generation, &uid);
-            match clean_managed_fields {
-                true => format!("{recreated}-clean"),
-                false => recreated,
-            }
+    // Listed only when the CRD needs a migration the trigger would create.
+    let migrations = match needed.is_some() && settings.create {
+        true => {
+            let api: Api<StorageVersionMigration> = Api::all(requests.client().clone());
+            requests.send(api.list(&Default::default())).await.map_err(Error::List)?.items
         }
-        None => name,
+        false => Vec::new(),
     };
-    let mut annotations = BTreeMap::from([(CRD_UID_ANNOTATION.to_owned(), uid)]);
-    if clean_managed_fields {
-        annotations.insert(CLEAN_MANAGED_FIELDS_ANNOTATION.to_owned(), "true".to_owned());
-        annotations.insert(rounds::UNSERVED_ANNOTATION.to_owned(), rounds::unserved_of(&crd));
-    }
-    // Found so when this process started: the switches seen since write first.
-    if caught_up {
-        annotations.insert(BACKLOG_ANNOTATION.to_owned(), "true".to_owned());
-    }
-    let migration = StorageVersionMigration {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            labels: Some(BTreeMap::from([(TRIGGER_LABEL.to_owned(), "crd".to_owned())])),
-            annotations: Some(annotations),
-            ..ObjectMeta::default()
-        },
-        spec: StorageVersionMigrationSpec { resource: target, continue_token: None },
-        status: None,
-    };
-    match requests.send(api.create(&PostParams::default(), &migration)).await {
-        Ok(_) => info!(
-            crd = crd.name_any(),
-            migration = name,
-            clean_managed_fields,
-            backlog = caught_up,
-            "created a migration for the CRD"
-        ),
-        Err(error) if is_conflict(&error) => {
-            debug!(migration = name, "a migration for this CRD state exists already");
-        }
-        Err(error) => return Err(Error::Create(name, error)),
-    }
-    Ok(requeue(Action::await_change()))
+    let observed = Observed { crd: &crd, needed, caught_up, clean_wait, migrations: &migrations };
+    apply(requests, &crd, plan(&observed, settings, Timestamp::now())).await
 }
 
-/// Asks for a retry of the migration the trigger created for a CRD's current state, when
-/// [`retry_of`] says it is due; otherwise looks again when it will be.
+/// Carries out `plan` for `crd`: its steps in order, stopping at the first that fails; then
+/// looks again when it says.
+async fn apply(
+    requests: &Requests,
+    crd: &CustomResourceDefinition,
+    plan: Plan<'_>,
+) -> Result<Action, Error> {
+    let api: Api<StorageVersionMigration> = Api::all(requests.client().clone());
+    let Plan { steps, look_again } = plan;
+    for step in steps {
+        match step {
+            Step::Forget(old) => {
+                history::delete(requests, &api, &old, Trigger::Crd, history::KEPT_PER_RESOURCE)
+                    .await;
+            }
+            Step::RetryLater { migration, wait } => {
+                debug!(migration, ?wait, "the migration failed; retrying it later");
+            }
+            Step::GiveUp { migration } => info!(
+                migration,
+                retries = MAX_RETRIES,
+                "the migration failed after every retry; left for an operator (kube-svm retry)"
+            ),
+            Step::Retry(own) => retry(requests, &api, own).await?,
+            Step::Create { migration, clean_managed_fields, backlog } => {
+                let name = migration.name_any();
+                match requests.send(api.create(&PostParams::default(), &migration)).await {
+                    Ok(_) => info!(
+                        crd = crd.name_any(),
+                        migration = name,
+                        clean_managed_fields,
+                        backlog,
+                        "created a migration for the CRD"
+                    ),
+                    Err(error) if is_conflict(&error) => {
+                        debug!(migration = name, "a migration for this CRD state exists already");
+                    }
+                    Err(error) => return Err(Error::Create(name, error)),
+                }
+            }
+        }
+    }
+    Ok(look_again.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// Asks for a retry, in place, of the migration the trigger created for a CRD's current state.
 async fn retry(
     requests: &Requests,
     api: &Api<StorageVersionMigration>,
     own: &StorageVersionMigration,
-    first: Duration,
-) -> Result<Action, Error> {
+) -> Result<(), Error> {
     let name = own.name_any();
-    match retry_of(own, Timestamp::now(), first) {
-        Retry::No | Retry::Pending => Ok(Action::await_change()),
-        Retry::After(wait) => {
-            debug!(migration = name, ?wait, "the migration failed; retrying it later");
-            Ok(Action::requeue(wait))
+    let token = crate::api::retry_token();
+    let (params, patch) = (PatchParams::default(), Patch::Merge(own.retry_patch(&token)));
+    match requests.send(api.patch(&name, &params, &patch)).await {
+        Ok(_) => {
+            let retry = own.retries() + 1;
+            info!(migration = name, retry, token, "asked for a retry of the failed migration");
+            Ok(())
         }
-        Retry::GaveUp => {
-            info!(
-                migration = name,
-                retries = MAX_RETRIES,
-                "the migration failed after every retry; left for an operator (kube-svm retry)"
-            );
-            Ok(Action::await_change())
-        }
-        Retry::Now => {
-            let token = crate::api::retry_token();
-            let (params, patch) = (PatchParams::default(), Patch::Merge(own.retry_patch(&token)));
-            let sent = api.patch(&name, &params, &patch);
-            match requests.send(sent).await {
-                Ok(_) => {
-                    let retry = own.retries() + 1;
-                    info!(
-                        migration = name,
-                        retry, token, "asked for a retry of the failed migration"
-                    );
-                    Ok(Action::await_change())
-                }
-                // Changed since it was listed: the watch brings it back, and it is judged again.
-                Err(error) if is_conflict(&error) => Ok(Action::await_change()),
-                Err(error) => Err(Error::Retry(name, error)),
-            }
-        }
+        // Changed since it was listed: the watch brings it back, and it is judged again.
+        Err(error) if is_conflict(&error) => Ok(()),
+        Err(error) => Err(Error::Retry(name, error)),
     }
 }
 
@@ -508,7 +459,27 @@ mod tests {
     use super::names::MAX_NAME;
     use super::*;
 
-    fn crd(storage: &str, stored: &[&str], annotation: Option<&str>) -> CustomResourceDefinition {
+    /// The trigger's settings in tests: no pokes, no cleaning, a first retry after a minute.
+    pub(super) fn settings(create: bool) -> Settings {
+        Settings {
+            create,
+            observer: Observer::default(),
+            encoding: EncodingPolicy {
+                settle: Duration::from_secs(3600),
+                wait: Duration::from_secs(3600),
+            },
+            poke: None,
+            clean_managed_fields: false,
+            clean_after: Duration::from_secs(86_400),
+            retry_delay: Duration::from_secs(60),
+        }
+    }
+
+    pub(super) fn crd(
+        storage: &str,
+        stored: &[&str],
+        annotation: Option<&str>,
+    ) -> CustomResourceDefinition {
         let mut crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
             "metadata": { "name": "widgets.example.com", "generation": 4 },
             "spec": {
@@ -617,7 +588,7 @@ mod tests {
     }
 
     /// A migration the trigger created, Failed at second 1,000 after `retries` retries.
-    fn failed(retries: u32, label: Option<&str>) -> StorageVersionMigration {
+    pub(super) fn failed(retries: u32, label: Option<&str>) -> StorageVersionMigration {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
         let mut migration = crate::api::in_state(crate::api::conditions::FAILED);
         migration.metadata.labels =
@@ -669,6 +640,7 @@ mod tests {
         use serde_json::{Value, json};
 
         use super::*;
+        use crate::api::BACKLOG_ANNOTATION;
         use crate::apiserver::fake::{self, Recorded};
 
         const MIGRATIONS: &str = "/apis/migration.k8s.io/v1alpha1/storageversionmigrations";
@@ -698,21 +670,9 @@ mod tests {
                     _ => fake::not_found(sent),
                 }
             });
-            let settings = Settings {
-                create,
-                observer: Observer::default(),
-                encoding: EncodingPolicy {
-                    settle: Duration::from_secs(3600),
-                    wait: Duration::from_secs(3600),
-                },
-                poke: None,
-                clean_managed_fields: false,
-                clean_after: Duration::from_secs(86_400),
-                retry_delay: Duration::from_secs(60),
-            };
             let context = Context {
                 requests: fake::requests(client),
-                settings,
+                settings: settings(create),
                 told: Default::default(),
                 unserved_since: UnservedSince::default(),
                 first_seen: Default::default(),

@@ -12,9 +12,9 @@
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
-use super::{TRIGGER_LABEL, created_for};
+use super::created_for;
 use crate::api::conditions::{STATUS_TRUE, STORED_VERSIONS_PRUNED};
-use crate::api::{CLEAN_MANAGED_FIELDS_ANNOTATION, Phase, StorageVersionMigration};
+use crate::api::{CLEAN_MANAGED_FIELDS_ANNOTATION, Phase, StorageVersionMigration, Trigger};
 
 /// Annotation on a cleaning migration of the trigger: the versions the CRD did not serve when it
 /// was created (comma-separated), the state it cleans.
@@ -37,10 +37,9 @@ pub fn latest_for<'a>(
 ) -> Option<&'a StorageVersionMigration> {
     let unserved = unserved_of(crd);
     let of_state = |m: &&StorageVersionMigration| {
-        let labels = m.metadata.labels.as_ref();
         let annotations = m.metadata.annotations.as_ref();
         let annotated = |key: &str| annotations.and_then(|a| a.get(key));
-        let ours = labels.and_then(|l| l.get(TRIGGER_LABEL)).is_some_and(|by| by == "crd");
+        let ours = m.made_by() == Some(Trigger::Crd);
         let target = &m.spec.resource;
         let cleans = annotated(CLEAN_MANAGED_FIELDS_ANNOTATION).is_some_and(|v| v == "true");
         // One created before the unserved versions were recorded counts as this state's.
@@ -77,6 +76,7 @@ pub fn round_over(latest: &StorageVersionMigration, cleaning: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::TRIGGER_LABEL;
     use crate::api::conditions::{FAILED, SUCCEEDED};
     use crate::api::{
         GroupVersionResource, MigrationCondition, StorageVersionMigrationSpec,

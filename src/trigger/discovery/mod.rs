@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::Api;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Api, ResourceExt};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -21,17 +21,19 @@ use tracing::{debug, info, warn};
 use super::storage_state::{self, Guard, Trust};
 use super::{TRIGGER_LABEL, is_conflict};
 use crate::api::{
-    GroupResource, GroupVersionResource, PERSISTED_SINCE_ANNOTATION, Phase, StorageState,
-    StorageStateSpec, StorageVersionMigration, StorageVersionMigrationSpec,
+    GroupResource, GroupVersionResource, PERSISTED_SINCE_ANNOTATION, StorageState,
+    StorageStateSpec, StorageVersionMigration, StorageVersionMigrationSpec, Trigger,
 };
 use crate::apiserver::requests::{RequestError, Requests};
 use crate::evidence::encoding::{self, EncodingPolicy, Observer};
 use crate::rules::backoff::doubling;
 use cadence::{Cadence, fast_reads};
 use found::{Discovered, crd_names, discover, fast_poll};
+use plan::Plan;
 
 mod cadence;
 mod found;
+mod plan;
 
 /// Annotation on the migrations this trigger creates: the storage version hash it saw when it
 /// created them (the hash a migration really targeted is in `status.target`).
@@ -244,7 +246,7 @@ async fn poll(
         requests,
         &migrations,
         &existing_migrations,
-        "discovery",
+        Trigger::Discovery,
         settings.keep_finished,
     )
     .await;
@@ -329,59 +331,32 @@ async fn poll(
         }
         let of_resource: Vec<&StorageVersionMigration> = existing_migrations
             .iter()
-            .filter(|m| {
-                m.spec.resource.group == resource.group
-                    && m.spec.resource.resource == resource.resource
-            })
+            .filter(|m| m.is_of(&resource.group, &resource.resource))
             .collect();
-        let busy = of_resource.iter().any(|m| !Phase::of(m).is_terminal());
         let proof =
             |m: &StorageVersionMigration| storage_state::proof(m, resource, &current, Some(since));
-        let (failures, last_failure) = storage_state::failures(&of_resource, |m| proof(m).is_ok());
-        let retry =
-            crate::rules::backoff::doubling(failures, follow_up(settings), settings.interval);
-        let since_failure =
-            last_failure.map(|ended| Timestamp::now().duration_since(ended).unsigned_abs());
-        let retry_in = since_failure.and_then(|elapsed| retry.checked_sub(elapsed));
-        match (busy, retry_in) {
-            (true, _) => look_again(follow_up(settings)),
+        let first_wait = follow_up(settings);
+        match plan::plan(&of_resource, proof, first_wait, settings.interval, Timestamp::now()) {
+            Plan::Busy => look_again(first_wait),
             // A failing resource is tried again at the regular polls, not at every follow-up.
-            (false, Some(wait)) => {
+            Plan::BackOff { wait, failures, unproven } => {
                 look_again(wait);
-                let last = storage_state::last_ended(&of_resource);
-                match last.map(|m| (m, proof(m))) {
-                    Some((last, Err(unproven))) if Phase::of(last) == Phase::Succeeded => {
-                        explain(explained, &name, last, unproven, failures, wait);
+                match unproven {
+                    Some((last, why)) => explain(explained, &name, last, why, failures, wait),
+                    None => {
+                        debug!(resource = %name, failures, ?wait, "failing; trying again later")
                     }
-                    _ => debug!(resource = %name, failures, ?wait, "failing; trying again later"),
                 }
             }
-            (false, None) => {
+            Plan::Try => {
                 if apiservers.is_none() {
                     let now = crate::lifecycle::resume::apiserver_processes(requests).await;
                     apiservers = Some(now.ok());
                 }
                 let apiservers = apiservers.as_ref().and_then(Option::as_ref);
-                // Runs for this hash, against the apiservers answering now: runs that could not
-                // prove anything while apiservers came and went (a rolling restart) say nothing
-                // of whether the next one can.
-                let for_current = |m: &StorageVersionMigration| {
-                    let target = m.status.as_ref().and_then(|s| s.target.as_ref());
-                    let against = target.and_then(|t| t.apiservers.as_ref());
-                    m.annotations().get(TARGET_HASH_ANNOTATION).is_some_and(|h| *h == current)
-                        && apiservers.is_some_and(|now| against == Some(now))
-                };
-                let unproven = storage_state::unproven_in_a_row(&of_resource, for_current, |m| {
-                    proof(m).is_ok()
-                });
-                let held = match unproven >= MAX_UNPROVEN {
-                    true => Some(format!(
-                        "{unproven} migrations in a row succeeded without proving the objects are stored in {current} (the last: {}); none is created for it again while the same apiservers answer: vouch for the encoding on a migration of your own (kube-svm.io/encoding-confirmed), or serve the StorageVersion API",
-                        storage_state::last_ended(&of_resource)
-                            .and_then(|m| proof(m).err())
-                            .map_or("unknown", |why| why.reason())
-                    )),
-                    false => may_not_migrate(requests, resource).await,
+                let held = match plan::held(&of_resource, &current, apiservers, proof) {
+                    Some(why) => Some(why),
+                    None => may_not_migrate(requests, resource).await,
                 };
                 if let Some(why) = held {
                     if let Err(error) = hold(requests, &states, state, Some(&why)).await {
@@ -593,7 +568,9 @@ async fn create_migration(
     let migration = StorageVersionMigration {
         metadata: ObjectMeta {
             generate_name: Some(format!("{name}-")),
-            labels: Some([(TRIGGER_LABEL.to_owned(), "discovery".to_owned())].into()),
+            labels: Some(
+                [(TRIGGER_LABEL.to_owned(), Trigger::Discovery.label().to_owned())].into(),
+            ),
             annotations: Some([(TARGET_HASH_ANNOTATION.to_owned(), hash.to_owned())].into()),
             ..ObjectMeta::default()
         },
