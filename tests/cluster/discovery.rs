@@ -511,7 +511,9 @@ async fn a_fast_poll_reads_only_the_group_version_of_the_pending_hash() {
     let widgets = WidgetCrd::new("fast-poll", false);
     widgets.create(&client, "v1").await;
     widgets.seed(&client, "v1", &[None], 5).await;
-    let controller = start(&control_plane, "controller", "4").await;
+    // A settle long enough that the polls the CRD's changes bring (at once, then ever further
+    // apart) cannot prove the new hash alone: the polls between them must come.
+    let controller = start(&control_plane, "controller", "20").await;
     let (h1, h2) = (hash(&widgets, "v1"), hash(&widgets, "v2"));
     wait_persisted(&client, &widgets, &[&h1], &controller).await;
 
