@@ -1,10 +1,9 @@
 //! How many gentle writes may be in flight at once: what the rate needs, and a little more.
 //!
 //! The rate spaces writes as they leave, not as they come back. While the apiserver stalls (its
-//! collector, a burst of other load) the writes of the rate kept leaving, up to a whole window's
-//! worth (64), and the apiserver worked them off after the stall while its other clients
-//! waited behind them: at 100,000 objects such spells read 55 to 114 ms on the foreground under
-//! kube-svm's writes, and 20 ms at idle. Held to what the rate needs, a stall queues a few.
+//! collector, a burst of other load), writes that kept leaving at the rate would pile up, a whole
+//! window's worth, for the apiserver to work off after the stall while its other clients wait
+//! behind them. Held to what the rate needs, a stall queues a few.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -12,9 +11,9 @@ use std::time::Duration;
 
 use super::Foreground;
 
-/// Answered writes whose latency is averaged: the writes of a few seconds at the rates a
-/// `3x` budget finds (40 to 90 objects/s), so that a short stall moves the mean a little, and a
-/// slower resource (a conversion webhook) moves it within its first 200 writes.
+/// Answered writes whose latency is averaged: a few seconds' worth at the gentle rates, so that a
+/// short stall moves the mean a little, and a slower resource (a conversion webhook) moves it
+/// within its first writes.
 const RECENT: usize = 200;
 
 /// Writes in flight allowed at any rate, so that one slow write does not stop the next.
