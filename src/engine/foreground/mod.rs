@@ -371,10 +371,9 @@ impl State {
             .filter(|(at, _)| *at > since)
             .map(|(_, latency)| *latency)
             .collect();
-        let change = self.steering.steer(now, &recent, budget, self.waited);
-        if change != Change::Held {
-            self.waited = false;
-        }
+        // Writes that waited once, long ago, say nothing of the rate now: a rate they no longer
+        // wait on must not grow.
+        let change = self.steering.steer(now, &recent, budget, std::mem::take(&mut self.waited));
         let baseline = self.steering.baseline();
         self.seen = Steered {
             rate: self.steering.rate(),
@@ -540,6 +539,21 @@ mod tests {
             "{}",
             state.seen
         );
+    }
+
+    #[test]
+    fn writes_that_waited_once_long_ago_do_not_let_the_rate_grow() {
+        let now = Instant::now();
+        let (mut state, after) = measured(now, 4);
+        state.waited = true;
+        // Looks come every second; none of them finds writes waiting after the first.
+        let changes = probes(&mut state, after + Duration::from_secs(1), 12, 2);
+        assert_eq!(changes, [], "grew on a wait that was over");
+        assert_eq!(state.seen.why, Why::NotNeeded);
+        state.waited = true;
+        state.last_look = after;
+        let changes = probes(&mut state, after + Duration::from_secs(13), 1, 2);
+        assert!(matches!(changes[..], [Change::Grew { .. }]), "{changes:?}");
     }
 
     #[test]
