@@ -128,6 +128,8 @@ fn nonsensical_numbers_are_refused_at_start_up() {
         Case::new(&["controller", "--kube-api-qps=1e-300"], "--kube-api-qps", "at least 0.001"),
         Case::new(&["controller", "--kube-api-burst=0"], "--kube-api-burst", "at least 1"),
         Case::new(&["controller", "--writes-in-flight=0"], "--writes-in-flight", "at least 1"),
+        Case::new(&["controller", "--pace-params=cut=2"], "--pace-params", "between 0 and 1"),
+        Case::new(&["migrate", WIDGETS, "--pace-params=holds=3"], "--pace-params", "no parameter"),
         Case::new(
             &["controller", "--writes-in-flight=18446744073709551615"],
             "--writes-in-flight",
