@@ -114,6 +114,17 @@ pub(super) fn names_the_object(status: &ApiStatus, resource: &Resource, object: 
     details.name == object.name && details.group == resource.group && kind_matches
 }
 
+/// Whether a 404 is about `object`'s namespace: an admission policy reads the namespace of each
+/// namespaced write it matches, and answers so when the object outlived it (stranded in etcd).
+/// The write was refused; the object is still there to read again.
+pub(super) fn names_its_namespace(status: &ApiStatus, object: &Listed) -> bool {
+    let Some(details) = &status.details else { return false };
+    !object.namespace.is_empty()
+        && details.kind == "namespaces"
+        && details.group.is_empty()
+        && details.name == object.namespace
+}
+
 /// A failure of `object`, its reason and message cut to a bounded size: they may come from an
 /// admission webhook, and a migration's status must stay small whatever the input.
 pub(super) fn failure(object: &Listed, code: u16, reason: &str, message: String) -> FailedObject {

@@ -8,8 +8,8 @@ use tracing::debug;
 use super::denial::Access;
 use super::pager::Listed;
 use super::recheck::{
-    Current, CurrentList, NoReread, Recheck, escape_field_value, failure, names_the_object,
-    recheck, refused, unchecked,
+    Current, CurrentList, NoReread, Recheck, escape_field_value, failure, names_its_namespace,
+    names_the_object, recheck, refused, unchecked,
 };
 use super::request::{NoReply, Reply};
 use super::window::Signal;
@@ -355,7 +355,9 @@ impl Engine {
             // code: believed only once the object's metadata, read again, bears it out.
             409 | 404 => {
                 let status = reply.status();
-                if reply.code == 404 && !names_the_object(&status, resource, object) {
+                let about_the_object = names_the_object(&status, resource, object)
+                    || names_its_namespace(&status, object);
+                if reply.code == 404 && !about_the_object {
                     return Err(Halt::NotServed(status.message));
                 }
                 let found = match self.read_again(resource, object, run).await {
@@ -518,6 +520,22 @@ mod not_found_tests {
         let elsewhere =
             status(r#"{"details":{"name":"w-1","group":"other.com","kind":"widgets"}}"#);
         assert!(!names_the_object(&elsewhere, &widgets(), &object), "another group");
+    }
+
+    #[test]
+    fn a_404_naming_the_objects_namespace_is_about_the_object() {
+        let object = Listed { namespace: "gone".into(), ..w_1() };
+        // What a write answers when an admission policy cannot read the object's namespace.
+        let stranded = status(
+            r#"{"kind":"Status","status":"Failure","reason":"NotFound","code":404,
+                "message":"namespaces \"gone\" not found",
+                "details":{"name":"gone","kind":"namespaces"}}"#,
+        );
+        assert!(names_its_namespace(&stranded, &object));
+        assert!(!names_its_namespace(&stranded, &w_1()), "an object of another namespace");
+        let cluster_scoped = Listed { namespace: String::new(), ..w_1() };
+        let nameless = status(r#"{"details":{"name":"","kind":"namespaces"}}"#);
+        assert!(!names_its_namespace(&nameless, &cluster_scoped));
     }
 }
 

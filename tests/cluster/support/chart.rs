@@ -11,6 +11,8 @@ use kube::api::{Patch, PatchParams};
 use kube::core::{DynamicObject, GroupVersionKind};
 use kube::discovery::{Scope, pinned_kind};
 use kube::{Api, Client};
+
+use super::control_plane::ControlPlane;
 use serde::Deserialize as _;
 
 /// Where the chart lives.
@@ -109,11 +111,48 @@ pub async fn install_service_account(
     format!("system:serviceaccount:{namespace}:{account}")
 }
 
-/// Installs the chart's policy on the writes of its ServiceAccount (`admissionPolicy.writes`)
-/// for release `release` in `namespace`.
-pub async fn install_write_policy(client: &Client, release: &str, namespace: &str) {
-    let args =
-        ["--show-only", "templates/write-policy.yaml", "--set", "admissionPolicy.writes=true"];
+/// Installs the chart's policy on the writes of its ServiceAccount (`admissionPolicy.writes`, on
+/// by default) for release `release` in `namespace`, whose ServiceAccount is `account`
+/// (`system:serviceaccount:...`), and returns once the apiserver enforces it: a change that
+/// `account` writes to a ConfigMap of `namespace` is refused by the policy.
+pub async fn install_write_policy(
+    control_plane: &ControlPlane,
+    release: &str,
+    namespace: &str,
+    account: &str,
+) {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let client = control_plane.client().await;
+    let args = ["--show-only", "templates/write-policy.yaml"];
     let rendered = objects(&render(release, namespace, &args));
-    apply(client, &rendered, false).await.expect("the policy on kube-svm's writes applies");
+    assert!(!rendered.is_empty(), "the chart renders the write policy");
+    apply(&client, &rendered, false).await.expect("the policy on kube-svm's writes applies");
+
+    let name = "write-policy-check";
+    let check = serde_json::json!({ "metadata": { "name": name }, "data": { "mode": "safe" } });
+    let check: ConfigMap = serde_json::from_value(check).expect("a ConfigMap");
+    let admin: Api<ConfigMap> = Api::namespaced(client, namespace);
+    admin.create(&Default::default(), &check).await.expect("the check's ConfigMap is created");
+    let mut config = control_plane.config().await;
+    config.auth_info.impersonate = Some(account.to_owned());
+    let as_kube_svm: Api<ConfigMap> =
+        Api::namespaced(Client::try_from(config).expect("a client"), namespace);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    for attempt in 0.. {
+        // A new value each time: a write that changes nothing is one the policy lets through.
+        let change = Patch::Merge(serde_json::json!({ "data": { "mode": attempt.to_string() } }));
+        match as_kube_svm.patch(name, &PatchParams::default(), &change).await {
+            Err(kube::Error::Api(status))
+                if status.code == 403 && status.message.contains("as they are") =>
+            {
+                break;
+            }
+            answer => {
+                let answer = answer.map(|_| "written");
+                assert!(std::time::Instant::now() < deadline, "never enforced: {answer:?}");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        }
+    }
+    admin.delete(name, &Default::default()).await.expect("the check's ConfigMap is deleted");
 }
