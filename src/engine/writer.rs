@@ -6,6 +6,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::denial::Access;
+use super::foreground::revision;
 use super::pager::Listed;
 use super::recheck::{
     Current, CurrentList, NoReread, Recheck, escape_field_value, failure, names_its_namespace,
@@ -238,9 +239,14 @@ impl Engine {
                 }
                 _ => Signal::Neutral,
             };
-            match (flight, signal) {
-                (Some(flight), Signal::Success(latency)) => flight.answered(latency),
-                (flight, _) => drop(flight),
+            match (flight, signal, &result) {
+                (Some(flight), Signal::Success(latency), Ok(reply)) => {
+                    // A write that changed nothing keeps the object's revision: not a write.
+                    let written = (reply.code < 300).then(|| revision(&reply.body)).flatten();
+                    let listed = object.resource_version.parse().ok();
+                    flight.answered(latency, written.filter(|r| Some(*r) != listed));
+                }
+                (flight, _, _) => drop(flight),
             }
             slot.leave(signal);
             let failed = match result {

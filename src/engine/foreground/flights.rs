@@ -25,24 +25,33 @@ pub struct Flight {
     gate: Arc<Foreground>,
     /// The write's latency, once answered.
     took: Option<Duration>,
+    /// The revision its answer carried.
+    revision: Option<u64>,
 }
 
 impl Flight {
     /// A write that left through `gate`.
     pub(super) fn new(gate: Arc<Foreground>) -> Flight {
-        Flight { gate, took: None }
+        Flight { gate, took: None, revision: None }
     }
 
-    /// The write was answered after `took` (done, or nothing left to do): the latency counts
-    /// toward the room. A write unanswered, refused or throttled lands without one.
-    pub fn answered(mut self, took: Duration) {
+    /// The write was answered after `took` (done, or nothing left to do), with `revision` if
+    /// it wrote: the latency counts toward the room, the revision tells others' writes from
+    /// kube-svm's. A write unanswered, refused or throttled lands without either.
+    pub fn answered(mut self, took: Duration, revision: Option<u64>) {
         self.took = Some(took);
+        self.revision = revision;
     }
 }
 
 impl Drop for Flight {
     fn drop(&mut self) {
-        self.gate.lock().flights.landed(self.took);
+        let mut state = self.gate.lock();
+        state.flights.landed(self.took);
+        if let Some(revision) = self.revision {
+            state.company.wrote(tokio::time::Instant::now(), revision);
+        }
+        drop(state);
         self.gate.landed.notify_one();
     }
 }

@@ -11,6 +11,7 @@
 //! `Foreground` serves every gentle migration of the process: they share the rate, so two
 //! migrations at once press the apiserver no harder than one.
 
+mod company;
 mod flights;
 mod params;
 mod probe;
@@ -27,6 +28,8 @@ use tracing::{debug, info};
 
 use crate::api::Budget;
 use crate::ops::metrics::Metrics;
+use company::Company;
+pub use company::revision;
 pub use flights::Flight;
 use flights::Flights;
 pub use params::ProbeParams;
@@ -44,6 +47,10 @@ pub const PROBE_OBJECT: &str = "kube-svm-probe";
 /// The annotation the probe's writes set on [`PROBE_OBJECT`]: how many probes had been sent.
 pub const PROBE_ANNOTATION: &str = "kube-svm.io/probe";
 
+/// The probe writes its object at most once in this long (it reads otherwise), so that it
+/// feels what writes wait for without adding to them.
+const PROBE_WRITE_EVERY: Duration = Duration::from_secs(1);
+
 /// A probe unanswered this long counts as this slow.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -52,6 +59,14 @@ const QUIET_SETTLE: Duration = Duration::from_millis(500);
 
 /// How often the law looks at the probe (it changes the rate at most once a hold).
 const LOOK_EVERY: Duration = Duration::from_secs(1);
+
+/// Others' writes stay below `alone_below` this long, two spans judged, before a run counts as
+/// alone: one span between a client's writes does not make it.
+const ALONE_AFTER: Duration = Duration::from_secs(1);
+
+/// The first quiet window comes this long after the first write, once the looks could tell a
+/// run alone, which takes none; `alone_below=0`: at once.
+const FIRST_QUIET_AFTER: Duration = Duration::from_secs(4);
 
 /// Probe samples kept, at most this old.
 const KEEP: Duration = Duration::from_secs(60);
@@ -79,6 +94,8 @@ pub struct Steered {
     pub budget: Option<Budget>,
     /// Writes the rate may have in flight at once (0 before the law first looked).
     pub in_flight: usize,
+    /// Other clients' writes per second, as the answers' revisions show them.
+    pub others: Option<f64>,
 }
 
 // The rate is never NaN: it starts finite and is only multiplied and bounded.
@@ -89,7 +106,14 @@ impl fmt::Display for Steered {
     /// quiet 4.0ms), 2 in flight at most`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = |d: Duration| format!("{:.1}ms", d.as_secs_f64() * 1000.0);
-        write!(f, "{:.1} objects/s ({}); ", self.rate, self.why)?;
+        match (self.why, self.others) {
+            (Why::Alone, Some(others)) => write!(
+                f,
+                "as fast as the write window allows ({}, {others:.1} writes/s by others); ",
+                self.why
+            )?,
+            _ => write!(f, "{:.1} objects/s ({}); ", self.rate, self.why)?,
+        }
         match self.probe {
             Some(probe) => write!(f, "probe p99 {}", ms(probe))?,
             None => write!(f, "probe p99 not measured yet")?,
@@ -117,7 +141,6 @@ pub struct Foreground {
     path: String,
     /// The budget of a migration that gives none.
     budget: Budget,
-    params: ProbeParams,
     state: Mutex<State>,
     /// Writes waiting for a slot queue here, first come first served.
     turn: tokio::sync::Mutex<()>,
@@ -129,7 +152,7 @@ pub struct Foreground {
     /// Whether the probe writes too: when it has a namespace of its own, until a write is
     /// refused (no such object, no permission).
     writes: AtomicBool,
-    /// When the probe's last write was answered (`probe_write_every`).
+    /// When the probe's last write was answered ([`PROBE_WRITE_EVERY`]).
     last_write: std::sync::Mutex<Option<std::time::Instant>>,
     metrics: Arc<Metrics>,
 }
@@ -156,6 +179,10 @@ struct State {
     last_look: Instant,
     /// The strictest budget asked for by a migration writing lately.
     strictest: Option<(Budget, Instant)>,
+    /// Other clients' writes, and whether there were none to speak of: the writes then go as
+    /// the write window allows, and the law waits.
+    company: Company,
+    alone: bool,
     seen: Steered,
 }
 
@@ -180,7 +207,6 @@ impl Foreground {
             path: format!("/api/v1/namespaces/{namespace}/configmaps/{PROBE_OBJECT}"),
             last_write: std::sync::Mutex::new(None),
             budget,
-            params,
             state: Mutex::new(State::new(Instant::now(), params)),
             turn: tokio::sync::Mutex::new(()),
             landed: tokio::sync::Notify::new(),
@@ -252,6 +278,8 @@ impl State {
             last_write: None,
             last_look: now,
             strictest: None,
+            company: Company::default(),
+            alone: false,
             seen: Steered { rate: params.start_rate, ..Steered::default() },
         }
     }
@@ -281,11 +309,17 @@ impl State {
         // Only a relative budget needs the baseline: the writes of a fixed one take no quiet
         // window of their own (they wait out one under way).
         let relative = matches!(budget.unwrap_or(default), Budget::Relative(_));
-        if relative && self.next_quiet.is_none_or(|next| now >= next) {
+        if self.next_quiet.is_none() && self.params.alone_below > 0.0 {
+            self.next_quiet = Some(now + FIRST_QUIET_AFTER);
+        }
+        if relative && !self.alone && self.next_quiet.is_none_or(|next| now >= next) {
             (self.quiet_from, self.quiet_until) = (now, now + self.params.quiet_for);
             self.next_quiet = Some(self.quiet_until + self.params.quiet_every);
             self.quiet.clear();
             return (self.quiet_until, false);
+        }
+        if self.alone {
+            return (now, true);
         }
         let slot = self.next_slot.max(now);
         self.next_slot = slot + Duration::from_secs_f64(1.0 / self.steering.rate());
@@ -295,7 +329,7 @@ impl State {
 
     /// Whether one more gentle write may be in flight.
     fn room(&self) -> bool {
-        self.flights.room(self.steering.rate())
+        self.alone || self.flights.room(self.steering.rate())
     }
 
     /// A write admitted before `now` leaves, unless a quiet window began meanwhile.
@@ -371,13 +405,35 @@ impl State {
             .filter(|(at, _)| *at > since)
             .map(|(_, latency)| *latency)
             .collect();
+        let alone = self.company.look(now, self.params.alone_below, ALONE_AFTER);
+        if alone != self.alone {
+            self.alone = alone;
+            self.next_slot = now;
+            let others = self.company.others();
+            match alone {
+                true => info!(?others, "gentle writes alone: as fast as the write window allows"),
+                false => {
+                    // What the probe saw while alone says nothing of the rate now.
+                    self.steering.resume(now);
+                    if self.steering.baseline().is_none() {
+                        self.next_quiet = Some(now);
+                    }
+                    info!(?others, rate = self.steering.rate(), "gentle writes in company");
+                }
+            }
+        }
         // Writes that waited once, long ago, say nothing of the rate now: a rate they no longer
         // wait on must not grow.
-        let change = self.steering.steer(now, &recent, budget, std::mem::take(&mut self.waited));
+        let waited = std::mem::take(&mut self.waited);
+        let change = match alone {
+            true => Change::Held,
+            false => self.steering.steer(now, &recent, budget, waited),
+        };
         let baseline = self.steering.baseline();
         self.seen = Steered {
             rate: self.steering.rate(),
-            why: self.steering.why(),
+            why: if alone { Why::Alone } else { self.steering.why() },
+            others: self.company.others(),
             probe: (!recent.is_empty()).then(|| percentile(&recent, self.params.judged)),
             limit: budget.limit(baseline),
             baseline,
@@ -400,8 +456,10 @@ impl State {
 mod tests {
     use super::*;
 
+    /// The law with the company of other clients taken for granted (`alone_below=0`): the
+    /// first write begins a quiet window.
     fn params() -> ProbeParams {
-        ProbeParams::default()
+        ProbeParams { alone_below: 0.0, ..ProbeParams::default() }
     }
 
     fn state(now: Instant) -> State {
@@ -587,6 +645,54 @@ mod tests {
     }
 
     #[test]
+    fn alone_the_writes_go_at_once_and_in_company_at_the_law_s_rate_again() {
+        let now = Instant::now();
+        let mut state = State::new(now, ProbeParams::default());
+        assert_eq!(state.admit(now, None, Budget::default()), (now, true), "no quiet window yet");
+        let mut revision = 1000;
+        let mut second = |state: &mut State, at: Instant, theirs: u64| {
+            revision += theirs;
+            for _ in 0..300 {
+                revision += 1;
+                state.company.wrote(at, revision);
+            }
+            state.look(at, Budget::default());
+        };
+        let mut at = now;
+        for _ in 0..3 {
+            at += Duration::from_secs(1);
+            second(&mut state, at, 1);
+        }
+        assert_eq!(state.seen.why, Why::Alone);
+        at += FIRST_QUIET_AFTER;
+        for _ in 0..50 {
+            assert_eq!(
+                state.admit(at, None, Budget::default()),
+                (at, true),
+                "no spacing, no pause"
+            );
+        }
+        assert!(state.room(), "and no room held back but the write window's");
+        at += Duration::from_secs(1);
+        // Another client's writes, judged a look later (when kube-svm's answers are all in).
+        second(&mut state, at, 100);
+        at += Duration::from_secs(1);
+        second(&mut state, at, 100);
+        assert_eq!(state.seen.why, Why::Measuring, "another client: the law steers again");
+        assert_eq!(state.seen.rate, params().start_rate);
+        let quiet_until = at + params().quiet_for;
+        assert_eq!(
+            state.admit(at, None, Budget::default()),
+            (quiet_until, false),
+            "a baseline first"
+        );
+        let spacing = Duration::from_secs_f64(1.0 / params().start_rate);
+        assert_eq!(state.admit(quiet_until, None, Budget::default()), (quiet_until, true));
+        let next = state.admit(quiet_until, None, Budget::default());
+        assert_eq!(next, (quiet_until + spacing, true));
+    }
+
+    #[test]
     fn what_it_saw_reads_as_a_sentence() {
         let seen = Steered {
             rate: 24.0,
@@ -596,6 +702,7 @@ mod tests {
             baseline: Some(ms(4)),
             budget: Some(Budget::Relative(3.0)),
             in_flight: 2,
+            others: Some(30.0),
         };
         assert_eq!(
             seen.to_string(),
@@ -611,6 +718,11 @@ mod tests {
         assert_eq!(
             fixed.to_string(),
             "24.0 objects/s (cut: the probe passed its budget); probe p99 7.0ms, budget 25.0ms"
+        );
+        let alone = Steered { why: Why::Alone, others: Some(0.4), in_flight: 0, ..seen };
+        assert_eq!(
+            alone.to_string(),
+            "as fast as the write window allows (alone: no other client writes, 0.4 writes/s by others); probe p99 7.0ms, budget 12.0ms (3x its quiet 4.0ms)"
         );
         let unmeasured = Steered { rate: 20.0, ..Steered::default() };
         assert_eq!(

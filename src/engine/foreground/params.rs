@@ -15,8 +15,6 @@ pub struct ProbeParams {
     pub min_rate: f64,
     /// Time between two probes while gentle writes go, on average (a quiet window probes twice as often).
     pub probe_every: Duration,
-    /// The probe writes its object at most once in this long (it reads otherwise).
-    pub probe_write_every: Duration,
     /// How often the gentle writes pause for a quiet window, in which the probe measures its baseline.
     pub quiet_every: Duration,
     /// How long a quiet window lasts.
@@ -39,6 +37,8 @@ pub struct ProbeParams {
     pub undo_above: f64,
     /// Writes in flight allowed, as a multiple of what the rate keeps in flight on average.
     pub headroom: f64,
+    /// Other clients' writes per second below which, for two looks, a run counts as alone and goes as its write window allows, as `fast` does (0: never).
+    pub alone_below: f64,
 }
 
 impl Default for ProbeParams {
@@ -47,7 +47,6 @@ impl Default for ProbeParams {
             start_rate: 100.0,
             min_rate: 2.0,
             probe_every: Duration::from_millis(50),
-            probe_write_every: Duration::from_secs(1),
             quiet_every: Duration::from_secs(60),
             quiet_for: Duration::from_millis(2500),
             quiet_windows: 3,
@@ -59,6 +58,7 @@ impl Default for ProbeParams {
             room: 0.85,
             undo_above: 0.9,
             headroom: 3.0,
+            alone_below: 5.0,
         }
     }
 }
@@ -68,6 +68,8 @@ enum Kind {
     Rate,
     Millis,
     Count,
+    /// 0 or more.
+    Writes,
     /// Between 0 and 1, both excluded.
     Fraction,
     /// More than 1.
@@ -80,7 +82,6 @@ impl ProbeParams {
         ("start_rate", Kind::Rate),
         ("min_rate", Kind::Rate),
         ("probe_every_ms", Kind::Millis),
-        ("probe_write_every_ms", Kind::Millis),
         ("quiet_every_ms", Kind::Millis),
         ("quiet_for_ms", Kind::Millis),
         ("quiet_windows", Kind::Count),
@@ -92,6 +93,7 @@ impl ProbeParams {
         ("room", Kind::Fraction),
         ("undo_above", Kind::Fraction),
         ("headroom", Kind::Multiple),
+        ("alone_below", Kind::Writes),
     ];
 
     /// The defaults with the `name=value` pairs of `text` (comma-separated) in their place:
@@ -116,6 +118,7 @@ impl ProbeParams {
                 Kind::Rate => number > 0.0,
                 Kind::Millis => number >= 1.0,
                 Kind::Count => number >= 1.0 && number.fract() == 0.0,
+                Kind::Writes => number >= 0.0,
                 Kind::Fraction => number > 0.0 && number < 1.0,
                 Kind::Multiple => number > 1.0,
             };
@@ -124,6 +127,7 @@ impl ProbeParams {
                     Kind::Rate => "more than 0",
                     Kind::Millis => "1 ms or more",
                     Kind::Count => "a whole number, 1 or more",
+                    Kind::Writes => "0 or more",
                     Kind::Fraction => "between 0 and 1",
                     Kind::Multiple => "more than 1",
                 };
@@ -146,7 +150,6 @@ impl ProbeParams {
             "start_rate" => self.start_rate = number,
             "min_rate" => self.min_rate = number,
             "probe_every_ms" => self.probe_every = millis,
-            "probe_write_every_ms" => self.probe_write_every = millis,
             "quiet_every_ms" => self.quiet_every = millis,
             "quiet_for_ms" => self.quiet_for = millis,
             // Checked whole and positive; far past any sensible count saturates.
@@ -159,6 +162,7 @@ impl ProbeParams {
             "room" => self.room = number,
             "undo_above" => self.undo_above = number,
             "headroom" => self.headroom = number,
+            "alone_below" => self.alone_below = number,
             _ => unreachable!("every name of NAMES is set"),
         }
     }
@@ -181,13 +185,12 @@ impl fmt::Display for ProbeParams {
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         write!(
             f,
-            "start_rate={},min_rate={},probe_every_ms={},probe_write_every_ms={},quiet_every_ms={},\
-             quiet_for_ms={},quiet_windows={},judged={},hold_ms={},cut={},first_increase={},\
-             increase={},room={},undo_above={},headroom={}",
+            "start_rate={},min_rate={},probe_every_ms={},quiet_every_ms={},quiet_for_ms={},\
+             quiet_windows={},judged={},hold_ms={},cut={},first_increase={},increase={},room={},\
+             undo_above={},headroom={},alone_below={}",
             self.start_rate,
             self.min_rate,
             ms(self.probe_every),
-            ms(self.probe_write_every),
             ms(self.quiet_every),
             ms(self.quiet_for),
             self.quiet_windows,
@@ -199,6 +202,7 @@ impl fmt::Display for ProbeParams {
             self.room,
             self.undo_above,
             self.headroom,
+            self.alone_below,
         )
     }
 }

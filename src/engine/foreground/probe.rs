@@ -9,16 +9,17 @@ use kube::Client;
 use tokio::time::Instant;
 use tracing::warn;
 
+use super::company::revision;
 use super::steering::Change;
-use super::{Foreground, PROBE_ANNOTATION, PROBE_TIMEOUT};
+use super::{Foreground, PROBE_ANNOTATION, PROBE_TIMEOUT, PROBE_WRITE_EVERY};
 
 impl Foreground {
-    /// Whether the probe may write now: `probe_write_every` since the last write was answered,
+    /// Whether the probe may write now: [`PROBE_WRITE_EVERY`] since the last write was answered,
     /// so that a slow write is followed by reads, not by another write at once.
     fn write_due(&self) -> bool {
         let last = self.last_write.lock().unwrap_or_else(|p| p.into_inner());
         let now = std::time::Instant::now();
-        last.is_none_or(|at| now.duration_since(at) >= self.params.probe_write_every)
+        last.is_none_or(|at| now.duration_since(at) >= PROBE_WRITE_EVERY)
     }
 
     /// A write of the probe was answered (or given up on) now.
@@ -68,14 +69,17 @@ impl Foreground {
             let response = client.send(request.map(kube::client::Body::from)).await.ok()?;
             let code = response.status();
             // The latency a client feels includes reading the answer.
-            response.into_body().collect_bytes().await.ok().map(|_| code)
+            response.into_body().collect_bytes().await.ok().map(|body| (code, body))
         })
         .await;
         if write {
             self.wrote();
         }
         match answered {
-            Ok(Some(code)) => {
+            Ok(Some((code, body))) => {
+                if let Some(revision) = write.then(|| revision(&body)).flatten() {
+                    self.lock().company.wrote(Instant::now(), revision);
+                }
                 // Refused for good (no such object, no permission, an admission webhook that
                 // rejects the annotation): the probe reads only. A 429 is the apiserver's load,
                 // which is what the probe measures.

@@ -57,6 +57,8 @@ pub enum Why {
     NotOurs,
     /// The probe is past its budget and the rate is at its floor.
     AtFloor,
+    /// No other client writes: the write window sets the pace.
+    Alone,
 }
 
 impl fmt::Display for Why {
@@ -72,6 +74,7 @@ impl fmt::Display for Why {
             }
             Why::NotOurs => "held: the probe is past its budget by latency that is not this run's",
             Why::AtFloor => "at its floor: the probe is past its budget",
+            Why::Alone => "alone: no other client writes",
         })
     }
 }
@@ -137,6 +140,13 @@ impl Steering {
     /// The quiet baseline: the judged percentile of the recent quiet windows' probes.
     pub fn baseline(&self) -> Option<Duration> {
         self.baseline
+    }
+
+    /// The law steers again from `now`, on the probes from then on, after a time it did not.
+    pub fn resume(&mut self, now: Instant) {
+        self.changed = now;
+        self.trial = None;
+        self.why = Why::Measuring;
     }
 
     /// Records the probe's latencies in one quiet window.

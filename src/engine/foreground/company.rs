@@ -1,0 +1,184 @@
+//! Whether the gentle writes have the apiserver to themselves: no other client writes.
+//!
+//! Every answer to a write carries etcd's revision after it (its resourceVersion), and that
+//! revision counts every write of every client. Between two looks the highest revision kube-svm's
+//! answers carried moves by kube-svm's own writes and everyone else's, and kube-svm knows its
+//! own. A run with no company is paced by its write window alone, as `fast` is; a client that
+//! starts writing is seen at the next look. Pure: time is passed in.
+//!
+//! A client that only reads is not seen; `alone_below=0` turns this off.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Other clients' writes, as kube-svm's answers show them.
+///
+/// Each look marks the highest revision answered so far, and judges the span between the two
+/// marks before: by then the answers to kube-svm's writes in it have come back, however many
+/// were in flight, so none of them is taken for another client's.
+#[derive(Clone, Debug, Default)]
+pub struct Company {
+    /// The highest revision an answer carried.
+    top: Option<u64>,
+    /// The revisions of kube-svm's writes past the older mark.
+    ours: BTreeSet<u64>,
+    /// The last two looks' marks: when, and the highest revision then, older first.
+    marks: Vec<(Instant, u64)>,
+    /// Other clients' writes per second in the last span judged.
+    others: Option<f64>,
+    /// Since when others have written less than the threshold.
+    quiet_since: Option<Instant>,
+}
+
+impl Company {
+    /// One of kube-svm's writes was answered with `revision` at `now`. The first one makes the
+    /// first mark, so that the looks can tell sooner.
+    pub fn wrote(&mut self, now: Instant, revision: u64) {
+        if self.marks.is_empty() {
+            self.marks.push((now, revision.saturating_sub(1)));
+        }
+        if self.marks.first().is_some_and(|(_, oldest)| revision > *oldest) {
+            self.ours.insert(revision);
+        }
+        self.top = Some(self.top.map_or(revision, |top| top.max(revision)));
+    }
+
+    /// Other clients' writes per second, as last judged.
+    pub fn others(&self) -> Option<f64> {
+        self.others
+    }
+
+    /// A look at `now`: whether others have written fewer than `below` writes per second in
+    /// every span judged for `hold` at least. Unknown (too few answers yet) counts as company.
+    pub fn look(&mut self, now: Instant, below: f64, hold: Duration) -> bool {
+        let Some(top) = self.top else { return false };
+        if let [(from, older), (to, newer)] = self.marks[..] {
+            if newer > older {
+                let ours = self.ours.range(older + 1..=newer).count() as u64;
+                let theirs = (newer - older).saturating_sub(ours);
+                let seconds = to.duration_since(from).as_secs_f64().max(f64::MIN_POSITIVE);
+                self.others = Some(theirs as f64 / seconds);
+            }
+            self.ours = self.ours.split_off(&(newer + 1));
+            self.marks.remove(0);
+        }
+        self.marks.push((now, top));
+        match self.others {
+            Some(others) if others < below => {
+                let since = *self.quiet_since.get_or_insert(now);
+                now.duration_since(since) >= hold
+            }
+            _ => {
+                self.quiet_since = None;
+                false
+            }
+        }
+    }
+}
+
+/// The revision a write's answer carries: its resourceVersion, when it is etcd's (a number).
+pub fn revision(body: &[u8]) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        metadata: Metadata,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Metadata {
+        resource_version: String,
+    }
+    let answer: Answer = serde_json::from_slice(body).ok()?;
+    answer.metadata.resource_version.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOLD: Duration = Duration::from_secs(1);
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    /// Ends one second of 300 writes of kube-svm's and `theirs` of others' at `at`, from
+    /// `revision`, with a look: whether alone.
+    fn second(company: &mut Company, revision: &mut u64, at: Instant, theirs: u64) -> bool {
+        *revision += theirs;
+        for _ in 0..300 {
+            *revision += 1;
+            company.wrote(at, *revision);
+        }
+        company.look(at, 5.0, HOLD)
+    }
+
+    #[test]
+    fn alone_once_others_have_written_less_than_the_threshold_for_a_hold() {
+        let (start, mut company, mut revision) = (Instant::now(), Company::default(), 100);
+        company.wrote(start, revision);
+        assert!(!second(&mut company, &mut revision, start + secs(1), 1), "nothing judged yet");
+        assert_eq!(company.others(), None);
+        assert!(!second(&mut company, &mut revision, start + secs(2), 2), "the first span: 1/s");
+        assert_eq!(company.others(), Some(1.0));
+        assert!(second(&mut company, &mut revision, start + secs(3), 0), "a hold of few writes");
+        assert_eq!(company.others(), Some(2.0));
+    }
+
+    #[test]
+    fn a_client_that_writes_is_company_once_its_span_is_judged() {
+        let (start, mut company, mut revision) = (Instant::now(), Company::default(), 100);
+        company.wrote(start, revision);
+        for n in 1..=3 {
+            second(&mut company, &mut revision, start + secs(n), 0);
+        }
+        assert!(
+            second(&mut company, &mut revision, start + secs(4), 20),
+            "judged: the span before"
+        );
+        assert!(!second(&mut company, &mut revision, start + secs(5), 0), "20 writes/s of another");
+        assert_eq!(company.others(), Some(20.0));
+        assert!(
+            !second(&mut company, &mut revision, start + secs(6), 0),
+            "alone only after a hold"
+        );
+        assert!(second(&mut company, &mut revision, start + secs(7), 0));
+    }
+
+    #[test]
+    fn answers_that_come_back_after_the_look_are_still_counted_as_ours() {
+        let (start, mut company) = (Instant::now(), Company::default());
+        company.wrote(start, 100);
+        // 101 to 105 are ours, 106 and 107 another client's; 104 and 105 are answered only after
+        // the look that marked 108.
+        for revision in [101, 102, 103, 108] {
+            company.wrote(start, revision);
+        }
+        company.look(start + secs(1), 5.0, HOLD);
+        company.wrote(start + secs(1), 104);
+        company.wrote(start + secs(1), 105);
+        company.wrote(start + secs(2), 109);
+        company.look(start + secs(2), 5.0, HOLD);
+        assert_eq!(company.others(), Some(2.0));
+    }
+
+    #[test]
+    fn nothing_seen_is_company_and_a_threshold_of_zero_is_never_alone() {
+        let (start, mut company) = (Instant::now(), Company::default());
+        assert!(!company.look(start, 5.0, Duration::ZERO), "no answer yet");
+        company.wrote(start, 100);
+        company.look(start + secs(1), 5.0, Duration::ZERO);
+        company.wrote(start + secs(1), 101);
+        assert!(company.look(start + secs(2), 5.0, Duration::ZERO));
+        assert!(!company.look(start + secs(3), 0.0, Duration::ZERO));
+    }
+
+    #[test]
+    fn the_revision_is_the_answers_resource_version_when_it_is_a_number() {
+        let written = br#"{"kind":"ConfigMap","metadata":{"name":"a","resourceVersion":"4711"}}"#;
+        assert_eq!(revision(written), Some(4711));
+        assert_eq!(revision(br#"{"metadata":{"resourceVersion":"opaque-1"}}"#), None);
+        assert_eq!(revision(b"not json"), None);
+    }
+}
