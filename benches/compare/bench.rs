@@ -86,7 +86,8 @@ impl Bench {
             "seeded {objects} widgets of about {bytes} bytes in {:.0} s",
             seeding.elapsed().as_secs_f64()
         );
-        let foreground = Foreground::start(&control_plane, config.trace_ms).await;
+        let foreground =
+            Foreground::start(&control_plane, config.foreground, config.trace_ms).await;
         let meter = Meter::new(client.clone(), widgets.group.clone(), control_plane.pids());
         Bench {
             config,
@@ -242,7 +243,7 @@ impl Bench {
         if let Some(controller) = &self.controller {
             let logs = controller.logs();
             let since = logs.get(logged..).unwrap_or_default();
-            let steering = |l: &&str| l.contains("gentle rate") || l.contains("gentle writes wait");
+            let steering = |l: &&str| l.contains("gentle rate") || l.contains("gentle writes");
             for line in since.lines().filter(steering) {
                 println!("  {line}");
             }

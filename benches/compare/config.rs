@@ -43,6 +43,9 @@ pub struct Config {
     /// `BENCH_TRACE_MS`: print each foreground request that took this many ms or more, and each
     /// check of the widgets' watch caches against etcd. Default none.
     pub trace_ms: Option<f64>,
+    /// `BENCH_FOREGROUND`: `off` runs the contenders with no foreground client, each alone on
+    /// the apiserver (no latencies are reported then). Default on.
+    pub foreground: bool,
     /// `BENCH_PACE`: the gentle pace's numbers that kube-svm takes as parameters. Default
     /// kube-svm's own.
     pub pace: PaceTuning,
@@ -87,6 +90,7 @@ impl Config {
                 .map(str::to_owned)
                 .collect(),
             trace_ms,
+            foreground: var("BENCH_FOREGROUND").is_none_or(|value| value != "off"),
             pace: PaceTuning::parse(&var("BENCH_PACE").unwrap_or_default()),
         }
     }

@@ -80,7 +80,13 @@ pub struct Foreground {
 impl Foreground {
     /// Creates the foreground's objects and starts it; with `trace_ms`, each of its requests
     /// that took that long or more is printed.
-    pub async fn start(control_plane: &ControlPlane, trace_ms: Option<f64>) -> Foreground {
+    /// `sending: false` (`BENCH_FOREGROUND=off`) makes its objects but sends nothing: the
+    /// contenders have the apiserver to themselves.
+    pub async fn start(
+        control_plane: &ControlPlane,
+        sending: bool,
+        trace_ms: Option<f64>,
+    ) -> Foreground {
         let admin = control_plane.client().await;
         create_namespace(&admin, FOREGROUND_NAMESPACE).await;
         let objects: Vec<DynamicObject> = [
@@ -107,7 +113,12 @@ impl Foreground {
         let mut config = control_plane.config().await;
         config.auth_info.impersonate =
             Some(format!("system:serviceaccount:{FOREGROUND_NAMESPACE}:{FOREGROUND}"));
-        Foreground::spawn(config, FOREGROUND, FOREGROUND_PERIOD, trace_ms)
+        match sending {
+            true => Foreground::spawn(config, FOREGROUND, FOREGROUND_PERIOD, trace_ms),
+            false => {
+                Foreground { requests: Arc::default(), stop: Arc::default(), thread: None, config }
+            }
+        }
     }
 
     /// A client sending one GET and one merge PATCH of the ConfigMap `name` every `period`.

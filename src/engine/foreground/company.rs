@@ -2,9 +2,11 @@
 //!
 //! Every answer to a write carries etcd's revision after it (its resourceVersion), and that
 //! revision counts every write of every client. Between two looks the highest revision kube-svm's
-//! answers carried moves by kube-svm's own writes and everyone else's, and kube-svm knows its
-//! own. A run with no company is paced by its write window alone, as `fast` is; a client that
-//! starts writing is seen at the next look. Pure: time is passed in.
+//! answers carried moves by kube-svm's own writes (the migrations' and the probe's, which also
+//! writes in the quiet window before the first migration write) and everyone else's, and
+//! kube-svm knows its own. A run with no company is paced by its write window alone, as `fast` is; a client that
+//! starts writing is seen within two looks (one marks the span, the next judges it). Pure: time
+//! is passed in.
 //!
 //! A client that only reads is not seen; `alone_below=0` turns this off.
 
@@ -12,6 +14,10 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+/// A span shorter than this is not marked: a client writing a few times a second may write
+/// nothing in it, and the first look after the first write would judge that write alone.
+const SHORTEST_SPAN: Duration = Duration::from_millis(500);
 
 /// Other clients' writes, as kube-svm's answers show them.
 ///
@@ -28,8 +34,6 @@ pub struct Company {
     marks: Vec<(Instant, u64)>,
     /// Other clients' writes per second in the last span judged.
     others: Option<f64>,
-    /// Since when others have written less than the threshold.
-    quiet_since: Option<Instant>,
 }
 
 impl Company {
@@ -50,10 +54,13 @@ impl Company {
         self.others
     }
 
-    /// A look at `now`: whether others have written fewer than `below` writes per second in
-    /// every span judged for `hold` at least. Unknown (too few answers yet) counts as company.
-    pub fn look(&mut self, now: Instant, below: f64, hold: Duration) -> bool {
+    /// A look at `now`: whether others wrote fewer than `below` writes per second in the last
+    /// span judged. Unknown (too few answers yet) counts as company.
+    pub fn look(&mut self, now: Instant, below: f64) -> bool {
         let Some(top) = self.top else { return false };
+        if self.marks.last().is_some_and(|(at, _)| now.duration_since(*at) < SHORTEST_SPAN) {
+            return self.alone(below);
+        }
         if let [(from, older), (to, newer)] = self.marks[..] {
             if newer > older {
                 let ours = self.ours.range(older + 1..=newer).count() as u64;
@@ -65,16 +72,11 @@ impl Company {
             self.marks.remove(0);
         }
         self.marks.push((now, top));
-        match self.others {
-            Some(others) if others < below => {
-                let since = *self.quiet_since.get_or_insert(now);
-                now.duration_since(since) >= hold
-            }
-            _ => {
-                self.quiet_since = None;
-                false
-            }
-        }
+        self.alone(below)
+    }
+
+    fn alone(&self, below: f64) -> bool {
+        self.others.is_some_and(|others| others < below)
     }
 }
 
@@ -97,8 +99,6 @@ pub fn revision(body: &[u8]) -> Option<u64> {
 mod tests {
     use super::*;
 
-    const HOLD: Duration = Duration::from_secs(1);
-
     fn secs(n: u64) -> Duration {
         Duration::from_secs(n)
     }
@@ -111,18 +111,18 @@ mod tests {
             *revision += 1;
             company.wrote(at, *revision);
         }
-        company.look(at, 5.0, HOLD)
+        company.look(at, 5.0)
     }
 
     #[test]
-    fn alone_once_others_have_written_less_than_the_threshold_for_a_hold() {
+    fn alone_once_a_span_judged_shows_others_wrote_less_than_the_threshold() {
         let (start, mut company, mut revision) = (Instant::now(), Company::default(), 100);
         company.wrote(start, revision);
         assert!(!second(&mut company, &mut revision, start + secs(1), 1), "nothing judged yet");
         assert_eq!(company.others(), None);
-        assert!(!second(&mut company, &mut revision, start + secs(2), 2), "the first span: 1/s");
+        assert!(second(&mut company, &mut revision, start + secs(2), 2), "the first span: 1/s");
         assert_eq!(company.others(), Some(1.0));
-        assert!(second(&mut company, &mut revision, start + secs(3), 0), "a hold of few writes");
+        assert!(second(&mut company, &mut revision, start + secs(3), 0));
         assert_eq!(company.others(), Some(2.0));
     }
 
@@ -139,11 +139,18 @@ mod tests {
         );
         assert!(!second(&mut company, &mut revision, start + secs(5), 0), "20 writes/s of another");
         assert_eq!(company.others(), Some(20.0));
-        assert!(
-            !second(&mut company, &mut revision, start + secs(6), 0),
-            "alone only after a hold"
-        );
-        assert!(second(&mut company, &mut revision, start + secs(7), 0));
+        assert!(second(&mut company, &mut revision, start + secs(6), 0), "alone again");
+    }
+
+    #[test]
+    fn a_look_right_after_the_first_write_judges_nothing() {
+        let (start, mut company) = (Instant::now(), Company::default());
+        company.wrote(start, 100);
+        assert!(!company.look(start + Duration::from_millis(5), 5.0));
+        company.wrote(start + secs(1), 121);
+        assert!(!company.look(start + secs(1), 5.0), "the first span is marked, not judged");
+        assert!(!company.look(start + secs(2), 5.0), "101 to 120: another's, in a second");
+        assert_eq!(company.others(), Some(20.0));
     }
 
     #[test]
@@ -155,23 +162,23 @@ mod tests {
         for revision in [101, 102, 103, 108] {
             company.wrote(start, revision);
         }
-        company.look(start + secs(1), 5.0, HOLD);
+        company.look(start + secs(1), 5.0);
         company.wrote(start + secs(1), 104);
         company.wrote(start + secs(1), 105);
         company.wrote(start + secs(2), 109);
-        company.look(start + secs(2), 5.0, HOLD);
+        company.look(start + secs(2), 5.0);
         assert_eq!(company.others(), Some(2.0));
     }
 
     #[test]
     fn nothing_seen_is_company_and_a_threshold_of_zero_is_never_alone() {
         let (start, mut company) = (Instant::now(), Company::default());
-        assert!(!company.look(start, 5.0, Duration::ZERO), "no answer yet");
+        assert!(!company.look(start, 5.0), "no answer yet");
         company.wrote(start, 100);
-        company.look(start + secs(1), 5.0, Duration::ZERO);
+        company.look(start + secs(1), 5.0);
         company.wrote(start + secs(1), 101);
-        assert!(company.look(start + secs(2), 5.0, Duration::ZERO));
-        assert!(!company.look(start + secs(3), 0.0, Duration::ZERO));
+        assert!(company.look(start + secs(2), 5.0));
+        assert!(!company.look(start + secs(3), 0.0));
     }
 
     #[test]

@@ -60,14 +60,6 @@ const QUIET_SETTLE: Duration = Duration::from_millis(500);
 /// How often the law looks at the probe (it changes the rate at most once a hold).
 const LOOK_EVERY: Duration = Duration::from_secs(1);
 
-/// Others' writes stay below `alone_below` this long, two spans judged, before a run counts as
-/// alone: one span between a client's writes does not make it.
-const ALONE_AFTER: Duration = Duration::from_secs(1);
-
-/// The first quiet window comes this long after the first write, once the looks could tell a
-/// run alone, which takes none; `alone_below=0`: at once.
-const FIRST_QUIET_AFTER: Duration = Duration::from_secs(4);
-
 /// Probe samples kept, at most this old.
 const KEEP: Duration = Duration::from_secs(60);
 
@@ -309,9 +301,6 @@ impl State {
         // Only a relative budget needs the baseline: the writes of a fixed one take no quiet
         // window of their own (they wait out one under way).
         let relative = matches!(budget.unwrap_or(default), Budget::Relative(_));
-        if self.next_quiet.is_none() && self.params.alone_below > 0.0 {
-            self.next_quiet = Some(now + FIRST_QUIET_AFTER);
-        }
         if relative && !self.alone && self.next_quiet.is_none_or(|next| now >= next) {
             (self.quiet_from, self.quiet_until) = (now, now + self.params.quiet_for);
             self.next_quiet = Some(self.quiet_until + self.params.quiet_every);
@@ -405,7 +394,7 @@ impl State {
             .filter(|(at, _)| *at > since)
             .map(|(_, latency)| *latency)
             .collect();
-        let alone = self.company.look(now, self.params.alone_below, ALONE_AFTER);
+        let alone = self.company.look(now, self.params.alone_below);
         if alone != self.alone {
             self.alone = alone;
             self.next_slot = now;
@@ -413,11 +402,10 @@ impl State {
             match alone {
                 true => info!(?others, "gentle writes alone: as fast as the write window allows"),
                 false => {
-                    // What the probe saw while alone says nothing of the rate now.
+                    // What the probe saw while alone says nothing of the rate now, nor of the
+                    // cluster with its new client: a quiet window first.
                     self.steering.resume(now);
-                    if self.steering.baseline().is_none() {
-                        self.next_quiet = Some(now);
-                    }
+                    self.next_quiet = Some(now);
                     info!(?others, rate = self.steering.rate(), "gentle writes in company");
                 }
             }
@@ -456,8 +444,7 @@ impl State {
 mod tests {
     use super::*;
 
-    /// The law with the company of other clients taken for granted (`alone_below=0`): the
-    /// first write begins a quiet window.
+    /// The law with the company of other clients taken for granted (`alone_below=0`).
     fn params() -> ProbeParams {
         ProbeParams { alone_below: 0.0, ..ProbeParams::default() }
     }
@@ -648,23 +635,24 @@ mod tests {
     fn alone_the_writes_go_at_once_and_in_company_at_the_law_s_rate_again() {
         let now = Instant::now();
         let mut state = State::new(now, ProbeParams::default());
-        assert_eq!(state.admit(now, None, Budget::default()), (now, true), "no quiet window yet");
+        let quiet_for = params().quiet_for;
+        assert_eq!(state.admit(now, None, Budget::default()), (now + quiet_for, false));
+        // The probe's writes in the quiet window show what others write, and so do the
+        // migration's after it.
         let mut revision = 1000;
-        let mut second = |state: &mut State, at: Instant, theirs: u64| {
+        let mut second = |state: &mut State, at: Instant, ours: u64, theirs: u64| {
             revision += theirs;
-            for _ in 0..300 {
+            for _ in 0..ours {
                 revision += 1;
                 state.company.wrote(at, revision);
             }
             state.look(at, Budget::default());
         };
-        let mut at = now;
-        for _ in 0..3 {
-            at += Duration::from_secs(1);
-            second(&mut state, at, 1);
-        }
-        assert_eq!(state.seen.why, Why::Alone);
-        at += FIRST_QUIET_AFTER;
+        second(&mut state, now, 1, 0);
+        second(&mut state, now + Duration::from_secs(1), 1, 1);
+        second(&mut state, now + Duration::from_secs(2), 1, 1);
+        assert_eq!(state.seen.why, Why::Alone, "judged in the quiet window");
+        let mut at = now + quiet_for;
         for _ in 0..50 {
             assert_eq!(
                 state.admit(at, None, Budget::default()),
@@ -673,14 +661,13 @@ mod tests {
             );
         }
         assert!(state.room(), "and no room held back but the write window's");
-        at += Duration::from_secs(1);
-        // Another client's writes, judged a look later (when kube-svm's answers are all in).
-        second(&mut state, at, 100);
-        at += Duration::from_secs(1);
-        second(&mut state, at, 100);
+        for _ in 0..2 {
+            at += Duration::from_secs(1);
+            second(&mut state, at, 300, 100);
+        }
         assert_eq!(state.seen.why, Why::Measuring, "another client: the law steers again");
         assert_eq!(state.seen.rate, params().start_rate);
-        let quiet_until = at + params().quiet_for;
+        let quiet_until = at + quiet_for;
         assert_eq!(
             state.admit(at, None, Budget::default()),
             (quiet_until, false),

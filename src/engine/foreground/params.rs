@@ -37,7 +37,7 @@ pub struct ProbeParams {
     pub undo_above: f64,
     /// Writes in flight allowed, as a multiple of what the rate keeps in flight on average.
     pub headroom: f64,
-    /// Other clients' writes per second below which, for two looks, a run counts as alone and goes as its write window allows, as `fast` does (0: never).
+    /// Other clients' writes per second below which (over a second, judged a look later) a run counts as alone and goes as its write window allows, as `fast` does (0: never).
     pub alone_below: f64,
 }
 
