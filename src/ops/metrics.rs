@@ -48,6 +48,8 @@ pub struct Metrics {
     pub probe_budget: Gauge,
     /// Changes of the gentle rate, by `change`: `cut`, `undone` or `grew`.
     pub gentle_changes: IntCounterVec,
+    /// 1 while no other client writes and the gentle writes go as the write window allows.
+    pub gentle_alone: IntGauge,
     build_info: IntGaugeVec,
 }
 
@@ -196,6 +198,11 @@ impl Metrics {
                 "kube_svm_gentle_rate_changes_total",
                 "Changes of the gentle rate, by change: cut (the probe passed its budget), undone (the probe was no faster after a cut: the latency was not kube-svm's) and grew.",
                 &["change"],
+            )?,
+            gentle_alone: gauge(
+                &registry,
+                "kube_svm_gentle_alone",
+                "1 while no other client writes (fewer than alone_below writes a second) and the gentle writes go as the write window allows, as the fast pace does; 0 while the probe's rate steers them.",
             )?,
             build_info: {
                 let metric = IntGaugeVec::new(

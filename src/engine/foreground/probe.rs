@@ -104,6 +104,7 @@ impl Foreground {
         let mut state = self.lock();
         let change = state.record(sent, latency, self.budget);
         self.metrics.gentle_rate.set(state.seen.rate);
+        self.metrics.gentle_alone.set(i64::from(state.seen.why == super::Why::Alone));
         self.metrics.probe_budget.set(state.seen.limit.map_or(0.0, |l| l.as_secs_f64()));
         let counted = match change {
             Some(Change::Cut { .. }) => "cut",
