@@ -250,7 +250,13 @@ async fn an_outage_is_said_once_and_its_end_once() {
 #[tokio::test]
 async fn a_gentle_pace_steered_by_its_probe_says_what_it_sees() {
     let Scenario { control_plane, client } = Scenario::own(&[]).await;
-    let args = ["--foreground-budget=3x", "--checkpoint-interval=0", "--page-size=50"];
+    // The law itself, as beside other clients: alone, the writes would not wait for it.
+    let args = [
+        "--foreground-budget=3x",
+        "--pace-params=alone_below=0",
+        "--checkpoint-interval=0",
+        "--page-size=50",
+    ];
     let (controller, admin) = Admin::controller(&control_plane, &args).await;
     admin.wait_for("/readyz", 200, &controller).await;
 
@@ -283,6 +289,74 @@ async fn a_gentle_pace_steered_by_its_probe_says_what_it_sees() {
     assert!(count.is_some_and(|n| n.parse::<u64>().is_ok()), "the probe wrote: {annotations:?}");
 }
 
+/// Alone on its apiserver (no other client writes), a gentle migration goes as its write window
+/// allows, and says so; a client that starts writing is felt within seconds, and the probe's
+/// rate steers again. Every object is migrated (in etcd) all the same.
+#[tokio::test]
+async fn alone_a_gentle_migration_goes_as_fast_as_it_may_until_a_client_writes() {
+    let Scenario { control_plane, client } = Scenario::own(&[]).await;
+    // A client-side limit of 50 writes a second, so that the run lasts while a client comes.
+    let args = [
+        "--foreground-budget=3x",
+        "--kube-api-qps=50",
+        "--kube-api-burst=50",
+        "--checkpoint-interval=0",
+    ];
+    let (controller, admin) = Admin::controller(&control_plane, &args).await;
+    admin.wait_for("/readyz", 200, &controller).await;
+    let widgets = WidgetCrd::stale(&client, "alone", 2000).await;
+    let other: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let settings: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "another-client" }, "data": { "n": "0" }
+    }))
+    .expect("a ConfigMap");
+    other.create(&PostParams::default(), &settings).await.expect("created");
+
+    create_migration(&client, "alone", &widgets.group, "widgets").await;
+    let gauge = "kube_svm_gentle_alone";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while admin.find(gauge).await != Some(1.0) {
+        let done = has_ended(&client, "alone").await;
+        assert!(Instant::now() < deadline && !done, "never alone:\n{}", controller.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Another client writes, 50 times a second.
+    let writer = tokio::spawn(async move {
+        for n in 1u64.. {
+            let patch = serde_json::json!({ "data": { "n": n.to_string() } });
+            let _ =
+                other.patch("another-client", &PatchParams::default(), &Patch::Merge(&patch)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while admin.find(gauge).await != Some(0.0) {
+        let done = has_ended(&client, "alone").await;
+        assert!(
+            Instant::now() < deadline && !done,
+            "the client was not felt:\n{}",
+            controller.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    writer.abort();
+    let done =
+        wait_for(&client, "alone", Duration::from_secs(180), &[&controller], is_terminal).await;
+    assert!(phase_is(Phase::Succeeded)(&done), "{:?}\n{}", done.status, controller.logs());
+    widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 2000).await;
+    let logs = controller.logs();
+    assert!(
+        logs.contains("gentle writes alone") && logs.contains("gentle writes in company"),
+        "{logs}"
+    );
+}
+
+/// Whether migration `name` has ended.
+async fn has_ended(client: &kube::Client, name: &str) -> bool {
+    let migrations: Api<StorageVersionMigration> = Api::all(client.clone());
+    migrations.get_opt(name).await.ok().flatten().is_some_and(|m| is_terminal(&m))
+}
+
 /// Latency the run does not cause never parks it at its floor: a webhook holds the probe's
 /// writes (as another client's load would slow them) from its first on, the rate is cut, the
 /// probe is no faster for it, and the cut is undone. The rate stays above its floor, and every
@@ -290,10 +364,11 @@ async fn a_gentle_pace_steered_by_its_probe_says_what_it_sees() {
 #[tokio::test]
 async fn a_cut_that_does_not_make_the_probe_faster_is_undone() {
     let Scenario { control_plane, client } = Scenario::own(&[]).await;
-    // A slow start, so that the run lasts past a cut and its judgment.
+    // A slow start, so that the run lasts past a cut and its judgment; the law itself, as
+    // beside other clients (alone, the writes would not wait for it).
     let args = [
         "--foreground-budget=25ms",
-        "--pace-params=start_rate=10",
+        "--pace-params=start_rate=10,alone_below=0",
         "--checkpoint-interval=0",
         "--page-size=50",
     ];
