@@ -7,7 +7,9 @@
 //! writes pass through [`Foreground::admit`], which spaces them at the rate the law in
 //! `steering` allows and now and then holds them all back for a quiet window, in which the probe
 //! measures its baseline; no more of them are in flight than the rate needs (`flights`), so a
-//! stall of the apiserver queues few of them. Every number is a field of [`ProbeParams`]. One
+//! stall of the apiserver queues few of them. While no other client writes (`company`: the
+//! revisions the answers carry), the gentle writes go as the write window allows, as `fast`
+//! does, and the law waits. Every number is a field of [`ProbeParams`]. One
 //! `Foreground` serves every gentle migration of the process: they share the rate, so two
 //! migrations at once press the apiserver no harder than one.
 
