@@ -564,7 +564,8 @@ async fn each_power_a_migration_asks_for_takes_a_verb_of_its_own() {
 /// The chart's write policy narrows the RBAC kube-svm needs (every resource and, with it, every
 /// subresource) to writing objects back as they are. As the chart's ServiceAccount, a patch that
 /// changes a ConfigMap's data, a Deployment's spec or a label is refused, and so are an ephemeral
-/// container, a scale, a proxied request and a status write that changes the status; the no-op
+/// container, a scale, a proxied request, a status write that changes the status and a narrowed
+/// ClusterRole, and exec, attach and a token (verbs its role lacks); the no-op
 /// writes a migration sends, to an object and to its status, pass; and the controller, running
 /// under the policy (the chart's default), migrates a resource.
 #[tokio::test]
@@ -643,6 +644,45 @@ async fn kube_svm_may_write_objects_back_only_as_they_are() {
         let (code, message) = patch(path.clone(), body).await;
         assert_eq!(code, 403, "{path} was let through: {message}");
         assert!(message.contains("kube-svm"), "{path}: {message}");
+    }
+    // A change to an RBAC object is a change like any other: narrowing someone's role needs
+    // no escalation, only the policy refuses it.
+    let role: k8s_openapi::api::rbac::v1::ClusterRole = from(json!({
+        "metadata": { "name": "someone-else" },
+        "rules": [{ "apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"] }] }));
+    Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(client.clone())
+        .create(&created, &role)
+        .await
+        .expect("created");
+    let role = "/apis/rbac.authorization.k8s.io/v1/clusterroles/someone-else".to_owned();
+    let (code, message) = patch(role, json!({ "rules": [] })).await;
+    assert_eq!(code, 403, "kube-svm emptied someone's ClusterRole: {message}");
+    assert!(message.contains("kube-svm"), "{message}");
+    // Exec, attach and tokens take verbs kube-svm's role does not grant (and a connect is
+    // refused by the policy too).
+    let post = |path: String, body: serde_json::Value| {
+        let kube_svm = kube_svm.clone();
+        async move {
+            let request = http::Request::post(&path)
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(serde_json::to_vec(&body).expect("JSON"))
+                .expect("a request");
+            match kube_svm.request_text(request).await {
+                Ok(_) => (200, String::new()),
+                Err(kube::Error::Api(status)) => (status.code, status.message),
+                Err(error) => panic!("{path}: {error}"),
+            }
+        }
+    };
+    let token = json!({ "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                        "spec": { "audiences": ["api"] } });
+    for (path, body) in [
+        (format!("{pod}/exec?command=sh&stdin=true&stdout=true"), json!({})),
+        (format!("{pod}/attach?stdin=true&stdout=true"), json!({})),
+        ("/api/v1/namespaces/default/serviceaccounts/default/token".to_owned(), token),
+    ] {
+        let (code, message) = post(path.clone(), body).await;
+        assert_eq!(code, 403, "{path} was let through: {message}");
     }
     let kept = settings.get("settings").await.expect("read");
     assert_eq!(kept.data.and_then(|d| d.get("mode").cloned()).as_deref(), Some("safe"));
