@@ -608,12 +608,17 @@ async fn kube_svm_may_write_objects_back_only_as_they_are() {
         .await
         .expect("created");
 
-    // A raw merge patch as kube-svm, and the apiserver's answer: its status code, or 200.
-    let patch = |path: String, body: serde_json::Value| {
+    // A raw request as kube-svm, a merge patch or a POST of JSON, and the apiserver's answer:
+    // its status code, or 200.
+    let send = |post: bool, path: String, body: serde_json::Value| {
         let kube_svm = kube_svm.clone();
         async move {
-            let request = http::Request::patch(&path)
-                .header(http::header::CONTENT_TYPE, "application/merge-patch+json")
+            let (request, content_type) = match post {
+                true => (http::Request::post(&path), "application/json"),
+                false => (http::Request::patch(&path), "application/merge-patch+json"),
+            };
+            let request = request
+                .header(http::header::CONTENT_TYPE, content_type)
                 .body(serde_json::to_vec(&body).expect("JSON"))
                 .expect("a request");
             match kube_svm.request_text(request).await {
@@ -623,6 +628,7 @@ async fn kube_svm_may_write_objects_back_only_as_they_are() {
             }
         }
     };
+    let patch = |path: String, body: serde_json::Value| send(false, path, body);
     let configmap = "/api/v1/namespaces/default/configmaps/settings".to_owned();
     let deployment = "/apis/apps/v1/namespaces/default/deployments/web".to_owned();
     let pod = "/api/v1/namespaces/default/pods/app".to_owned();
@@ -660,20 +666,7 @@ async fn kube_svm_may_write_objects_back_only_as_they_are() {
     assert!(message.contains("kube-svm"), "{message}");
     // Exec, attach and tokens take verbs kube-svm's role does not grant (and a connect is
     // refused by the policy too).
-    let post = |path: String, body: serde_json::Value| {
-        let kube_svm = kube_svm.clone();
-        async move {
-            let request = http::Request::post(&path)
-                .header(http::header::CONTENT_TYPE, "application/json")
-                .body(serde_json::to_vec(&body).expect("JSON"))
-                .expect("a request");
-            match kube_svm.request_text(request).await {
-                Ok(_) => (200, String::new()),
-                Err(kube::Error::Api(status)) => (status.code, status.message),
-                Err(error) => panic!("{path}: {error}"),
-            }
-        }
-    };
+    let post = |path: String, body: serde_json::Value| send(true, path, body);
     let token = json!({ "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
                         "spec": { "audiences": ["api"] } });
     for (path, body) in [
