@@ -811,21 +811,45 @@ current-context: test
     )
 }
 
+/// Records a server in `<dir>/pids` for the watchdog: its pid and its start time. A pid alone
+/// is not a process: once the server exits, the kernel hands its pid to the next process that
+/// starts (within a test run on a machine with 32,768 pids), and the watchdog must not kill that
+/// one. The child is not yet reaped, so the start time read here is the server's.
 pub(super) fn record_pid(dir: &Path, child: &Child) -> std::io::Result<()> {
     use std::io::Write;
+    let start = start_time(child.id())?;
     let mut pids = fs::OpenOptions::new().create(true).append(true).open(dir.join("pids"))?;
-    writeln!(pids, "{}", child.id())
+    writeln!(pids, "{} {start}", child.id())
+}
+
+/// Field 22 of `/proc/<pid>/stat`, the process's start time in clock ticks since boot. Fields
+/// are counted after the command name, which is in parentheses and may hold spaces.
+fn start_time(pid: u32) -> std::io::Result<String> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after_name = stat.rsplit_once(") ").map(|(_, rest)| rest).unwrap_or_default();
+    after_name.split_whitespace().nth(19).map(str::to_owned).ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, format!("/proc/{pid}/stat: {stat}"))
+    })
 }
 
 /// Starts a detached shell that waits for this test binary to exit, then kills every server
-/// recorded in `<dir>/pids` and removes `dir` unless a test marked it to be kept.
+/// recorded in `<dir>/pids` that is still running (same pid, same start time), and removes `dir`
+/// unless a test marked it to be kept.
 pub(super) fn spawn_watchdog(dir: &Path) -> std::io::Result<()> {
     let script = r#"
-        while kill -0 "$1" 2>/dev/null; do sleep 1; done
-        [ -f "$2/pids" ] && xargs -r kill -TERM <"$2/pids" 2>/dev/null
+        ours() {
+            [ -f "$dir/pids" ] || return 0
+            while read -r pid start; do
+                now=$(awk '{ sub(/.*\) /, ""); print $20 }' "/proc/$pid/stat" 2>/dev/null)
+                [ "$now" = "$start" ] && echo "$pid"
+            done <"$dir/pids"
+        }
+        parent=$1 dir=$2
+        while kill -0 "$parent" 2>/dev/null; do sleep 1; done
+        ours | xargs -r kill -TERM 2>/dev/null
         sleep 3
-        [ -f "$2/pids" ] && xargs -r kill -KILL <"$2/pids" 2>/dev/null
-        [ -f "$2/KEEP" ] || rm -rf "$2"
+        ours | xargs -r kill -KILL 2>/dev/null
+        [ -f "$dir/KEEP" ] || rm -rf "$dir"
     "#;
     Command::new("setsid")
         .args(["sh", "-c", script, "watchdog"])
