@@ -25,6 +25,11 @@ pub struct Config {
     /// comma-separated (`3x`, `25ms`, `off`; `in-tree` is the in-tree migrator's foreground p99
     /// in the run, `in-tree-relative` that p99 over the idle one). Default `in-tree,off`.
     pub foreground_budgets: Vec<String>,
+    /// `BENCH_PACE_VARIANTS`: one more `kube-svm-controller-probe` per entry, `;`-separated, each
+    /// the `--pace-params` it runs with (`alone_below=0`, `headroom=100,undo_above=0.5`) on top of
+    /// `BENCH_PACE`'s, at `BENCH_PACE`'s budget: a mechanism measured with and without it in one
+    /// run. Default none.
+    pub pace_variants: Vec<String>,
     /// `BENCH_BEFORE_BINARY`: another kube-svm build, whose defaults run first, alone and with
     /// the burst (`kube-svm-before`, `kube-svm-before-burst`). Default none.
     pub before_binary: Option<PathBuf>,
@@ -78,6 +83,16 @@ impl Config {
                 .filter(|b| !b.is_empty())
                 .map(str::to_owned)
                 .collect(),
+            pace_variants: var("BENCH_PACE_VARIANTS")
+                .unwrap_or_default()
+                .split(';')
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(|variant| match ProbeParams::parse(variant) {
+                    Ok(_) => variant.to_owned(),
+                    Err(error) => panic!("BENCH_PACE_VARIANTS: {variant}: {error}"),
+                })
+                .collect(),
             before_binary: std::env::var_os("BENCH_BEFORE_BINARY").map(PathBuf::from),
             sweep: Sweep::parse(&var("BENCH_SWEEP").unwrap_or_default()),
             report: var("BENCH_REPORT")
@@ -107,12 +122,19 @@ impl Config {
     /// The arguments of a `kube-svm controller` the bench starts, its gentle pace steered by
     /// `budget` (`--foreground-budget`).
     pub fn controller_args(&self, budget: &str) -> Vec<String> {
+        self.variant_args(budget, None)
+    }
+
+    /// [`Config::controller_args`], with the `--pace-params` of `variant` after `BENCH_PACE`'s
+    /// (the later of two values of a name is the one taken).
+    pub fn variant_args(&self, budget: &str, variant: Option<&str>) -> Vec<String> {
         let mut args = Vec::from(
             ["controller", "--leader-elect=false", "--crd-trigger=false"].map(String::from),
         );
         args.push(format!("--foreground-budget={budget}"));
-        if let Some(params) = &self.pace.params {
-            args.push(format!("--pace-params={params}"));
+        let params: Vec<&str> = self.pace.params.as_deref().into_iter().chain(variant).collect();
+        if !params.is_empty() {
+            args.push(format!("--pace-params={}", params.join(",")));
         }
         if let Some(writes) = self.pace.writes_in_flight {
             args.push(format!("--writes-in-flight={writes}"));

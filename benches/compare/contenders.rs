@@ -121,6 +121,7 @@ pub async fn controller_defaults(bench: &mut Bench) {
 /// this run, in ms; `in-tree-relative` the same p99 as a multiple of the foreground's idle p99
 /// (the same harm, judged on the probe's own idle tail, which is not the foreground client's);
 /// either runs the in-tree migrator first. `off` is the pace by kube-svm's own write latency.
+/// Then one per entry of `BENCH_PACE_VARIANTS`, at `BENCH_PACE`'s budget with its parameters.
 /// The controller at its defaults comes back after them.
 pub async fn in_tree_and_budgets(bench: &mut Bench) {
     let budgets = bench.config.foreground_budgets.clone();
@@ -153,6 +154,17 @@ pub async fn in_tree_and_budgets(bench: &mut Bench) {
                 _ => format!("gentle, steered by its probe: {flag}, end to end"),
             };
             let contender = format!("kube-svm-controller-probe {budget}");
+            bench
+                .measure(&contender, &note, true, SETTLE, |ctx| kube_svm_controller(ctx, None))
+                .await;
+            bench.stop_controller();
+        }
+        let budget = bench.config.pace.budget.clone();
+        for variant in bench.config.pace_variants.clone() {
+            let args = bench.config.variant_args(&budget, Some(&variant));
+            bench.start_controller("bench-probe", &args).await;
+            let note = format!("gentle at --foreground-budget={budget}, --pace-params={variant}");
+            let contender = format!("kube-svm-controller-probe {budget} {variant}");
             bench
                 .measure(&contender, &note, true, SETTLE, |ctx| kube_svm_controller(ctx, None))
                 .await;
