@@ -27,8 +27,9 @@ use kube::api::PostParams;
 use tokio::time::Instant;
 use tracing::warn;
 
+use super::request::{Access, Attempts, Next};
 use super::retry::Retry;
-use super::{Attempts, Engine, Next, Resource, RunState};
+use super::{Engine, RunState};
 
 /// How long a review's answer is reused.
 const REVIEW_TTL: Duration = Duration::from_secs(5);
@@ -36,15 +37,6 @@ const REVIEW_TTL: Duration = Duration::from_secs(5);
 /// Times a request denied by an authorizer that cannot say why is tried again: with the
 /// engine's backoff (doubling from 0.2 s, at most 10 s), about a minute.
 const STARTING_ATTEMPTS: u32 = 10;
-
-/// What a denied request asked to do.
-pub(super) struct Access<'a> {
-    pub resource: &'a Resource,
-    pub verb: &'static str,
-    /// Empty for a cluster-wide request.
-    pub namespace: &'a str,
-    pub subresource: Option<&'static str>,
-}
 
 /// Recent reviews of one run, by verb, subresource and namespace: when, and whether allowed.
 #[derive(Default)]

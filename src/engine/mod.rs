@@ -8,6 +8,7 @@
 //! - `pipeline`: one run: pages read ahead, writes as one stream across pages, progress folded in
 //!   list order;
 //! - [`resource`]: discovery lookup and request paths;
+//! - `request`: every request of a run in one loop, with what is done when one fails;
 //! - `pager`: metadata-only paginated lists, 410 handling;
 //! - `report`: what a run reports: its [`Progress`], how it [`Finished`], the [`Error`] that stopped it;
 //! - `writer`: the minimal conditional write and its outcome;
@@ -40,15 +41,12 @@ use std::time::Duration;
 
 use kube::Client;
 use tokio::time::Instant;
-use tracing::warn;
 
 use crate::api::{Budget, Pace};
 use crate::apiserver::fence::Fence;
 use crate::ops::metrics::{self, Metrics, results};
 use crate::rules::managed_fields::Served;
-use denial::Access;
-use outage::{Availability, Verdict};
-use request::Failure;
+use outage::Availability;
 pub use request::NoReply;
 
 use crate::api::FailedObject;
@@ -211,16 +209,6 @@ impl RunState {
     }
 }
 
-/// What to do after a failed request.
-enum Next {
-    /// Send it again (any backoff has been waited out).
-    Retry,
-    /// The failure is final for this request.
-    GiveUp,
-    /// The apiserver stayed down past the run's outage budget.
-    Unavailable { waited: Duration },
-}
-
 /// Runs migrations. Cheap to clone; clones share the rate limiter.
 #[derive(Clone)]
 pub struct Engine {
@@ -331,64 +319,6 @@ impl Engine {
         &self.metrics
     }
 
-    /// What to do after a request sent at `sent` failed: an apiserver outage is waited out and
-    /// not counted; other failures count in `attempts` and are retried after a backoff until
-    /// the throttled or the other failures reach their limit (`other_limit`).
-    async fn after_failure(
-        &self,
-        run: &RunState,
-        request: &Access<'_>,
-        sent: Instant,
-        failed: &Failure,
-        attempts: &mut Attempts,
-        other_limit: u32,
-    ) -> Next {
-        // No answer, or a server error: maybe the apiserver is down, not the request at fault.
-        let outage_like = failed.code().is_none_or(|code| code >= 500);
-        if failed.code() == Some(403) {
-            return self.after_denial(run, request, attempts, other_limit).await;
-        }
-        if outage_like {
-            match self.judge_failure(run, sent).await {
-                Verdict::Excuse => return Next::Retry,
-                Verdict::GaveUp { waited } => {
-                    warn!(?waited, "the apiserver stayed unavailable; giving up");
-                    return Next::Unavailable { waited };
-                }
-                Verdict::Charge => {}
-            }
-        }
-        match self.retry_decision(failed, attempts, other_limit) {
-            Retry::After(wait) => {
-                tokio::time::sleep(wait).await;
-                Next::Retry
-            }
-            Retry::Never => Next::GiveUp,
-        }
-    }
-
-    /// The retry decision after a failure, counting it in `attempts`; gives up once the
-    /// throttled or the other failures reach their limit (`other_limit`).
-    fn retry_decision(&self, failed: &Failure, attempts: &mut Attempts, other_limit: u32) -> Retry {
-        let (count, limit) = match failed.code() {
-            Some(crate::apiserver::answers::TOO_MANY_REQUESTS) => {
-                (&mut attempts.throttled, self.settings.throttled_attempts)
-            }
-            _ => (&mut attempts.other, other_limit),
-        };
-        *count += 1;
-        let first_failure = *attempts.first_failure.get_or_insert_with(Instant::now);
-        let (code, retry_after) = (failed.code(), failed.retry_after());
-        let passing = code.is_none_or(crate::apiserver::answers::is_transient_code)
-            && first_failure.elapsed() < self.settings.retry_for;
-        if *count >= limit && !passing {
-            return Retry::Never;
-        }
-        self.settings.backoff.decide(code, retry_after, *count, fastrand::f64())
-    }
-}
-
-impl Engine {
     /// Adds a page's outcomes to the metrics.
     fn observe_page(&self, resource: &Resource, before: &Progress, after: &Progress) {
         let label = metrics::resource_label(&resource.group, &resource.version, &resource.plural);
@@ -407,15 +337,4 @@ impl Engine {
         let remaining = i64::try_from(after.remaining.unwrap_or(0)).unwrap_or(i64::MAX);
         metrics.remaining_objects.with_label_values(&[&label]).set(remaining);
     }
-}
-
-/// Failed attempts of one request so far.
-#[derive(Default)]
-struct Attempts {
-    throttled: u32,
-    other: u32,
-    /// Failures not counted: the apiserver was still starting.
-    excused: u32,
-    /// When the first failure was, counted or not.
-    first_failure: Option<Instant>,
 }

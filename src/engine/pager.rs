@@ -5,12 +5,10 @@ use std::sync::atomic::Ordering;
 use kube::api::ListParams;
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
-use tokio::time::Instant;
 use tracing::warn;
 
-use super::denial::Access;
-use super::request::{NoReply, Reply};
-use super::{Attempts, Engine, Error, Failure, Next, Resource, RunState};
+use super::request::{Access, Exchange, Failure, Reply, Settle, Unsettled};
+use super::{Engine, Error, Resource, RunState};
 use crate::rules::managed_fields::Served;
 
 /// What a write needs of a listed object.
@@ -101,72 +99,90 @@ impl Engine {
         continue_token: Option<&str>,
         run: &RunState,
     ) -> Result<Page, Error> {
-        let mut token = continue_token.map(str::to_owned);
-        let mut attempts = Attempts::default();
-        loop {
-            let mut params = ListParams::default().limit(self.settings.page_size);
-            if let Some(token) = &token {
-                params = params.continue_token(token);
-            }
-            let request = kube::core::Request::new(resource.collection_path())
-                .list_metadata(&params)
-                .map_err(|source| Error::BuildRequest(resource.to_string(), source))?;
-            let sent = Instant::now();
-            let failed = match self.send(request, run).await {
-                Ok(reply) if reply.is_success() => {
-                    return parse_page(resource, &reply, run.cleaning.as_ref());
-                }
-                Ok(reply) if reply.code == 410 => {
-                    token = Some(expired(resource, &reply)?);
-                    run.expired_tokens.fetch_add(1, Ordering::Relaxed);
-                    // Bounded like any other failure: a token that expires again and again ends
-                    // the migration rather than looping.
-                    attempts.other += 1;
-                    if attempts.other >= self.settings.list_attempts {
-                        return Err(Error::ListExpired(resource.to_string()));
-                    }
-                    continue;
-                }
-                // The collection itself is not found: the version or the CRD is gone.
-                Ok(reply) if reply.code == 404 => {
-                    return Err(Error::NotServed {
-                        resource: resource.to_string(),
-                        api_version: resource.api_version(),
-                        message: reply.status().message,
-                    });
-                }
-                Ok(reply) => Failure::Answer(reply),
-                Err(NoReply::Fenced) => return Err(Error::Fenced),
-                Err(error) => Failure::NoAnswer(error),
-            };
-            let access = Access { resource, verb: "list", namespace: "", subresource: None };
-            let limit = self.settings.list_attempts;
-            match self.after_failure(run, &access, sent, &failed, &mut attempts, limit).await {
-                Next::Retry => {}
-                Next::Unavailable { waited } => {
-                    return Err(Error::ApiserverUnavailable {
-                        resource: resource.to_string(),
-                        waited_seconds: waited.as_secs(),
-                    });
-                }
-                Next::GiveUp => {
-                    return Err(match failed {
-                        Failure::NoAnswer(error) => {
-                            Error::ListTransport(resource.to_string(), error)
-                        }
-                        Failure::Answer(reply) => {
-                            let status = reply.status();
-                            Error::List {
-                                resource: resource.to_string(),
-                                code: reply.code,
-                                reason: status.reason,
-                                message: status.message,
-                            }
-                        }
-                    });
-                }
-            }
+        let mut exchange = PageRequest {
+            resource,
+            token: continue_token.map(str::to_owned),
+            page_size: self.settings.page_size,
+            attempts: self.settings.list_attempts,
+            run,
+        };
+        self.request(run, &mut exchange).await
+    }
+}
+
+/// A page of a resource's list, from its continue token.
+struct PageRequest<'a> {
+    resource: &'a Resource,
+    token: Option<String>,
+    page_size: u32,
+    attempts: u32,
+    run: &'a RunState,
+}
+
+impl Exchange for PageRequest<'_> {
+    type Settled = Page;
+    type Error = Error;
+
+    fn access(&self) -> Access<'_> {
+        Access { resource: self.resource, verb: "list", namespace: "", subresource: None }
+    }
+
+    fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    fn build(&self) -> Result<http::Request<Vec<u8>>, String> {
+        let mut params = ListParams::default().limit(self.page_size);
+        if let Some(token) = &self.token {
+            params = params.continue_token(token);
         }
+        kube::core::Request::new(self.resource.collection_path())
+            .list_metadata(&params)
+            .map_err(|error| error.to_string())
+    }
+
+    async fn settle(&mut self, reply: Reply, _failed: u32) -> Result<Settle<Page>, Error> {
+        let resource = self.resource;
+        match reply.code {
+            200..300 => parse_page(resource, &reply, self.run.cleaning.as_ref()).map(Settle::Done),
+            410 => {
+                self.token = Some(expired(resource, &reply)?);
+                self.run.expired_tokens.fetch_add(1, Ordering::Relaxed);
+                Ok(Settle::Again(reply))
+            }
+            // The collection itself is not found: the version or the CRD is gone.
+            404 => Err(Error::NotServed {
+                resource: resource.to_string(),
+                api_version: resource.api_version(),
+                message: reply.status().message,
+            }),
+            _ => Ok(Settle::Failed(reply)),
+        }
+    }
+
+    fn unsettled(&self, why: Unsettled) -> Result<Page, Error> {
+        let resource = self.resource.to_string();
+        Err(match why {
+            Unsettled::Unbuilt(message) => Error::BuildRequest(resource, message),
+            Unsettled::Fenced => Error::Fenced,
+            Unsettled::Unavailable(waited) => {
+                Error::ApiserverUnavailable { resource, waited_seconds: waited.as_secs() }
+            }
+            Unsettled::GaveUp(Failure::NoAnswer(error)) => Error::ListTransport(resource, error),
+            // A token that expires again and again.
+            Unsettled::GaveUp(Failure::Answer(reply)) if reply.code == 410 => {
+                Error::ListExpired(resource)
+            }
+            Unsettled::GaveUp(Failure::Answer(reply)) => {
+                let status = reply.status();
+                Error::List {
+                    resource,
+                    code: reply.code,
+                    reason: status.reason,
+                    message: status.message,
+                }
+            }
+        })
     }
 }
 

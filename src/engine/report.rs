@@ -62,8 +62,8 @@ pub enum Finished {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A list request for the resource could not be built.
-    #[error("failed to build a request for {0}")]
-    BuildRequest(String, #[source] kube::core::request::Error),
+    #[error("failed to build a request for {0}: {1}")]
+    BuildRequest(String, String),
     /// The apiserver refused a list request, for good or after every attempt.
     #[error("failed to list {resource}: HTTP {code} {reason}: {message}")]
     List {

@@ -1,15 +1,90 @@
-//! Sending one request: rate-limited, within a deadline, inside the leader's term, with the raw
-//! status, headers and body kept, because migration decisions need what `kube::Api` hides
-//! (`Retry-After`, the details of a 404, the 410 Status's continue token).
+//! Every request of a run, in one loop: [`Engine::request`] sends what an [`Exchange`] builds,
+//! rate-limited, within a deadline, inside the leader's term, with the raw status, headers and
+//! body kept, because migration decisions need what `kube::Api` hides (`Retry-After`, the
+//! details of a 404, the 410 Status's continue token). The exchange says what an answer means;
+//! what is done about a failure (an outage waited out, a denial reviewed, throttling and server
+//! errors retried after a backoff, the attempts counted) is decided here, the same for a page,
+//! a write and a read again.
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::header::RETRY_AFTER;
 use kube::client::Body;
 use serde::Deserialize;
+use tokio::time::Instant;
+use tracing::{debug, warn};
 
-use super::{Engine, RunState};
+use super::foreground::Flight;
+use super::outage::Verdict;
+use super::retry::Retry;
+use super::window::Signal;
+use super::{Engine, Resource, RunState};
+
+/// What a request asks to do, for the review of a denial.
+pub(super) struct Access<'a> {
+    pub resource: &'a Resource,
+    pub verb: &'static str,
+    /// Empty for a cluster-wide request.
+    pub namespace: &'a str,
+    pub subresource: Option<&'static str>,
+}
+
+/// One request as a run sends it, attempt after attempt: what to send, and what its answer
+/// means, in the caller's terms.
+pub(super) trait Exchange {
+    /// What a settled request gives.
+    type Settled;
+    /// Why the caller stops the run.
+    type Error;
+    /// Who asks what, for the review of a denial.
+    fn access(&self) -> Access<'_>;
+    /// Failed attempts, throttling and outages aside, before the request gives up.
+    fn attempts(&self) -> u32;
+    /// The request to send, built anew for each attempt; why it cannot be built.
+    fn build(&self) -> Result<http::Request<Vec<u8>>, String>;
+    /// A write, paced: admitted by the run's pace and sent within its write window, its answer
+    /// told to both. `Some` holds the object's revision as listed, to tell a write that moved
+    /// it from one that changed nothing.
+    fn paced(&self) -> Option<Option<u64>> {
+        None
+    }
+    /// What an answer means; `failed` attempts came before it.
+    async fn settle(
+        &mut self,
+        reply: Reply,
+        failed: u32,
+    ) -> Result<Settle<Self::Settled>, Self::Error>;
+    /// A failed attempt was counted against the request (`first`: its first).
+    fn charged(&mut self, _failure: &Failure, _first: bool) -> Result<(), Self::Error> {
+        Ok(())
+    }
+    /// The request ended without a settled answer: what that comes to for the caller.
+    fn unsettled(&self, why: Unsettled) -> Result<Self::Settled, Self::Error>;
+}
+
+/// What an answer means to the exchange that asked.
+pub(super) enum Settle<T> {
+    /// The request is done.
+    Done(T),
+    /// Send again at once, built anew: the exchange changed what it asks (a list's expired
+    /// continue token goes on from the one handed out). Counted as a failed attempt.
+    Again(Reply),
+    /// A failure, for the run's policy to judge.
+    Failed(Reply),
+}
+
+/// Why a request ended without a settled answer.
+pub(super) enum Unsettled {
+    /// The request could not be built.
+    Unbuilt(String),
+    /// The leader's term is over: not sent.
+    Fenced,
+    /// The apiserver stayed down past the run's outage budget.
+    Unavailable(Duration),
+    /// Every attempt failed; the last failure.
+    GaveUp(Failure),
+}
 
 /// An HTTP answer from the apiserver.
 pub struct Reply {
@@ -140,7 +215,170 @@ impl VerbMetrics {
     }
 }
 
+/// What to do after a failed request.
+pub(super) enum Next {
+    /// Send it again (any backoff has been waited out).
+    Retry,
+    /// The failure is final for this request.
+    GiveUp,
+    /// The apiserver stayed down past the run's outage budget.
+    Unavailable { waited: Duration },
+}
+
+/// Failed attempts of one request so far.
+#[derive(Default)]
+pub(super) struct Attempts {
+    pub throttled: u32,
+    pub other: u32,
+    /// Failures not counted: the apiserver was still starting.
+    pub excused: u32,
+    /// When the first failure was, counted or not.
+    pub first_failure: Option<Instant>,
+}
+
 impl Engine {
+    /// Sends what `exchange` builds until it settles, or until the run's policy gives up on it.
+    pub(super) async fn request<X: Exchange>(
+        &self,
+        run: &RunState,
+        exchange: &mut X,
+    ) -> Result<X::Settled, X::Error> {
+        let mut attempts = Attempts::default();
+        loop {
+            let request = match exchange.build() {
+                Ok(request) => request,
+                Err(message) => return exchange.unsettled(Unsettled::Unbuilt(message)),
+            };
+            let (sent, result) = match exchange.paced() {
+                Some(listed) => self.send_paced(request, run, listed).await,
+                None => (Instant::now(), self.send(request, run).await),
+            };
+            let failed = match result {
+                Ok(reply) => match exchange.settle(reply, attempts.other).await? {
+                    Settle::Done(settled) => return Ok(settled),
+                    Settle::Again(reply) => {
+                        // Bounded like any other failure: an answer that asks again and again
+                        // ends the request rather than looping.
+                        attempts.other += 1;
+                        if attempts.other >= exchange.attempts() {
+                            let failed = Failure::Answer(reply);
+                            return exchange.unsettled(Unsettled::GaveUp(failed));
+                        }
+                        continue;
+                    }
+                    Settle::Failed(reply) => Failure::Answer(reply),
+                },
+                Err(NoReply::Fenced) => return exchange.unsettled(Unsettled::Fenced),
+                Err(error) => {
+                    let access = exchange.access();
+                    debug!(resource = %access.resource, verb = access.verb, %error, "request failed");
+                    Failure::NoAnswer(error)
+                }
+            };
+            let counted_before = attempts.other;
+            let limit = exchange.attempts();
+            let next = self
+                .after_failure(run, &exchange.access(), sent, &failed, &mut attempts, limit)
+                .await;
+            // Throttling and outages are waited out, not counted against the request.
+            if attempts.other > counted_before || matches!(next, Next::GiveUp) {
+                exchange.charged(&failed, counted_before == 0)?;
+            }
+            match next {
+                Next::Retry => {}
+                Next::Unavailable { waited } => {
+                    return exchange.unsettled(Unsettled::Unavailable(waited));
+                }
+                Next::GiveUp => return exchange.unsettled(Unsettled::GaveUp(failed)),
+            }
+        }
+    }
+
+    /// Sends a write once the run's pace admits it and its write window has room, and tells
+    /// both how it went; when it was sent, and its answer.
+    async fn send_paced(
+        &self,
+        request: http::Request<Vec<u8>>,
+        run: &RunState,
+        listed: Option<u64>,
+    ) -> (Instant, Result<Reply, NoReply>) {
+        let flight: Option<Flight> = run.admit().await;
+        let slot = run.window.enter().await;
+        let sent = Instant::now();
+        let result = self.send(request, run).await;
+        let latency = sent.elapsed();
+        let signal = match &result {
+            Ok(reply) if reply.code == 429 => Signal::Throttled,
+            Ok(reply) if reply.code < 300 || reply.code == 404 || reply.code == 409 => {
+                Signal::Success(latency)
+            }
+            _ => Signal::Neutral,
+        };
+        if let (Some(flight), Signal::Success(latency), Ok(reply)) = (flight, signal, &result) {
+            // A write that changed nothing keeps the object's revision: not a write.
+            let written = (reply.code < 300).then(|| super::foreground::revision(&reply.body));
+            flight.answered(latency, written.flatten().filter(|r| Some(*r) != listed));
+        }
+        slot.leave(signal);
+        (sent, result)
+    }
+
+    /// What to do after a request sent at `sent` failed: an apiserver outage is waited out and
+    /// not counted; other failures count in `attempts` and are retried after a backoff until
+    /// the throttled or the other failures reach their limit (`other_limit`).
+    async fn after_failure(
+        &self,
+        run: &RunState,
+        request: &Access<'_>,
+        sent: Instant,
+        failed: &Failure,
+        attempts: &mut Attempts,
+        other_limit: u32,
+    ) -> Next {
+        // No answer, or a server error: maybe the apiserver is down, not the request at fault.
+        let outage_like = failed.code().is_none_or(|code| code >= 500);
+        if failed.code() == Some(403) {
+            return self.after_denial(run, request, attempts, other_limit).await;
+        }
+        if outage_like {
+            match self.judge_failure(run, sent).await {
+                Verdict::Excuse => return Next::Retry,
+                Verdict::GaveUp { waited } => {
+                    warn!(?waited, "the apiserver stayed unavailable; giving up");
+                    return Next::Unavailable { waited };
+                }
+                Verdict::Charge => {}
+            }
+        }
+        match self.retry_decision(failed, attempts, other_limit) {
+            Retry::After(wait) => {
+                tokio::time::sleep(wait).await;
+                Next::Retry
+            }
+            Retry::Never => Next::GiveUp,
+        }
+    }
+
+    /// The retry decision after a failure, counting it in `attempts`; gives up once the
+    /// throttled or the other failures reach their limit (`other_limit`).
+    fn retry_decision(&self, failed: &Failure, attempts: &mut Attempts, other_limit: u32) -> Retry {
+        let (count, limit) = match failed.code() {
+            Some(crate::apiserver::answers::TOO_MANY_REQUESTS) => {
+                (&mut attempts.throttled, self.settings.throttled_attempts)
+            }
+            _ => (&mut attempts.other, other_limit),
+        };
+        *count += 1;
+        let first_failure = *attempts.first_failure.get_or_insert_with(Instant::now);
+        let (code, retry_after) = (failed.code(), failed.retry_after());
+        let passing = code.is_none_or(crate::apiserver::answers::is_transient_code)
+            && first_failure.elapsed() < self.settings.retry_for;
+        if *count >= limit && !passing {
+            return Retry::Never;
+        }
+        self.settings.backoff.decide(code, retry_after, *count, fastrand::f64())
+    }
+
     /// Sends `request` once the rate limiter allows it, if the leader's term allows it, and
     /// gives up when no answer comes within the request timeout (or the end of the term).
     pub(super) async fn send(

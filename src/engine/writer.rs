@@ -2,19 +2,14 @@
 
 use kube::api::ListParams;
 use serde::Deserialize;
-use tokio::time::Instant;
-use tracing::debug;
 
-use super::denial::Access;
-use super::foreground::revision;
 use super::pager::Listed;
 use super::recheck::{
     Current, CurrentList, NoReread, Recheck, escape_field_value, failure, names_its_namespace,
     names_the_object, recheck, refused, unchecked,
 };
-use super::request::{NoReply, Reply};
-use super::window::Signal;
-use super::{Attempts, Engine, Failure, KeepFailing, Next, Resource, RunState};
+use super::request::{Access, Exchange, Failure, Reply, Settle, Unsettled};
+use super::{Engine, KeepFailing, Resource, RunState};
 use crate::api::FailedObject;
 use crate::rules::managed_fields::Served;
 
@@ -214,104 +209,15 @@ impl Engine {
         run: &RunState,
     ) -> Result<Settled, Halt> {
         let to_status = through_status(to_status, object);
-        let failed_at_once = |reason, message: String| {
-            Ok(Settled::Done(Outcome::Failed(failure(object, 0, reason, message))))
-        };
         let body = match patch_body(resource, object) {
             Ok(body) => body,
-            Err(error) => return failed_at_once(INVALID_REQUEST, error.to_string()),
+            Err(error) => {
+                let failed = failure(object, 0, INVALID_REQUEST, error.to_string());
+                return Ok(Settled::Done(Outcome::Failed(failed)));
+            }
         };
-        let mut attempts = Attempts::default();
-        loop {
-            let request = match self.write_request(resource, object, to_status, &body) {
-                Ok(request) => request,
-                Err(error) => return failed_at_once(INVALID_REQUEST, error.to_string()),
-            };
-            let flight = run.admit().await;
-            let slot = run.window.enter().await;
-            let sent = Instant::now();
-            let result = self.send(request, run).await;
-            let latency = sent.elapsed();
-            let signal = match &result {
-                Ok(reply) if reply.code == 429 => Signal::Throttled,
-                Ok(reply) if reply.code < 300 || reply.code == 404 || reply.code == 409 => {
-                    Signal::Success(latency)
-                }
-                _ => Signal::Neutral,
-            };
-            match (flight, signal, &result) {
-                (Some(flight), Signal::Success(latency), Ok(reply)) => {
-                    // A write that changed nothing keeps the object's revision: not a write.
-                    let written = (reply.code < 300).then(|| revision(&reply.body)).flatten();
-                    let listed = object.resource_version.parse().ok();
-                    flight.answered(latency, written.filter(|r| Some(*r) != listed));
-                }
-                (flight, _, _) => drop(flight),
-            }
-            slot.leave(signal);
-            let failed = match result {
-                Ok(reply) => match self.classify(resource, object, &reply, run).await? {
-                    Some(Settled::Done(Outcome::Failed(failure))) => {
-                        let first = attempts.other == 0;
-                        if let Some(failing) = run.write_failed(first, &failure) {
-                            return Err(Halt::WritesFailing(Box::new(failing)));
-                        }
-                        return Ok(Settled::Done(Outcome::Failed(failure)));
-                    }
-                    Some(settled) => {
-                        run.write_succeeded();
-                        return Ok(settled);
-                    }
-                    None => Failure::Answer(reply),
-                },
-                Err(NoReply::Fenced) => return Err(Halt::Fenced),
-                Err(error) => {
-                    debug!(%resource, name = object.name, %error, "write request failed");
-                    Failure::NoAnswer(error)
-                }
-            };
-            let access = Access {
-                resource,
-                verb: "patch",
-                namespace: &object.namespace,
-                subresource: to_status.then_some("status"),
-            };
-            let limit = self.settings.write_attempts;
-            let charged_before = attempts.other;
-            let next = self.after_failure(run, &access, sent, &failed, &mut attempts, limit).await;
-            let failure = || match &failed {
-                Failure::Answer(reply) => {
-                    let status = reply.status();
-                    failure(object, reply.code, &status.reason, status.message)
-                }
-                Failure::NoAnswer(error) => failure(object, 0, TRANSPORT_ERROR, error.to_string()),
-            };
-            // Throttling and outages are waited out, not counted against the run.
-            let charged = attempts.other > charged_before || matches!(next, Next::GiveUp);
-            if charged && let Some(failing) = run.write_failed(charged_before == 0, &failure()) {
-                return Err(Halt::WritesFailing(Box::new(failing)));
-            }
-            match next {
-                Next::Retry => {}
-                Next::Unavailable { waited } => return Err(Halt::Unavailable(waited)),
-                Next::GiveUp => return Ok(Settled::Done(Outcome::Failed(failure()))),
-            }
-        }
-    }
-
-    fn write_request(
-        &self,
-        resource: &Resource,
-        object: &Listed,
-        to_status: bool,
-        body: &[u8],
-    ) -> Result<http::Request<Vec<u8>>, http::Error> {
-        let subresource = to_status.then_some("status");
-        http::Request::patch(resource.object_path(&object.namespace, &object.name, subresource))
-            .header(http::header::CONTENT_TYPE, "application/merge-patch+json")
-            // Metadata only in the answer: the object itself is of no use here.
-            .header(http::header::ACCEPT, METADATA_ONLY)
-            .body(body.to_vec())
+        let mut exchange = WriteRequest { engine: self, run, resource, object, to_status, body };
+        self.request(run, &mut exchange).await
     }
 
     /// The outcome a reply settles, `None` when the request failed and may be retried, or why
@@ -437,42 +343,156 @@ impl Engine {
         object: &Listed,
         run: &RunState,
     ) -> Result<Option<Current>, NoReread> {
-        let params = ListParams::default()
-            .fields(&format!("metadata.name={}", escape_field_value(&object.name)));
-        let mut attempts = Attempts::default();
-        loop {
-            let request = kube::core::Request::new(resource.namespaced_path(&object.namespace))
-                .list_metadata(&params)
-                .map_err(|error| NoReread::Request(error.to_string()))?;
-            let sent = Instant::now();
-            let failed = match self.send(request, run).await {
-                Ok(reply) if reply.is_success() => {
-                    let list: CurrentList = serde_json::from_slice(&reply.body)
-                        .map_err(|error| NoReread::Request(error.to_string()))?;
-                    let mut found = list.items.into_iter().map(|item| item.metadata);
-                    return Ok(found.find(|meta| meta.name == object.name));
-                }
-                Ok(reply) => Failure::Answer(reply),
-                Err(NoReply::Fenced) => return Err(NoReread::Fenced),
-                Err(error) => Failure::NoAnswer(error),
-            };
-            let access =
-                Access { resource, verb: "list", namespace: &object.namespace, subresource: None };
-            let limit = self.settings.write_attempts;
-            match self.after_failure(run, &access, sent, &failed, &mut attempts, limit).await {
-                Next::Retry => {}
-                Next::Unavailable { waited } => return Err(NoReread::Unavailable(waited)),
-                Next::GiveUp => {
-                    return Err(match failed {
-                        Failure::Answer(reply) => {
-                            let status = reply.status();
-                            NoReread::Answer(reply.code, status.reason, status.message)
-                        }
-                        Failure::NoAnswer(error) => NoReread::NoAnswer(error.to_string()),
-                    });
-                }
+        let attempts = self.settings.write_attempts;
+        self.request(run, &mut ReadAgain { resource, object, attempts }).await
+    }
+}
+
+/// One object's write: the minimal conditional patch of [`patch_body`].
+struct WriteRequest<'a> {
+    engine: &'a Engine,
+    run: &'a RunState,
+    resource: &'a Resource,
+    object: &'a Listed,
+    to_status: bool,
+    body: Vec<u8>,
+}
+
+impl WriteRequest<'_> {
+    /// The object as failed by `failed`, in the apiserver's words where it answered.
+    fn failed(&self, failed: &Failure) -> FailedObject {
+        match failed {
+            Failure::Answer(reply) => {
+                let status = reply.status();
+                failure(self.object, reply.code, &status.reason, status.message)
             }
+            Failure::NoAnswer(error) => failure(self.object, 0, TRANSPORT_ERROR, error.to_string()),
         }
+    }
+}
+
+impl Exchange for WriteRequest<'_> {
+    type Settled = Settled;
+    type Error = Halt;
+
+    fn access(&self) -> Access<'_> {
+        Access {
+            resource: self.resource,
+            verb: "patch",
+            namespace: &self.object.namespace,
+            subresource: self.to_status.then_some("status"),
+        }
+    }
+
+    fn attempts(&self) -> u32 {
+        self.engine.settings.write_attempts
+    }
+
+    fn build(&self) -> Result<http::Request<Vec<u8>>, String> {
+        let (object, subresource) = (self.object, self.to_status.then_some("status"));
+        let path = self.resource.object_path(&object.namespace, &object.name, subresource);
+        http::Request::patch(path)
+            .header(http::header::CONTENT_TYPE, "application/merge-patch+json")
+            // Metadata only in the answer: the object itself is of no use here.
+            .header(http::header::ACCEPT, METADATA_ONLY)
+            .body(self.body.clone())
+            .map_err(|error| error.to_string())
+    }
+
+    fn paced(&self) -> Option<Option<u64>> {
+        Some(self.object.resource_version.parse().ok())
+    }
+
+    async fn settle(&mut self, reply: Reply, failed: u32) -> Result<Settle<Settled>, Halt> {
+        let (engine, run) = (self.engine, self.run);
+        match engine.classify(self.resource, self.object, &reply, run).await? {
+            Some(Settled::Done(Outcome::Failed(failure))) => {
+                if let Some(failing) = run.write_failed(failed == 0, &failure) {
+                    return Err(Halt::WritesFailing(Box::new(failing)));
+                }
+                Ok(Settle::Done(Settled::Done(Outcome::Failed(failure))))
+            }
+            Some(settled) => {
+                run.write_succeeded();
+                Ok(Settle::Done(settled))
+            }
+            None => Ok(Settle::Failed(reply)),
+        }
+    }
+
+    fn charged(&mut self, failed: &Failure, first: bool) -> Result<(), Halt> {
+        match self.run.write_failed(first, &self.failed(failed)) {
+            Some(failing) => Err(Halt::WritesFailing(Box::new(failing))),
+            None => Ok(()),
+        }
+    }
+
+    fn unsettled(&self, why: Unsettled) -> Result<Settled, Halt> {
+        match why {
+            Unsettled::Unbuilt(message) => {
+                let failed = failure(self.object, 0, INVALID_REQUEST, message);
+                Ok(Settled::Done(Outcome::Failed(failed)))
+            }
+            Unsettled::Fenced => Err(Halt::Fenced),
+            Unsettled::Unavailable(waited) => Err(Halt::Unavailable(waited)),
+            Unsettled::GaveUp(failed) => Ok(Settled::Done(Outcome::Failed(self.failed(&failed)))),
+        }
+    }
+}
+
+/// One object's metadata, read again by name.
+struct ReadAgain<'a> {
+    resource: &'a Resource,
+    object: &'a Listed,
+    attempts: u32,
+}
+
+impl Exchange for ReadAgain<'_> {
+    type Settled = Option<Current>;
+    type Error = NoReread;
+
+    fn access(&self) -> Access<'_> {
+        let namespace = &self.object.namespace;
+        Access { resource: self.resource, verb: "list", namespace, subresource: None }
+    }
+
+    fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    fn build(&self) -> Result<http::Request<Vec<u8>>, String> {
+        let name = escape_field_value(&self.object.name);
+        let params = ListParams::default().fields(&format!("metadata.name={name}"));
+        kube::core::Request::new(self.resource.namespaced_path(&self.object.namespace))
+            .list_metadata(&params)
+            .map_err(|error| error.to_string())
+    }
+
+    async fn settle(
+        &mut self,
+        reply: Reply,
+        _failed: u32,
+    ) -> Result<Settle<Option<Current>>, NoReread> {
+        if !reply.is_success() {
+            return Ok(Settle::Failed(reply));
+        }
+        let list: CurrentList = serde_json::from_slice(&reply.body)
+            .map_err(|error| NoReread::Request(error.to_string()))?;
+        let mut found = list.items.into_iter().map(|item| item.metadata);
+        Ok(Settle::Done(found.find(|meta| meta.name == self.object.name)))
+    }
+
+    fn unsettled(&self, why: Unsettled) -> Result<Option<Current>, NoReread> {
+        Err(match why {
+            Unsettled::Unbuilt(message) => NoReread::Request(message),
+            Unsettled::Fenced => NoReread::Fenced,
+            Unsettled::Unavailable(waited) => NoReread::Unavailable(waited),
+            Unsettled::GaveUp(Failure::Answer(reply)) => {
+                let status = reply.status();
+                NoReread::Answer(reply.code, status.reason, status.message)
+            }
+            Unsettled::GaveUp(Failure::NoAnswer(error)) => NoReread::NoAnswer(error.to_string()),
+        })
     }
 }
 
