@@ -268,78 +268,55 @@ async fn poll(
     // The kube-apiserver processes answering now, what an unproven run is held against: read
     // once a poll, and only by a poll about to create a migration.
     let mut apiservers: Option<Option<Vec<String>>> = None;
-    for Discovered { resource, kind, version, hash } in &discovered {
+    let timing = plan::Timing {
+        stale_after,
+        beat: settings.interval / 2,
+        first_wait: follow_up(settings),
+        longest_wait: settings.interval,
+    };
+    for found in &discovered {
+        let Discovered { resource, kind, version, hash } = found;
         let name = resource.name();
         let state = existing_states.get(&name);
         let status = state.and_then(|s| s.status.as_ref());
         let recorded = status.and_then(|s| s.current_storage_version_hash.as_deref());
         let trusted = guard.observe(resource, hash, recorded, now, trust);
+        // The first poll of the streak that just had the hash trusted, as a time.
+        let streak = guard.trusted_streak(resource).and_then(|first| {
+            let ago = SignedDuration::try_from(now.duration_since(first)).ok()?;
+            Timestamp::now().checked_sub(ago).ok()
+        });
+        let seen = plan::Seen { found, state, trusted, streak, crd: crds.contains(&name) };
+        let step = plan::step(&seen, &existing_migrations, &timing, Timestamp::now());
         // The encoding check of a new hash starts at the first poll that sees it, not once the
         // hash is trusted and its migration created: the two wait out their settle periods
         // together. A CRD's starts at its storage switch, from the CRD watch.
-        if trusted.as_deref() != Some(hash.as_str()) && !crds.contains(&name) {
+        if step.check {
             let expected = encoding::Expected::Hash { hash: hash.clone(), served: version.clone() };
             let GroupResource { group, resource: plural } = resource;
             let check = encoding::Check::new(group, plural, kind, expected, 0, settings.encoding);
             settings.observer.observe(requests, &check);
         }
-        let Some(current) = trusted else {
+        let Some(trusted) = step.trusted else {
             continue;
         };
-        let recorded_since = state
-            .and_then(|s| s.metadata.annotations.as_ref())
-            .and_then(|a| a.get(PERSISTED_SINCE_ANNOTATION))
-            .and_then(|t| t.parse::<Timestamp>().ok());
-        // The first poll of the streak that just had `current` trusted, as a time.
-        let streak = guard.trusted_streak(resource).and_then(|first| {
-            let ago = SignedDuration::try_from(now.duration_since(first)).ok()?;
-            Timestamp::now().checked_sub(ago).ok()
-        });
-        let rewound = storage_state::persisted_since(recorded_since, streak);
-        // A state without that time (kube-storage-version-migrator's, or one whose annotation
-        // was lost) gets it now: no migration that began earlier proves anything about it.
-        let since = rewound.unwrap_or_else(Timestamp::now);
-        let proven = existing_migrations
-            .iter()
-            .any(|m| storage_state::proves(m, resource, &current, Some(since)));
-        // `hash` is what one apiserver publishes, trusted or not: persisted at once.
-        let next = storage_state::next_status(
-            status,
-            &current,
-            hash,
-            proven,
-            Timestamp::now(),
-            stale_after,
-        );
-        if next.other_seen {
+        let current = &trusted.current;
+        if trusted.next.other_seen {
             debug!(resource = %name, %current, seen = %hash, "discovery shows another hash");
         }
-        let stamp = match next.stamps() || recorded_since.is_none() {
-            true => Some(Timestamp::now()),
-            false => rewound.filter(|_| rewound != recorded_since),
-        };
-        if stamp.is_some() || storage_state::worth_writing(status, &next, settings.interval / 2) {
-            let written = write_state(requests, &states, resource, state, &next, stamp);
+        if trusted.write {
+            let written =
+                write_state(requests, &states, resource, state, &trusted.next, trusted.stamp);
             if let Err(error) = written.await {
                 skip_or_stop(error)?;
                 continue;
             }
         }
-
-        if !storage_state::migration_due(&next, &current) {
-            continue;
-        }
-        let of_resource: Vec<&StorageVersionMigration> = existing_migrations
-            .iter()
-            .filter(|m| m.is_of(&resource.group, &resource.resource))
-            .collect();
-        let proof =
-            |m: &StorageVersionMigration| storage_state::proof(m, resource, &current, Some(since));
-        let first_wait = follow_up(settings);
-        match plan::plan(&of_resource, proof, first_wait, settings.interval, Timestamp::now()) {
-            Plan::Busy => look_again(first_wait),
+        match trusted.migration {
+            None => {}
+            Some(Plan::Busy) => look_again(timing.first_wait),
             // A failing resource is tried again at the regular polls, not at every follow-up.
-            Plan::BackOff { wait, failures, unproven } => {
+            Some(Plan::BackOff { wait, failures, unproven }) => {
                 look_again(wait);
                 match unproven {
                     Some((last, why)) => explain(explained, &name, last, why, failures, wait),
@@ -348,13 +325,16 @@ async fn poll(
                     }
                 }
             }
-            Plan::Try => {
+            Some(Plan::Try) => {
                 if apiservers.is_none() {
                     let now = crate::lifecycle::resume::apiserver_processes(requests).await;
                     apiservers = Some(now.ok());
                 }
                 let apiservers = apiservers.as_ref().and_then(Option::as_ref);
-                let held = match plan::held(&of_resource, &current, apiservers, proof) {
+                let since = Some(trusted.since);
+                let proof =
+                    |m: &StorageVersionMigration| storage_state::proof(m, resource, current, since);
+                let held = match plan::held(&trusted.of_resource, current, apiservers, proof) {
                     Some(why) => Some(why),
                     None => may_not_migrate(requests, resource).await,
                 };
@@ -367,11 +347,11 @@ async fn poll(
                 if let Err(error) = hold(requests, &states, state, None).await {
                     skip_or_stop(error)?;
                 }
-                let created = create_migration(requests, &migrations, resource, version, &current);
+                let created = create_migration(requests, &migrations, resource, version, current);
                 if let Err(error) = created.await {
                     skip_or_stop(error)?;
                 }
-                look_again(follow_up(settings));
+                look_again(timing.first_wait);
             }
         }
     }

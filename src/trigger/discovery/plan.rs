@@ -1,8 +1,10 @@
-//! What the discovery trigger does about a resource whose migration is due (the hash it trusts is
-//! not proven yet), decided from the resource's migrations without a request: wait for one in
-//! flight, back off after migrations that ended without proving anything, or try one now, unless
-//! the runs for its hash keep proving nothing ([`held`]). Pure: each case is a row of a table
-//! test; the poll carries the plan out.
+//! What the discovery trigger does about each resource a poll discovers, decided without a
+//! request ([`step`]): start the encoding check of a hash not yet trusted, write the resource's
+//! StorageState when it moved or its heartbeat is due, and, where its migration is due (the
+//! hash it trusts is not proven yet), wait for one in flight, back off after migrations that
+//! ended without proving anything, or try one now ([`plan`]), unless the runs for its hash keep
+//! proving nothing ([`held`]). Pure: each case is a row of a table test; the poll carries the
+//! step out.
 
 use std::time::Duration;
 
@@ -10,10 +12,106 @@ use k8s_openapi::jiff::Timestamp;
 
 use kube::ResourceExt;
 
+use super::found::Discovered;
 use super::storage_state::{self, Unproven};
 use super::{MAX_UNPROVEN, TARGET_HASH_ANNOTATION};
-use crate::api::{Phase, StorageVersionMigration};
+use crate::api::{PERSISTED_SINCE_ANNOTATION, Phase, StorageState, StorageVersionMigration};
 use crate::rules::backoff::doubling;
+
+/// What a poll knows of one resource it discovered.
+pub struct Seen<'a> {
+    /// The resource, its version and the hash this poll's apiserver publishes for it.
+    pub found: &'a Discovered,
+    /// Its StorageState, as listed by this poll.
+    pub state: Option<&'a StorageState>,
+    /// The hash the trigger trusts for it after this poll (shown on enough polls in a row).
+    pub trusted: Option<String>,
+    /// When the streak of polls that had `trusted` trusted began, when this poll ended it.
+    pub streak: Option<Timestamp>,
+    /// Whether it is a CRD's: the encoding check of its new hash starts at its storage switch.
+    pub crd: bool,
+}
+
+/// The poll's times.
+pub struct Timing {
+    /// How long a hash not seen again stays among the persisted ones.
+    pub stale_after: Duration,
+    /// The least time between two heartbeats of a StorageState that did not change.
+    pub beat: Duration,
+    /// The wait after the first migration that proved nothing, doubling with each further one.
+    pub first_wait: Duration,
+    /// The longest wait.
+    pub longest_wait: Duration,
+}
+
+/// What to do about one resource.
+#[derive(Debug)]
+pub struct Step<'a> {
+    /// Start the encoding check of the hash seen: it is not trusted yet.
+    pub check: bool,
+    /// `None` while no hash is trusted: nothing more to do.
+    pub trusted: Option<Trusted<'a>>,
+}
+
+/// What to do about a resource whose hash is trusted.
+#[derive(Debug)]
+pub struct Trusted<'a> {
+    /// The hash trusted.
+    pub current: String,
+    /// Its StorageState's next status.
+    pub next: storage_state::Next,
+    /// Whether to write it: it moved, its heartbeat is due, or it is new.
+    pub write: bool,
+    /// The persisted-since time to annotate it with, when it moves.
+    pub stamp: Option<Timestamp>,
+    /// The time a migration must have begun after to prove `current`.
+    pub since: Timestamp,
+    /// Its migrations.
+    pub of_resource: Vec<&'a StorageVersionMigration>,
+    /// What to do about its migration; `None` when none is due.
+    pub migration: Option<Plan<'a>>,
+}
+
+/// The step for the resource `seen`, whose kind's migrations are `migrations`, at `now`. Pure.
+pub fn step<'a>(
+    seen: &Seen<'_>,
+    migrations: &'a [StorageVersionMigration],
+    timing: &Timing,
+    now: Timestamp,
+) -> Step<'a> {
+    let Discovered { resource, hash, .. } = seen.found;
+    let check = seen.trusted.as_deref() != Some(hash.as_str()) && !seen.crd;
+    let Some(current) = seen.trusted.clone() else { return Step { check, trusted: None } };
+    let state = seen.state;
+    let status = state.and_then(|s| s.status.as_ref());
+    let recorded_since = state
+        .and_then(|s| s.metadata.annotations.as_ref())
+        .and_then(|a| a.get(PERSISTED_SINCE_ANNOTATION))
+        .and_then(|t| t.parse::<Timestamp>().ok());
+    let rewound = storage_state::persisted_since(recorded_since, seen.streak);
+    // A state without that time (kube-storage-version-migrator's, or one whose annotation was
+    // lost) gets it now: no migration that began earlier proves anything about it.
+    let since = rewound.unwrap_or(now);
+    let proves =
+        |m: &StorageVersionMigration| storage_state::proves(m, resource, &current, Some(since));
+    let proven = migrations.iter().any(proves);
+    // `hash` is what one apiserver publishes, trusted or not: persisted at once.
+    let next = storage_state::next_status(status, &current, hash, proven, now, timing.stale_after);
+    let stamp = match next.stamps() || recorded_since.is_none() {
+        true => Some(now),
+        false => rewound.filter(|_| rewound != recorded_since),
+    };
+    let write = stamp.is_some() || storage_state::worth_writing(status, &next, timing.beat);
+    let of_resource: Vec<&StorageVersionMigration> =
+        migrations.iter().filter(|m| m.is_of(&resource.group, &resource.resource)).collect();
+    let migration = storage_state::migration_due(&next, &current).then(|| {
+        let proof =
+            |m: &StorageVersionMigration| storage_state::proof(m, resource, &current, Some(since));
+        plan(&of_resource, proof, timing.first_wait, timing.longest_wait, now)
+    });
+    let trusted = Trusted { current, next, write, stamp, since, of_resource, migration };
+    Step { check, trusted: Some(trusted) }
+}
 
 /// What to do about a resource whose migration is due.
 #[derive(Debug)]
@@ -144,6 +242,126 @@ mod tests {
             let now = Timestamp::from_second(now).unwrap();
             let plan = plan(&of_resource, proof, minute, hour, now);
             assert_eq!(told(&plan), expected, "{what}");
+        }
+    }
+
+    /// Widgets, discovered with the hash `hash`.
+    fn widgets(hash: &str) -> Discovered {
+        Discovered {
+            resource: crate::api::GroupResource {
+                group: "example.com".into(),
+                resource: "widgets".into(),
+            },
+            kind: "Widget".into(),
+            version: "v1".into(),
+            hash: hash.into(),
+        }
+    }
+
+    /// The widgets' StorageState: `persisted`, `current`, its heartbeat at `beat` and its
+    /// persisted-since time at `since` (seconds).
+    fn state(persisted: &[&str], current: &str, beat: i64, since: i64) -> StorageState {
+        let mut state = StorageState::new("widgets.example.com", Default::default());
+        let since = Timestamp::from_second(since).unwrap().to_string();
+        state.metadata.annotations = Some([(PERSISTED_SINCE_ANNOTATION.to_owned(), since)].into());
+        state.status = Some(crate::api::StorageStateStatus {
+            persisted_storage_version_hashes: persisted.iter().map(|h| h.to_string()).collect(),
+            current_storage_version_hash: Some(current.into()),
+            last_heartbeat_time: Some(Time(Timestamp::from_second(beat).unwrap())),
+        });
+        state
+    }
+
+    /// A migration of the widgets in state `type_`, listed from the start for `hash`, started
+    /// at `second`.
+    fn of_widgets(type_: &str, hash: &str, second: i64) -> StorageVersionMigration {
+        let mut migration = ended("m", type_, second + 10);
+        migration.spec.resource.group = "example.com".into();
+        migration.spec.resource.resource = "widgets".into();
+        if let Some(status) = migration.status.as_mut() {
+            status.start_time = Some(Time(Timestamp::from_second(second).unwrap()));
+            status.listed_from_start = Some(true);
+            status.target = Some(crate::api::MigrationTarget {
+                storage_version_hash: Some(hash.into()),
+                ..Default::default()
+            });
+        }
+        migration
+    }
+
+    /// `step` in a few words.
+    fn told_step(step: &Step) -> String {
+        let mut words = Vec::new();
+        if step.check {
+            words.push("check".to_owned());
+        }
+        if let Some(trusted) = &step.trusted {
+            let persisted = &trusted.next.status.persisted_storage_version_hashes;
+            match (trusted.write, trusted.stamp.is_some()) {
+                (true, true) => words.push(format!("write {persisted:?} stamped")),
+                (true, false) => words.push(format!("write {persisted:?}")),
+                (false, _) => {}
+            }
+            words.extend(trusted.migration.as_ref().map(told));
+        }
+        words.join(", ")
+    }
+
+    /// What it is, the hash seen, the hash trusted, whether a CRD's, its state, its migrations,
+    /// and its step in a few words.
+    type Row<'a> = (
+        &'a str,
+        &'a str,
+        Option<&'a str>,
+        bool,
+        Option<&'a StorageState>,
+        Vec<StorageVersionMigration>,
+        &'a str,
+    );
+
+    #[test]
+    fn each_resource_a_poll_sees_gets_its_step() {
+        let timing = Timing {
+            stale_after: Duration::from_secs(600),
+            beat: Duration::from_secs(30),
+            first_wait: Duration::from_secs(2),
+            longest_wait: Duration::from_secs(60),
+        };
+        let now = 10_000;
+        let fresh = state(&["h1"], "h1", now - 10, 5_000);
+        let switched = state(&["h1", "h2"], "h2", now - 10, 9_000);
+        let beat_due = state(&["h1"], "h1", now - 40, 5_000);
+        let stale = state(&["h1"], "h1", now - 700, 5_000);
+        #[rustfmt::skip]
+        let rows: Vec<Row> = vec![
+            ("a hash not trusted yet: its encoding check starts", "h2", None, false, Some(&fresh), vec![], "check"),
+            ("a CRD's hash not trusted yet: its check starts at its switch", "h2", None, true, Some(&fresh), vec![], ""),
+            ("a new resource: its state, and a migration", "h1", Some("h1"), false, None, vec![],
+                r#"write ["Unknown", "h1"] stamped, try"#),
+            ("proven, its heartbeat recent: nothing", "h1", Some("h1"), false, Some(&fresh), vec![], ""),
+            ("proven, its heartbeat due", "h1", Some("h1"), false, Some(&beat_due), vec![],
+                r#"write ["h1"]"#),
+            ("stale: anything may have been written", "h1", Some("h1"), false, Some(&stale), vec![],
+                r#"write ["Unknown", "h1"] stamped, try"#),
+            ("a switch trusted: a migration", "h2", Some("h2"), false, Some(&fresh), vec![],
+                r#"write ["h1", "h2"] stamped, try"#),
+            ("a migration in flight", "h2", Some("h2"), false, Some(&switched), vec![of_widgets(RUNNING, "h2", 9_500)], "busy"),
+            ("a success that began after the stamp proves it", "h2", Some("h2"), false, Some(&switched),
+                vec![of_widgets(SUCCEEDED, "h2", 9_500)], r#"write ["h2"] stamped"#),
+            ("a success that began before the stamp proves nothing: another", "h2", Some("h2"), false, Some(&switched),
+                vec![of_widgets(SUCCEEDED, "h2", 8_500)], "try"),
+            ("a failure a second ago: back off", "h2", Some("h2"), false, Some(&switched),
+                vec![of_widgets(FAILED, "h2", now - 11)], "back off 1s after 1"),
+            ("another hash shown than the one trusted: its check, and no migration yet", "h1", Some("h2"), false,
+                Some(&switched), vec![], r#"check, write ["h1", "h2"] stamped"#),
+        ];
+        for (what, hash, trusted, crd, state, migrations, expected) in rows {
+            let found = widgets(hash);
+            let trusted = trusted.map(str::to_owned);
+            let seen = Seen { found: &found, state, trusted, streak: None, crd };
+            let now = Timestamp::from_second(now).unwrap();
+            let step = step(&seen, &migrations, &timing, now);
+            assert_eq!(told_step(&step), expected, "{what}");
         }
     }
 
