@@ -436,3 +436,132 @@ impl Drop for InFlight<'_> {
         self.0.dec();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use serde_json::json;
+
+    use super::super::pager::Listed;
+    use super::super::{Engine, Error, Outcome, RateLimiter, Resource, RunState, Settings};
+    use crate::apiserver::fake;
+    use crate::apiserver::fence::Fence;
+    use crate::ops::metrics::Metrics;
+
+    /// An engine whose every request `answer` answers, with a run of the widgets at the fast
+    /// pace and backoffs of a millisecond.
+    fn engine(
+        answer: impl Fn(&fake::Sent) -> (u16, serde_json::Value) + Send + Sync + 'static,
+    ) -> (Engine, RunState, fake::Recorded) {
+        let (client, recorded) = fake::client(answer);
+        let settings = Settings {
+            backoff: super::super::Backoff {
+                base: std::time::Duration::from_millis(1),
+                cap: std::time::Duration::from_millis(1),
+                ..Default::default()
+            },
+            ..Settings::default()
+        };
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let limiter = Arc::new(RateLimiter::new(0.0, 0));
+        let engine = Engine::with_client(client, limiter, settings, metrics);
+        let run = engine.run_state(
+            &Resource::widgets(),
+            Some(crate::api::Pace::Fast),
+            None,
+            Fence::open(),
+        );
+        (engine, run, recorded)
+    }
+
+    fn w_1() -> Listed {
+        Listed {
+            namespace: String::new(),
+            name: "w-1".into(),
+            uid: "u".into(),
+            resource_version: "5".into(),
+            managed_fields: None,
+            generation: None,
+        }
+    }
+
+    fn status(code: u16, reason: &str) -> (u16, serde_json::Value) {
+        let body = json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "code": code, "reason": reason, "message": reason, "metadata": {} });
+        (code, body)
+    }
+
+    /// The answer of a write that moved the object to resourceVersion 6.
+    fn written() -> (u16, serde_json::Value) {
+        let meta = json!({ "kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+            "metadata": { "name": "w-1", "uid": "u", "resourceVersion": "6" } });
+        (200, meta)
+    }
+
+    #[tokio::test]
+    async fn a_throttled_write_is_sent_again_until_it_settles() {
+        let patches = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&patches);
+        let (engine, run, _) = engine(move |sent| match sent.method.as_str() {
+            "PATCH" if count.fetch_add(1, Ordering::SeqCst) < 2 => status(429, "TooManyRequests"),
+            "PATCH" => written(),
+            _ => fake::not_found(sent),
+        });
+        let outcome = engine.write(&Resource::widgets(), &w_1(), false, &run).await;
+        assert_eq!(outcome.ok(), Some(Outcome::Rewritten));
+        assert_eq!(patches.load(Ordering::SeqCst), 3, "two throttled, then written");
+        assert_eq!(run.throttled.load(Ordering::Relaxed), 2);
+    }
+
+    #[tokio::test]
+    async fn a_write_denied_for_good_fails_its_object_after_one_review() {
+        let (engine, run, recorded) = engine(|sent| match sent.method.as_str() {
+            "PATCH" => status(403, "Forbidden"),
+            "POST" if sent.path.ends_with("/selfsubjectaccessreviews") => (
+                201,
+                json!({ "apiVersion": "authorization.k8s.io/v1",
+                    "kind": "SelfSubjectAccessReview", "spec": {}, "status": { "allowed": false } }),
+            ),
+            _ => fake::not_found(sent),
+        });
+        let outcome = engine.write(&Resource::widgets(), &w_1(), false, &run).await;
+        let Ok(Outcome::Failed(failed)) = outcome else { panic!("failed, not {outcome:?}") };
+        assert_eq!((failed.code, failed.reason.as_str()), (403, "Forbidden"));
+        let writes: Vec<String> = recorded.writes().iter().map(|s| s.method.clone()).collect();
+        assert_eq!(writes, ["PATCH", "POST"], "one write, one review, and no retry");
+    }
+
+    #[tokio::test]
+    async fn a_refusal_fails_its_object_without_a_retry() {
+        let (engine, run, recorded) = engine(|sent| match sent.method.as_str() {
+            "PATCH" => status(422, "Invalid"),
+            _ => fake::not_found(sent),
+        });
+        let outcome = engine.write(&Resource::widgets(), &w_1(), false, &run).await;
+        let Ok(Outcome::Failed(failed)) = outcome else { panic!("failed, not {outcome:?}") };
+        assert_eq!((failed.code, failed.reason.as_str()), (422, "Invalid"));
+        assert_eq!(recorded.writes().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_page_whose_token_keeps_expiring_ends_after_its_attempts() {
+        let lists = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&lists);
+        let (engine, run, _) = engine(move |sent| {
+            count.fetch_add(1, Ordering::SeqCst);
+            let (code, mut body) = status(410, "Expired");
+            body["metadata"] = json!({ "continue": "from-the-latest" });
+            match sent.method.as_str() {
+                "GET" => (code, body),
+                _ => fake::not_found(sent),
+            }
+        });
+        let page = engine.list_page(&Resource::widgets(), Some("old"), &run).await;
+        assert!(matches!(page, Err(Error::ListExpired(_))), "{:?}", page.err());
+        let attempts = engine.settings.list_attempts as usize;
+        assert_eq!(lists.load(Ordering::SeqCst), attempts);
+        assert_eq!(run.expired_tokens.load(Ordering::Relaxed), attempts as u64);
+    }
+}
