@@ -326,32 +326,10 @@ async fn poll(
                 }
             }
             Some(Plan::Try) => {
-                if apiservers.is_none() {
-                    let now = crate::lifecycle::resume::apiserver_processes(requests).await;
-                    apiservers = Some(now.ok());
+                let apis = (&states, &migrations);
+                if try_migration(requests, apis, found, state, &trusted, &mut apiservers).await? {
+                    look_again(timing.first_wait);
                 }
-                let apiservers = apiservers.as_ref().and_then(Option::as_ref);
-                let since = Some(trusted.since);
-                let proof =
-                    |m: &StorageVersionMigration| storage_state::proof(m, resource, current, since);
-                let held = match plan::held(&trusted.of_resource, current, apiservers, proof) {
-                    Some(why) => Some(why),
-                    None => may_not_migrate(requests, resource).await,
-                };
-                if let Some(why) = held {
-                    if let Err(error) = hold(requests, &states, state, Some(&why)).await {
-                        skip_or_stop(error)?;
-                    }
-                    continue;
-                }
-                if let Err(error) = hold(requests, &states, state, None).await {
-                    skip_or_stop(error)?;
-                }
-                let created = create_migration(requests, &migrations, resource, version, current);
-                if let Err(error) = created.await {
-                    skip_or_stop(error)?;
-                }
-                look_again(timing.first_wait);
             }
         }
     }
@@ -362,6 +340,45 @@ async fn poll(
         existing_migrations.iter().filter_map(|m| m.metadata.uid.as_deref()).collect();
     explained.retain(|uid| kept.contains(uid.as_str()));
     Ok(due)
+}
+
+/// Carries out [`Plan::Try`] for the resource `found`: holds it back, saying why on its
+/// StorageState, when its runs for the trusted hash keep proving nothing against the apiservers
+/// answering now (read once a poll, into `apiservers`) or kube-svm may not patch it; creates its
+/// migration otherwise. Whether it tried to create one; `Err` ends the poll ([`skip_or_stop`]).
+async fn try_migration(
+    requests: &Requests,
+    (states, migrations): (&Api<StorageState>, &Api<StorageVersionMigration>),
+    found: &Discovered,
+    state: Option<&StorageState>,
+    trusted: &plan::Trusted<'_>,
+    apiservers: &mut Option<Option<Vec<String>>>,
+) -> Result<bool, Error> {
+    let Discovered { resource, version, .. } = found;
+    if apiservers.is_none() {
+        let now = crate::lifecycle::resume::apiserver_processes(requests).await;
+        *apiservers = Some(now.ok());
+    }
+    let answering = apiservers.as_ref().and_then(Option::as_ref);
+    let (current, since) = (&trusted.current, Some(trusted.since));
+    let proof = |m: &StorageVersionMigration| storage_state::proof(m, resource, current, since);
+    let held = match plan::held(&trusted.of_resource, current, answering, proof) {
+        Some(why) => Some(why),
+        None => may_not_migrate(requests, resource).await,
+    };
+    if let Some(why) = held {
+        if let Err(error) = hold(requests, states, state, Some(&why)).await {
+            skip_or_stop(error)?;
+        }
+        return Ok(false);
+    }
+    if let Err(error) = hold(requests, states, state, None).await {
+        skip_or_stop(error)?;
+    }
+    if let Err(error) = create_migration(requests, migrations, resource, version, current).await {
+        skip_or_stop(error)?;
+    }
+    Ok(true)
 }
 
 /// Says why a success proves nothing when it holds the next migration of its resource back:
