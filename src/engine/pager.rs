@@ -186,6 +186,22 @@ impl Exchange for PageRequest<'_> {
     }
 }
 
+#[cfg(test)]
+impl Listed {
+    /// The cluster-scoped widget `w-1` as listed at resourceVersion 5: the object unit tests
+    /// write.
+    pub(crate) fn w_1() -> Listed {
+        Listed {
+            namespace: String::new(),
+            name: "w-1".into(),
+            uid: "u".into(),
+            resource_version: "5".into(),
+            managed_fields: None,
+            generation: None,
+        }
+    }
+}
+
 /// The token to go on with after 410 Gone: the apiserver's inconsistent continue token, which
 /// reads on in key order from where the expired one pointed, at the latest revision. Writes are
 /// idempotent, so nothing is lost; objects created meanwhile are already in the new encoding.

@@ -476,17 +476,6 @@ mod tests {
         (engine, run, recorded)
     }
 
-    fn w_1() -> Listed {
-        Listed {
-            namespace: String::new(),
-            name: "w-1".into(),
-            uid: "u".into(),
-            resource_version: "5".into(),
-            managed_fields: None,
-            generation: None,
-        }
-    }
-
     fn status(code: u16, reason: &str) -> (u16, serde_json::Value) {
         let body = json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure",
             "code": code, "reason": reason, "message": reason, "metadata": {} });
@@ -509,7 +498,7 @@ mod tests {
             "PATCH" => written(),
             _ => fake::not_found(sent),
         });
-        let outcome = engine.write(&Resource::widgets(), &w_1(), false, &run).await;
+        let outcome = engine.write(&Resource::widgets(), &Listed::w_1(), false, &run).await;
         assert_eq!(outcome.ok(), Some(Outcome::Rewritten));
         assert_eq!(patches.load(Ordering::SeqCst), 3, "two throttled, then written");
         assert_eq!(run.throttled.load(Ordering::Relaxed), 2);
@@ -526,7 +515,7 @@ mod tests {
             ),
             _ => fake::not_found(sent),
         });
-        let outcome = engine.write(&Resource::widgets(), &w_1(), false, &run).await;
+        let outcome = engine.write(&Resource::widgets(), &Listed::w_1(), false, &run).await;
         let Ok(Outcome::Failed(failed)) = outcome else { panic!("failed, not {outcome:?}") };
         assert_eq!((failed.code, failed.reason.as_str()), (403, "Forbidden"));
         let writes: Vec<String> = recorded.writes().iter().map(|s| s.method.clone()).collect();
@@ -539,7 +528,7 @@ mod tests {
             "PATCH" => status(422, "Invalid"),
             _ => fake::not_found(sent),
         });
-        let outcome = engine.write(&Resource::widgets(), &w_1(), false, &run).await;
+        let outcome = engine.write(&Resource::widgets(), &Listed::w_1(), false, &run).await;
         let Ok(Outcome::Failed(failed)) = outcome else { panic!("failed, not {outcome:?}") };
         assert_eq!((failed.code, failed.reason.as_str()), (422, "Invalid"));
         assert_eq!(recorded.writes().len(), 1);

@@ -505,24 +505,13 @@ mod not_found_tests {
         Resource { patchable_status: true, ..Resource::widgets() }
     }
 
-    fn w_1() -> Listed {
-        Listed {
-            namespace: String::new(),
-            name: "w-1".into(),
-            uid: "u".into(),
-            resource_version: "5".into(),
-            managed_fields: None,
-            generation: None,
-        }
-    }
-
     fn status(json: &str) -> ApiStatus {
         serde_json::from_str(json).expect("a Status")
     }
 
     #[test]
     fn a_404_naming_the_object_means_it_was_deleted() {
-        let object = w_1();
+        let object = Listed::w_1();
         let deleted = status(
             r#"{"kind":"Status","status":"Failure","reason":"NotFound","code":404,
                 "message":"widgets.example.com \"w-1\" not found",
@@ -533,7 +522,7 @@ mod not_found_tests {
 
     #[test]
     fn a_404_for_the_resource_is_not_a_deletion() {
-        let object = w_1();
+        let object = Listed::w_1();
         // What the apiserver answers for a version or CRD it does not serve.
         let unserved = status(
             r#"{"kind":"Status","status":"Failure","reason":"NotFound","code":404,
@@ -550,7 +539,7 @@ mod not_found_tests {
 
     #[test]
     fn a_404_naming_the_objects_namespace_is_about_the_object() {
-        let object = Listed { namespace: "gone".into(), ..w_1() };
+        let object = Listed { namespace: "gone".into(), ..Listed::w_1() };
         // What a write answers when an admission policy cannot read the object's namespace.
         let stranded = status(
             r#"{"kind":"Status","status":"Failure","reason":"NotFound","code":404,
@@ -558,8 +547,8 @@ mod not_found_tests {
                 "details":{"name":"gone","kind":"namespaces"}}"#,
         );
         assert!(names_its_namespace(&stranded, &object));
-        assert!(!names_its_namespace(&stranded, &w_1()), "an object of another namespace");
-        let cluster_scoped = Listed { namespace: String::new(), ..w_1() };
+        assert!(!names_its_namespace(&stranded, &Listed::w_1()), "an object of another namespace");
+        let cluster_scoped = Listed { namespace: String::new(), ..Listed::w_1() };
         let nameless = status(r#"{"details":{"name":"","kind":"namespaces"}}"#);
         assert!(!names_its_namespace(&nameless, &cluster_scoped));
     }
@@ -574,11 +563,8 @@ mod body_tests {
         let resource = Resource { version: "v2".into(), namespaced: true, ..Resource::widgets() };
         let object = |namespace: &str| Listed {
             namespace: namespace.into(),
-            name: "w-1".into(),
-            uid: "u".into(),
             resource_version: "42".into(),
-            managed_fields: None,
-            generation: None,
+            ..Listed::w_1()
         };
         let body: serde_json::Value =
             serde_json::from_slice(&patch_body(&resource, &object("ns")).expect("serializes"))
@@ -599,12 +585,9 @@ mod body_tests {
     fn a_cleaning_write_replaces_managed_fields_as_a_whole() {
         let kept = serde_json::json!({ "manager": "m", "apiVersion": "example.com/v2" });
         let object = Listed {
-            namespace: String::new(),
-            name: "w-1".into(),
-            uid: "u".into(),
             resource_version: "42".into(),
             managed_fields: Some(vec![kept.clone()]),
-            generation: None,
+            ..Listed::w_1()
         };
         let body: serde_json::Value =
             serde_json::from_slice(&patch_body(&Resource::widgets(), &object).expect("serializes"))
@@ -643,14 +626,7 @@ mod cleaning_tests {
     }
 
     fn cleaning(written: Vec<Value>) -> Listed {
-        Listed {
-            namespace: String::new(),
-            name: "w-1".into(),
-            uid: "u".into(),
-            resource_version: "5".into(),
-            managed_fields: Some(written),
-            generation: None,
-        }
+        Listed { managed_fields: Some(written), ..Listed::w_1() }
     }
 
     fn raw(entries: &[Value]) -> Box<serde_json::value::RawValue> {
