@@ -1,13 +1,85 @@
-//! Reading an object again after its write was answered 409 or 404, to tell a concurrent
-//! write or a deletion (nothing left to do) from a refusal (a failure of the object), and the
-//! failures recorded for it.
+//! Reading an object again after its write was answered 409 or 404 ([`Engine::read_again`]),
+//! to tell a concurrent write or a deletion (nothing left to do) from a refusal (a failure of
+//! the object), and the failures recorded for it.
 
+use kube::api::ListParams;
 use serde::Deserialize;
 
-use super::Resource;
 use super::pager::Listed;
-use super::request::{ApiStatus, Reply};
+use super::request::{Access, ApiStatus, Exchange, Failure, Reply, Settle, Unsettled};
+use super::{Engine, Resource, RunState};
 use crate::api::FailedObject;
+
+impl Engine {
+    /// Reads `object`'s metadata again, from a consistent list of the one name (so `list`,
+    /// which migration needs anyway, is the only permission it takes). Failures are retried as
+    /// any request's are: an outage waited out, throttling and server errors after a backoff.
+    pub(super) async fn read_again(
+        &self,
+        resource: &Resource,
+        object: &Listed,
+        run: &RunState,
+    ) -> Result<Option<Current>, NoReread> {
+        let attempts = self.settings.write_attempts;
+        self.request(run, &mut ReadAgain { resource, object, attempts }).await
+    }
+}
+
+/// One object's metadata, read again by name.
+struct ReadAgain<'a> {
+    resource: &'a Resource,
+    object: &'a Listed,
+    attempts: u32,
+}
+
+impl Exchange for ReadAgain<'_> {
+    type Settled = Option<Current>;
+    type Error = NoReread;
+
+    fn access(&self) -> Access<'_> {
+        let namespace = &self.object.namespace;
+        Access { resource: self.resource, verb: "list", namespace, subresource: None }
+    }
+
+    fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    fn build(&self) -> Result<http::Request<Vec<u8>>, String> {
+        let name = escape_field_value(&self.object.name);
+        let params = ListParams::default().fields(&format!("metadata.name={name}"));
+        kube::core::Request::new(self.resource.namespaced_path(&self.object.namespace))
+            .list_metadata(&params)
+            .map_err(|error| error.to_string())
+    }
+
+    async fn settle(
+        &mut self,
+        reply: Reply,
+        _failed: u32,
+    ) -> Result<Settle<Option<Current>>, NoReread> {
+        if !reply.is_success() {
+            return Ok(Settle::Failed(reply));
+        }
+        let list: CurrentList = serde_json::from_slice(&reply.body)
+            .map_err(|error| NoReread::Request(error.to_string()))?;
+        let mut found = list.items.into_iter().map(|item| item.metadata);
+        Ok(Settle::Done(found.find(|meta| meta.name == self.object.name)))
+    }
+
+    fn unsettled(&self, why: Unsettled) -> Result<Option<Current>, NoReread> {
+        Err(match why {
+            Unsettled::Unbuilt(message) => NoReread::Request(message),
+            Unsettled::Fenced => NoReread::Fenced,
+            Unsettled::Unavailable(waited) => NoReread::Unavailable(waited),
+            Unsettled::GaveUp(Failure::Answer(reply)) => {
+                let status = reply.status();
+                NoReread::Answer(reply.code, status.reason, status.message)
+            }
+            Unsettled::GaveUp(Failure::NoAnswer(error)) => NoReread::NoAnswer(error.to_string()),
+        })
+    }
+}
 
 /// An object's metadata as read again after a 409 or a 404.
 #[derive(Debug, Deserialize)]

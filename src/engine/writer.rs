@@ -1,12 +1,11 @@
 //! Writing one object back unchanged, so the apiserver re-encodes it.
 
-use kube::api::ListParams;
 use serde::Deserialize;
 
 use super::pager::Listed;
 use super::recheck::{
-    Current, CurrentList, NoReread, Recheck, escape_field_value, failure, names_its_namespace,
-    names_the_object, recheck, refused, unchecked,
+    Current, NoReread, Recheck, failure, names_its_namespace, names_the_object, recheck, refused,
+    unchecked,
 };
 use super::request::{Access, Exchange, Failure, Reply, Settle, Unsettled};
 use super::{Engine, KeepFailing, Resource, RunState};
@@ -333,19 +332,6 @@ impl Engine {
             ..object.clone()
         }))
     }
-
-    /// Reads `object`'s metadata again, from a consistent list of the one name (so `list`,
-    /// which migration needs anyway, is the only permission it takes). Failures are retried as
-    /// any request's are: an outage waited out, throttling and server errors after a backoff.
-    async fn read_again(
-        &self,
-        resource: &Resource,
-        object: &Listed,
-        run: &RunState,
-    ) -> Result<Option<Current>, NoReread> {
-        let attempts = self.settings.write_attempts;
-        self.request(run, &mut ReadAgain { resource, object, attempts }).await
-    }
 }
 
 /// One object's write: the minimal conditional patch of [`patch_body`].
@@ -437,62 +423,6 @@ impl Exchange for WriteRequest<'_> {
             Unsettled::Unavailable(waited) => Err(Halt::Unavailable(waited)),
             Unsettled::GaveUp(failed) => Ok(Settled::Done(Outcome::Failed(self.failed(&failed)))),
         }
-    }
-}
-
-/// One object's metadata, read again by name.
-struct ReadAgain<'a> {
-    resource: &'a Resource,
-    object: &'a Listed,
-    attempts: u32,
-}
-
-impl Exchange for ReadAgain<'_> {
-    type Settled = Option<Current>;
-    type Error = NoReread;
-
-    fn access(&self) -> Access<'_> {
-        let namespace = &self.object.namespace;
-        Access { resource: self.resource, verb: "list", namespace, subresource: None }
-    }
-
-    fn attempts(&self) -> u32 {
-        self.attempts
-    }
-
-    fn build(&self) -> Result<http::Request<Vec<u8>>, String> {
-        let name = escape_field_value(&self.object.name);
-        let params = ListParams::default().fields(&format!("metadata.name={name}"));
-        kube::core::Request::new(self.resource.namespaced_path(&self.object.namespace))
-            .list_metadata(&params)
-            .map_err(|error| error.to_string())
-    }
-
-    async fn settle(
-        &mut self,
-        reply: Reply,
-        _failed: u32,
-    ) -> Result<Settle<Option<Current>>, NoReread> {
-        if !reply.is_success() {
-            return Ok(Settle::Failed(reply));
-        }
-        let list: CurrentList = serde_json::from_slice(&reply.body)
-            .map_err(|error| NoReread::Request(error.to_string()))?;
-        let mut found = list.items.into_iter().map(|item| item.metadata);
-        Ok(Settle::Done(found.find(|meta| meta.name == self.object.name)))
-    }
-
-    fn unsettled(&self, why: Unsettled) -> Result<Option<Current>, NoReread> {
-        Err(match why {
-            Unsettled::Unbuilt(message) => NoReread::Request(message),
-            Unsettled::Fenced => NoReread::Fenced,
-            Unsettled::Unavailable(waited) => NoReread::Unavailable(waited),
-            Unsettled::GaveUp(Failure::Answer(reply)) => {
-                let status = reply.status();
-                NoReread::Answer(reply.code, status.reason, status.message)
-            }
-            Unsettled::GaveUp(Failure::NoAnswer(error)) => NoReread::NoAnswer(error.to_string()),
-        })
     }
 }
 
