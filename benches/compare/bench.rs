@@ -11,10 +11,9 @@ use kube::{Api, Client};
 use serde_json::json;
 
 use crate::config::{Config, NAMESPACES};
-use crate::foreground::{BURST_PERIOD, Foreground};
-use crate::meter::{Meter, peak_rss_mib, print_busiest};
+use crate::foreground::{BURST_PERIOD, Foreground, Latencies};
+use crate::meter::{Busy, Meter, peak_rss_mib, print_busiest};
 use crate::probe::Probe;
-use crate::report::Row;
 use crate::support::chart;
 use crate::support::fixtures::{WidgetCrd, create_namespace, install_kube_svm_crds, unique};
 use crate::support::invariant::Census;
@@ -401,4 +400,48 @@ async fn seed(
         .try_collect::<Vec<()>>()
         .await
         .expect("seeded");
+}
+
+/// One contender's result, or one phase's with nothing migrated.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Row {
+    pub contender: String,
+    pub note: String,
+    pub objects: usize,
+    pub seconds: f64,
+    pub objects_per_second: f64,
+    pub requests_per_object: f64,
+    pub apiserver_cpu_per_1000: f64,
+    pub etcd_cpu_per_1000: f64,
+    pub peak_rss_mib: Option<f64>,
+    /// The foreground client's requests while the contender ran.
+    pub foreground: Option<Latencies>,
+    /// What the apiserver spent its time on meanwhile, every client's requests together.
+    pub busiest: Vec<Busy>,
+}
+
+impl Row {
+    /// A phase of `seconds` in which nothing migrated: only the foreground's latencies, and what
+    /// the apiserver was busy with if measured.
+    pub fn phase(
+        contender: &str,
+        note: &str,
+        seconds: f64,
+        foreground: Option<Latencies>,
+        busiest: Vec<Busy>,
+    ) -> Row {
+        Row {
+            contender: contender.to_owned(),
+            note: note.to_owned(),
+            objects: 0,
+            seconds,
+            objects_per_second: 0.0,
+            requests_per_object: 0.0,
+            apiserver_cpu_per_1000: 0.0,
+            etcd_cpu_per_1000: 0.0,
+            peak_rss_mib: None,
+            foreground,
+            busiest,
+        }
+    }
 }

@@ -15,7 +15,7 @@ use kube::{Api, Client};
 use serde_json::json;
 
 use crate::meter::{ApiserverAccount, apiserver_account};
-use crate::minutes::Minutes;
+use crate::minutes::{Minutes, Request, nearest_rank};
 use crate::support::ControlPlane;
 use crate::support::chart;
 use crate::support::fixtures::create_namespace;
@@ -55,14 +55,6 @@ impl Latencies {
     pub fn cells(&self) -> String {
         format!("{:.1} / {:.1} / {:.0}", self.p50_ms, self.p99_ms, self.max_ms)
     }
-}
-
-/// One foreground request: when it was sent, how long it took, whether it succeeded.
-#[derive(Clone, Copy)]
-pub struct Request {
-    pub sent: Instant,
-    pub took: Duration,
-    ok: bool,
 }
 
 /// The foreground client: a ServiceAccount of its own (so API Priority and Fairness classifies it
@@ -193,11 +185,6 @@ fn sorted_millis(requests: &[Request]) -> Vec<f64> {
     let mut millis: Vec<f64> = requests.iter().map(|r| r.took.as_secs_f64() * 1000.0).collect();
     millis.sort_by(f64::total_cmp);
     millis
-}
-
-/// The `p` quantile of `sorted` (not empty), nearest rank.
-pub fn nearest_rank(sorted: &[f64], p: f64) -> f64 {
-    sorted[((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1]
 }
 
 impl Drop for Foreground {

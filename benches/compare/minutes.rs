@@ -1,10 +1,11 @@
 //! The foreground's latencies of each minute, printed to stderr as the minute ends, with the time
 //! of day and what the apiserver says of itself meanwhile: a run stopped before its end (a long
 //! one) still tells what the foreground felt, minute by minute, beside the controller's log.
+//! Also what every latency figure of the bench is made of: one foreground [`Request`], and the
+//! nearest-rank quantile ([`nearest_rank`]).
 
 use std::time::{Duration, Instant};
 
-use crate::foreground::nearest_rank;
 use crate::meter::ApiserverAccount;
 
 /// The latencies of the minute under way.
@@ -66,4 +67,17 @@ pub fn clock(at: Instant) -> String {
         seconds % 60,
         millis % 1000
     )
+}
+
+/// One foreground request: when it was sent, how long it took, whether it succeeded.
+#[derive(Clone, Copy)]
+pub struct Request {
+    pub sent: Instant,
+    pub took: Duration,
+    pub ok: bool,
+}
+
+/// The `p` quantile of `sorted` (not empty), nearest rank.
+pub fn nearest_rank(sorted: &[f64], p: f64) -> f64 {
+    sorted[((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1]
 }

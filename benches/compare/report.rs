@@ -6,55 +6,9 @@ use std::fmt::Write as _;
 
 use serde_json::json;
 
-use crate::bench::Bench;
+use crate::bench::{Bench, Row};
 use crate::config::NAMESPACES;
-use crate::foreground::Latencies;
-use crate::meter::Busy;
 use crate::sweep::Point;
-
-/// One contender's result, or one phase's with nothing migrated.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Row {
-    pub contender: String,
-    pub note: String,
-    pub objects: usize,
-    pub seconds: f64,
-    pub objects_per_second: f64,
-    pub requests_per_object: f64,
-    pub apiserver_cpu_per_1000: f64,
-    pub etcd_cpu_per_1000: f64,
-    pub peak_rss_mib: Option<f64>,
-    /// The foreground client's requests while the contender ran.
-    pub foreground: Option<Latencies>,
-    /// What the apiserver spent its time on meanwhile, every client's requests together.
-    pub busiest: Vec<Busy>,
-}
-
-impl Row {
-    /// A phase of `seconds` in which nothing migrated: only the foreground's latencies, and what
-    /// the apiserver was busy with if measured.
-    pub fn phase(
-        contender: &str,
-        note: &str,
-        seconds: f64,
-        foreground: Option<Latencies>,
-        busiest: Vec<Busy>,
-    ) -> Row {
-        Row {
-            contender: contender.to_owned(),
-            note: note.to_owned(),
-            objects: 0,
-            seconds,
-            objects_per_second: 0.0,
-            requests_per_object: 0.0,
-            apiserver_cpu_per_1000: 0.0,
-            etcd_cpu_per_1000: 0.0,
-            peak_rss_mib: None,
-            foreground,
-            busiest,
-        }
-    }
-}
 
 /// Writes the report's table and numbers where the config says (`docs/bench.md` and
 /// `docs/bench.json` by default).

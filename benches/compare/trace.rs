@@ -8,9 +8,8 @@ use std::time::{Duration, Instant};
 
 use kube::Client;
 
-use crate::foreground::Request;
 use crate::meter::apiserver_account;
-use crate::minutes::clock;
+use crate::minutes::{Request, clock};
 
 /// Prints each of `requests` (named by their verb) that took `slow` ms or more.
 pub fn slow_requests(slow: f64, requests: &[(&str, Request)]) {
