@@ -43,10 +43,9 @@ pub(super) trait Exchange {
     fn attempts(&self) -> u32;
     /// The request to send, built anew for each attempt; why it cannot be built.
     fn build(&self) -> Result<http::Request<Vec<u8>>, String>;
-    /// A write, paced: admitted by the run's pace and sent within its write window, its answer
-    /// told to both. `Some` holds the object's revision as listed, to tell a write that moved
-    /// it from one that changed nothing.
-    fn paced(&self) -> Option<Option<u64>> {
+    /// Whether it is a write, paced: admitted by the run's pace and sent within its write
+    /// window, its answer told to both.
+    fn paced(&self) -> Option<Paced> {
         None
     }
     /// What an answer means; `failed` attempts came before it.
@@ -61,6 +60,13 @@ pub(super) trait Exchange {
     }
     /// The request ended without a settled answer: what that comes to for the caller.
     fn unsettled(&self, why: Unsettled) -> Result<Self::Settled, Self::Error>;
+}
+
+/// A write the run's pace admits.
+pub(super) struct Paced {
+    /// The object's revision as listed, to tell a write that moved it from one that changed
+    /// nothing (the pace counts only the first as a write).
+    pub listed: Option<u64>,
 }
 
 /// What an answer means to the exchange that asked.
@@ -250,7 +256,7 @@ impl Engine {
                 Err(message) => return exchange.unsettled(Unsettled::Unbuilt(message)),
             };
             let (sent, result) = match exchange.paced() {
-                Some(listed) => self.send_paced(request, run, listed).await,
+                Some(Paced { listed }) => self.send_paced(request, run, listed).await,
                 None => (Instant::now(), self.send(request, run).await),
             };
             let failed = match result {

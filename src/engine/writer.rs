@@ -7,7 +7,7 @@ use super::recheck::{
     Current, NoReread, Recheck, failure, names_its_namespace, names_the_object, recheck, refused,
     unchecked,
 };
-use super::request::{Access, Exchange, Failure, Reply, Settle, Unsettled};
+use super::request::{Access, Exchange, Failure, Paced, Reply, Settle, Unsettled};
 use super::{Engine, KeepFailing, Resource, RunState};
 use crate::api::FailedObject;
 use crate::rules::managed_fields::Served;
@@ -385,8 +385,8 @@ impl Exchange for WriteRequest<'_> {
             .map_err(|error| error.to_string())
     }
 
-    fn paced(&self) -> Option<Option<u64>> {
-        Some(self.object.resource_version.parse().ok())
+    fn paced(&self) -> Option<Paced> {
+        Some(Paced { listed: self.object.resource_version.parse().ok() })
     }
 
     async fn settle(&mut self, reply: Reply, failed: u32) -> Result<Settle<Settled>, Halt> {
