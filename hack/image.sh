@@ -97,7 +97,10 @@ tar --create --file "$layer" --directory "$rootfs" "${reproducible[@]}" --owner=
 tar --append --file "$layer" --directory "$rootfs" "${reproducible[@]}" --owner=65532 \
   --group=65532 --no-recursion home/nonroot
 
-"$CRANE" registry serve --address 127.0.0.1:0 2>"$work/registry.log" &
+# The log exists before the registry does: on a busy machine the loop below may read it before
+# the registry's shell has opened it.
+: >"$work/registry.log"
+"$CRANE" registry serve --address 127.0.0.1:0 2>>"$work/registry.log" &
 registry_pid=$!
 for _ in $(seq 100); do
   port=$(sed -n 's/.*serving on port \([0-9]*\).*/\1/p' "$work/registry.log")
