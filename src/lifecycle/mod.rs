@@ -21,8 +21,9 @@
 //! [`Options::checkpoint_interval`]), and holds the CRD's `StorageMigrating` mark until it ends
 //! ([`Lifecycle::run_until`] unmarks it when stopped from outside).
 //! The steps' requests: [`cluster`] (what they need of the process), [`steps`] (conversion
-//! preflight, the target, the `StorageMigrating` mark), [`target_watch`] and [`crd_watch`] (whether
-//! the target still holds, and the [`change::Change`] when it does not), [`prune`] (settling
+//! preflight, the target and its evidence kept fresh, the `StorageMigrating` mark),
+//! [`target_watch`] with [`crd_watch`] and [`witness`] (whether the target, and the cluster the
+//! run writes to, still hold, and the [`change::Change`] when they do not), [`prune`] (settling
 //! `storedVersions`), `resolve` (the resource and its CRD, or the end when they cannot be had),
 //! [`resume`] (which checkpoint may be resumed), [`turns`] (whose turn it is
 //! to write, when migrations share them).
@@ -57,7 +58,6 @@ use cluster::Cluster;
 pub use host::{End, Host, LaterBecause, Moment, Notice, Options, Tries, Unrecorded};
 use status::Start;
 use target_watch::TargetWatch;
-use witness::Witness;
 
 /// How long evidence gathered before waiting for a turn to write is taken as it is; after a
 /// longer wait it is looked at again (the encoding checks' own freshness, a few seconds).
@@ -278,7 +278,7 @@ impl<'a, H: Host> Lifecycle<'a, H> {
             true => None,
             false => tokio::select! {
                 turn = self.host.turn() => turn,
-                never = self.keep_fresh(resource, crd, &target) => match never {},
+                never = steps::keep_fresh(&self.cluster, resource, crd, &target) => match never {},
                 () = self.cancel.cancelled() => return Attempt::Ended(self.stopped(start, "stopped while waiting for its turn to write")),
             },
         };
@@ -302,19 +302,12 @@ impl<'a, H: Host> Lifecycle<'a, H> {
         };
         // The cluster the writes go to, held to until the end: restored or restarted, the run
         // is done again.
-        let apiservers = target.apiservers.clone();
-        let mut witness = match Witness::start(self.cluster.requests, resource, apiservers).await {
-            Ok(witness) => witness,
-            Err(change) => return Attempt::StartOver { change, current: Box::new(current) },
-        };
-        // While the engine writes: the target guarded, and the cluster held to its witness.
+        if let Err(change) = watch.hold_cluster(&self.cluster, target.apiservers.clone()).await {
+            return Attempt::StartOver { change, current: Box::new(current) };
+        }
+        // While the engine writes: the target guarded, and the cluster held to.
         let cluster = self.cluster;
-        let moves = async {
-            tokio::select! {
-                change = watch.next_change(&cluster) => change,
-                change = witness.changes(cluster.requests, resource) => change,
-            }
-        };
+        let moves = watch.next_change(&cluster);
         let ran = Box::pin(self.run_engine(resource, crd, &target, start.clone(), current, moves));
         let (progress, mut done) = match ran.await {
             Ran::Ended(end) => return Attempt::Ended(end),
@@ -326,7 +319,7 @@ impl<'a, H: Host> Lifecycle<'a, H> {
         // The writes are over: the check at the end samples, and writes nothing.
         drop(turn);
         let change = tokio::select! {
-            change = self.check_at_end(spec, resource, &done, &mut watch, &mut witness) => change,
+            change = self.check_at_end(spec, &done, &mut watch) => change,
             // Stopping: the migration is taken up again from its last checkpoint.
             () = self.cancel.cancelled() => {
                 return Attempt::Ended(self.stopped(start, "stopped during the check at the end"));
@@ -424,24 +417,6 @@ impl<'a, H: Host> Lifecycle<'a, H> {
         target
     }
 
-    /// Keeps the confirmation that the apiservers encode in `target` fresh while the migration
-    /// waits for its turn to write, from the encoding checks' shared samples, so that the turn
-    /// writes at once. Never ends: it is raced with the wait.
-    async fn keep_fresh(
-        &self,
-        resource: &Resource,
-        crd: Option<&CustomResourceDefinition>,
-        target: &MigrationTarget,
-    ) -> std::convert::Infallible {
-        if target.encoding_confirmed == Some(true)
-            && let Ok(check) = steps::encoding_check(&self.cluster, resource, crd)
-        {
-            let Cluster { requests, observer, .. } = self.cluster;
-            observer.keep_fresh(requests, &check).await;
-        }
-        std::future::pending().await
-    }
-
     /// The Running status, the CRD's `StorageMigrating` condition, what kind of start it is.
     async fn record_start(
         &mut self,
@@ -472,7 +447,7 @@ impl<'a, H: Host> Lifecycle<'a, H> {
             }
             None => status::Cleaning::NoCrd,
         });
-        let note = status::start_note(resource, self.host.migration(), start, cleaning);
+        let note = status::start_note(self.host.migration(), start, cleaning);
         let processed = start.progress.processed();
         self.host.tell(Notice::Start { event: start.event, note: &note, processed }).await;
         Ok(current)

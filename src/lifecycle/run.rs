@@ -16,7 +16,6 @@ use crate::engine::{self, Job, Progress, Resource};
 use super::change::Change;
 use super::status::{self, Start};
 use super::target_watch::TargetWatch;
-use super::witness::Witness;
 use super::{End, Host, Lifecycle, Moment, Notice, Ran, Unrecorded, prune};
 
 impl<H: Host> Lifecycle<'_, H> {
@@ -106,24 +105,19 @@ impl<H: Host> Lifecycle<'_, H> {
 
     /// A run that completed proves nothing if the resource stopped being served, or its storage
     /// version (or its CRD) changed, while it ran: then objects written earlier may be stored in
-    /// the old version ([`TargetWatch::at_end`]); nor if etcd was restored or the apiservers
-    /// restarted ([`Witness`]). The change, if any, for a Succeeded run.
+    /// the old version; nor if etcd was restored or the apiservers restarted
+    /// ([`TargetWatch::at_end`]). The change, if any, for a Succeeded run.
     pub(super) async fn check_at_end(
         &self,
         spec: &GroupVersionResource,
-        resource: &Resource,
         done: &StorageVersionMigrationStatus,
         watch: &mut TargetWatch,
-        witness: &mut Witness,
     ) -> Option<Change> {
         if done.conditions.first().map(|c| c.type_.as_str()) != Some(SUCCEEDED) {
             return None;
         }
         let requires_status = self.host.migration().requests_status_writes();
-        if let Some(change) = watch.at_end(&self.cluster, spec, requires_status).await {
-            return Some(change);
-        }
-        witness.at_end(self.cluster.requests, resource).await
+        watch.at_end(&self.cluster, spec, requires_status).await
     }
 
     /// Prunes the CRD's `storedVersions` when that is proven safe; says what was done, and why,

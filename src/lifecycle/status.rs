@@ -10,7 +10,7 @@ use crate::api::{
     CONDITION_MESSAGE_LIMIT, Checkpoint, MigrationCondition, MigrationProgress, MigrationTarget,
     RETRY_ANNOTATION, StorageVersionMigration, StorageVersionMigrationStatus, cut,
 };
-use crate::engine::{self, Progress, Resource};
+use crate::engine::{self, Progress};
 use crate::rules::crd::{CrdChange, CrdState};
 use crate::rules::managed_fields::Served;
 use crate::rules::stored_versions::Run;
@@ -307,15 +307,16 @@ pub enum Cleaning {
     NoCrd,
 }
 
-/// What the operator is told as a run of `resource` starts from `start` under `migration`: what
+/// What the operator is told as a run of `migration`'s resource starts from `start`: what
 /// kind of start it is, the annotations that name no pace or budget, and the `managedFields`
 /// cleaning the run does, if asked.
 pub fn start_note(
-    resource: &Resource,
     migration: &StorageVersionMigration,
     start: &Start,
     cleaning: Option<Cleaning>,
 ) -> String {
+    let asked = &migration.spec.resource;
+    let resource = crate::api::GroupResource::name_of(&asked.group, &asked.resource);
     let mut note = format!("{resource}: {}", start.note);
     if let Some(unknown) = migration.unknown_pace() {
         note.push_str(&format!(

@@ -1,6 +1,7 @@
 //! The requests a migration makes around the engine that are neither a guard nor a prune:
 //! whether a CRD's conversion webhook answers; what it targets when it starts, and whether the
-//! apiservers already encode in it; and marking the CRD `StorageMigrating` while it runs.
+//! apiservers already encode in it, kept fresh while it waits for its turn; whether it has
+//! anything to write; and marking the CRD `StorageMigrating` while it runs.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, CustomResourceDefinitionCondition,
@@ -20,7 +21,6 @@ use crate::evidence::conversion;
 use crate::evidence::encoding::{self};
 use crate::rules::crd::CrdState;
 use crate::rules::encoding::Encoding;
-use crate::rules::storage_hash::storage_version_hash;
 
 use super::cluster::{Cluster, crd_name};
 use super::target_watch::TargetWatch;
@@ -123,14 +123,30 @@ pub async fn target_of(
     target.encoding_evidence = Some(evidence);
     if let Some(state) = state {
         // What the apiservers encode once the check passes: discovery may still lag behind now.
-        target.storage_version_hash =
-            Some(storage_version_hash(&resource.group, &state.storage_version, &resource.kind));
+        target.storage_version_hash = Some(check.expected_hash());
         target.storage_version = Some(state.storage_version);
         target.crd_generation = Some(state.generation);
         target.crd_uid = state.uid;
         watch.record_into(&mut target);
     }
     target
+}
+
+/// Keeps the confirmation that the apiservers encode in `target` fresh while the migration of
+/// `resource` waits for its turn to write, from the encoding checks' shared samples, so that the
+/// turn writes at once. Never ends: it is raced with the wait.
+pub async fn keep_fresh(
+    cluster: &Cluster<'_>,
+    resource: &Resource,
+    crd: Option<&CustomResourceDefinition>,
+    target: &MigrationTarget,
+) -> std::convert::Infallible {
+    if target.encoding_confirmed == Some(true)
+        && let Ok(check) = encoding_check(cluster, resource, crd)
+    {
+        cluster.observer.keep_fresh(cluster.requests, &check).await;
+    }
+    std::future::pending().await
 }
 
 /// Whether nothing of `resource` is stored: a list of at most one object's metadata (as the

@@ -1,9 +1,11 @@
 //! Whether what a run targets still holds, asked of one [`TargetWatch`] made once per attempt:
 //! before the first write ([`TargetWatch::changed_by_now`]), while the run writes
 //! ([`TargetWatch::next_change`], the guard), at the end ([`TargetWatch::at_end`]) and before
-//! `storedVersions` is pruned ([`TargetWatch::caught_up`]).
+//! `storedVersions` is pruned ([`TargetWatch::caught_up`]). From its first write, a run is also
+//! held to the cluster it writes to ([`TargetWatch::hold_cluster`], a [`Witness`]): the guard and
+//! the end check ask both.
 //!
-//! What is watched depends on the target: a CRD is followed change by change from the
+//! What is watched of the target depends on it: a CRD is followed change by change from the
 //! resourceVersion its target was read at, so only a change that can affect what is stored
 //! counts ([`super::crd_watch`]); a CRD whose target predates following is read every
 //! [`GUARD_INTERVAL`], and any change of its generation counts; a built-in resource whose
@@ -21,6 +23,7 @@ use crate::rules::crd::{CrdChange, CrdState};
 use super::change::{Change, Unseen};
 use super::cluster::{Cluster, crd_of};
 use super::crd_watch::CrdWatch;
+use super::witness::Witness;
 
 /// Tries, a second apart, to read discovery again when verifying the end of a run.
 const VERIFY_ATTEMPTS: u32 = 5;
@@ -40,6 +43,8 @@ pub struct TargetWatch {
     hash: Option<String>,
     /// How the target is watched.
     watched: Watched,
+    /// The cluster the run writes to, from its first write; `None` before.
+    witness: Option<Witness>,
 }
 
 /// How a target is watched.
@@ -68,7 +73,7 @@ impl TargetWatch {
                 None => Watched::CrdPolled(CrdState::of(crd)),
             },
         };
-        TargetWatch { resource: resource.clone(), hash: None, watched }
+        TargetWatch { resource: resource.clone(), hash: None, watched, witness: None }
     }
 
     /// The watch of a run that keeps the `target` it recorded: a CRD followed from the
@@ -80,7 +85,7 @@ impl TargetWatch {
             (Some(_), None) => Watched::CrdPolled(CrdState::recorded(target)),
         };
         let hash = target.storage_version_hash.clone();
-        TargetWatch { resource: resource.clone(), hash, watched }
+        TargetWatch { resource: resource.clone(), hash, watched, witness: None }
     }
 
     /// Aims the watch at the `target` the run writes for: for a built-in resource (a target
@@ -118,55 +123,61 @@ impl TargetWatch {
     /// cannot be read: the guard asks again, the end of the run decides), and for a built-in
     /// resource. A followed CRD is followed up to the state read.
     pub async fn changed_by_now(&mut self, cluster: &Cluster<'_>) -> Option<Change> {
-        let resource = &self.resource;
-        match &mut self.watched {
-            Watched::Crd(watch) => match crd_of(cluster, resource).await {
-                Ok(Some(crd)) => watch.catch_up(cluster, resource, &crd).await,
-                Ok(None) => Some(Change::Deleted { resource: resource.to_string() }),
-                Err(_) => None,
-            },
-            Watched::CrdPolled(recorded) => {
-                let crd = crd_of(cluster, resource).await.ok()?;
-                crd_change(resource, recorded.as_ref()?, crd.as_ref())
-            }
-            Watched::Hash(_) | Watched::Nothing => None,
-        }
+        self.watched.changed_by_now(cluster, &self.resource).await
     }
 
-    /// Resolves once the target no longer holds: a followed CRD changed in a way that can
-    /// affect what is stored; a CRD read every [`GUARD_INTERVAL`] is no longer what the target
-    /// recorded; a discovery sample through a new connection, taken every [`GUARD_INTERVAL`],
-    /// shows another hash than the target (an apiserver of another release, or one rolled back,
-    /// stores what the run writes through it in another version). Never for a run that proves
-    /// nothing anyway: the end of the run checks those.
+    /// Holds the run, from its first write to its end, to the cluster it writes to: the
+    /// kube-apiserver processes its target recorded (`apiservers`), and the etcd revision read
+    /// now ([`Witness`]). A change already, when other processes answer now.
+    pub async fn hold_cluster(
+        &mut self,
+        cluster: &Cluster<'_>,
+        apiservers: Option<Vec<String>>,
+    ) -> Result<(), Change> {
+        self.witness = Some(Witness::start(cluster.requests, &self.resource, apiservers).await?);
+        Ok(())
+    }
+
+    /// Resolves once the target no longer holds ([`Watched::next_change`]), or once the cluster
+    /// the run writes to is no longer the one it was held to ([`Witness::changes`]).
     pub async fn next_change(&mut self, cluster: &Cluster<'_>) -> Change {
-        if let Watched::Crd(watch) = &mut self.watched {
-            return watch.follow(cluster, &self.resource).await;
+        let TargetWatch { resource, watched, witness, .. } = self;
+        let target = watched.next_change(cluster, resource);
+        match witness {
+            None => target.await,
+            Some(witness) => tokio::select! {
+                change = target => change,
+                change = witness.changes(cluster.requests, resource) => change,
+            },
         }
-        loop {
-            if let Watched::Nothing = self.watched {
-                return std::future::pending().await;
-            }
-            tokio::time::sleep(GUARD_INTERVAL).await;
-            let change = match &self.watched {
-                Watched::Hash(check) => {
-                    let seen = encoding::sample_during_run(cluster.requests, check).await;
-                    hash_change(&self.resource, check, seen)
-                }
-                _ => self.changed_by_now(cluster).await,
-            };
-            if let Some(change) = change {
-                return change;
+    }
+
+    /// What changed since the run started, if anything, checked at its end: the target
+    /// ([`TargetWatch::target_at_end`]), then the cluster it was held to ([`Witness::at_end`]).
+    /// A run never held to one proves nothing.
+    pub async fn at_end(
+        &mut self,
+        cluster: &Cluster<'_>,
+        spec: &GroupVersionResource,
+        requires_status: bool,
+    ) -> Option<Change> {
+        if let Some(change) = self.target_at_end(cluster, spec, requires_status).await {
+            return Some(change);
+        }
+        match &mut self.witness {
+            Some(witness) => witness.at_end(cluster.requests, &self.resource).await,
+            None => {
+                Some(Change::WritesUnshown { gap: "the run was held to no cluster".to_owned() })
             }
         }
     }
 
-    /// What changed about the resource since the run started, if anything, checked at its end.
+    /// What changed about the resource since the run started, if anything.
     ///
     /// A run that completed proves nothing if the resource stopped being served, or its storage
     /// version (or for a CRD not followed, anything of its spec) changed, while it ran: then
     /// objects written earlier may be stored in the old version.
-    pub async fn at_end(
+    async fn target_at_end(
         &mut self,
         cluster: &Cluster<'_>,
         spec: &GroupVersionResource,
@@ -233,6 +244,57 @@ impl TargetWatch {
         match watch.catch_up(cluster, &self.resource, crd).await {
             Some(change) => Err(change),
             None => Ok(Some(watch.generation())),
+        }
+    }
+}
+
+impl Watched {
+    /// Whether the CRD of `resource` still is what the target recorded, read now
+    /// ([`TargetWatch::changed_by_now`]).
+    async fn changed_by_now(
+        &mut self,
+        cluster: &Cluster<'_>,
+        resource: &Resource,
+    ) -> Option<Change> {
+        match self {
+            Watched::Crd(watch) => match crd_of(cluster, resource).await {
+                Ok(Some(crd)) => watch.catch_up(cluster, resource, &crd).await,
+                Ok(None) => Some(Change::Deleted { resource: resource.to_string() }),
+                Err(_) => None,
+            },
+            Watched::CrdPolled(recorded) => {
+                let crd = crd_of(cluster, resource).await.ok()?;
+                crd_change(resource, recorded.as_ref()?, crd.as_ref())
+            }
+            Watched::Hash(_) | Watched::Nothing => None,
+        }
+    }
+
+    /// Resolves once the target no longer holds: a followed CRD changed in a way that can
+    /// affect what is stored; a CRD read every [`GUARD_INTERVAL`] is no longer what the target
+    /// recorded; a discovery sample through a new connection, taken every [`GUARD_INTERVAL`],
+    /// shows another hash than the target (an apiserver of another release, or one rolled back,
+    /// stores what the run writes through it in another version). Never for a run that proves
+    /// nothing anyway: the end of the run checks those.
+    async fn next_change(&mut self, cluster: &Cluster<'_>, resource: &Resource) -> Change {
+        if let Watched::Crd(watch) = self {
+            return watch.follow(cluster, resource).await;
+        }
+        loop {
+            if let Watched::Nothing = self {
+                return std::future::pending().await;
+            }
+            tokio::time::sleep(GUARD_INTERVAL).await;
+            let change = match self {
+                Watched::Hash(check) => {
+                    let seen = encoding::sample_during_run(cluster.requests, check).await;
+                    hash_change(resource, check, seen)
+                }
+                _ => self.changed_by_now(cluster, resource).await,
+            };
+            if let Some(change) = change {
+                return change;
+            }
         }
     }
 }

@@ -125,7 +125,8 @@ impl Check {
         }
     }
 
-    fn expected_hash(&self) -> String {
+    /// The storage version hash the apiservers publish once they encode as expected.
+    pub fn expected_hash(&self) -> String {
         match &self.expected {
             Expected::StorageVersion(version) => {
                 storage_version_hash(&self.group, version, &self.kind)
