@@ -5,6 +5,9 @@
 //!   judged percentile of the probe's latencies in the last few quiet windows, pooled: the same
 //!   statistic the law judges while writing, over about as many probes. Load that is not
 //!   kube-svm's (another client, a busy machine) raises it as it raises the figure judged.
+//!   Writes add to the probe's latency and never take from it, so the baseline is never above
+//!   what the probe shows while writing: one read in a passing spell of the apiserver's is
+//!   lowered at the first look after it, and at the first after each quiet window.
 //! - **Budget.** How slow the probe may get: a multiple of the baseline (`3x`) or a latency.
 //! - **Cut, on trial.** The probe's percentile past the budget cuts the rate, the deeper the
 //!   further past (down to two cuts at once). The next look judges
@@ -95,6 +98,7 @@ pub struct Steering {
     rate: f64,
     /// The probe's latencies in each recent quiet window, newest last.
     quiet: VecDeque<Vec<Duration>>,
+    /// The quiet windows' judged percentile, lowered to any look's since the last window.
     baseline: Option<Duration>,
     trial: Option<Trial>,
     /// Latency shown not to be the run's (a cut did not lower it), until the probe is back
@@ -172,15 +176,17 @@ impl Steering {
         waiting: bool,
     ) -> Change {
         let params = self.params;
-        let Some(limit) = budget.limit(self.baseline) else {
+        if budget.limit(self.baseline).is_none() {
             self.why = Why::Measuring;
             return Change::Held;
-        };
+        }
         if now.duration_since(self.changed) < params.hold || samples.len() < params.least_samples()
         {
             return Change::Held;
         }
         let seen = percentile(samples, params.judged);
+        self.baseline = self.baseline.map(|baseline| baseline.min(seen));
+        let Some(limit) = budget.limit(self.baseline) else { return Change::Held };
         let from = self.rate;
         if let Some(trial) = self.trial.take() {
             if seen.as_secs_f64() >= trial.latency.as_secs_f64() * params.undo_above {
@@ -423,7 +429,13 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         };
-        assert!(close(grow(2), params().first_increase), "far within: by the most");
+        assert!(close(grow(4), 3.0), "at the baseline: by the room, three times");
+        let first_increase = ProbeParams { first_increase: 2.0, ..params() };
+        let mut steering = Steering::new(now, first_increase);
+        steering.quiet_window(vec![ms(4); 80]);
+        let change = steering.steer(now + hold(), &steady(4), Budget::default(), true);
+        let most = first_increase.start_rate * first_increase.first_increase;
+        assert_eq!(change, Change::Grew { from: first_increase.start_rate, to: most });
         assert!(close(grow(8), 1.5), "at two thirds of it: by half");
         assert!(close(grow(10), params().increase), "near it: by the least increase");
     }
@@ -442,6 +454,30 @@ mod tests {
             Change::Held
         );
         assert_eq!(steering.why(), Why::NearBudget);
+    }
+
+    #[test]
+    fn a_baseline_above_what_the_probe_shows_while_writing_is_lowered_to_it() {
+        let now = Instant::now();
+        // The quiet window fell in a spell of the apiserver's: a budget of 129 ms.
+        let mut steering = with_baseline(now, 43);
+        let mut at = now + hold();
+        steering.steer(at, &steady(4), Budget::default(), true);
+        assert_eq!(steering.baseline(), Some(ms(4)), "writes never make the probe faster");
+        // Past three times what the probe showed while writing: cut, where 129 ms would grow.
+        at += hold();
+        let change = steering.steer(at, &steady(15), Budget::default(), true);
+        assert!(matches!(change, Change::Cut { .. }), "{change:?}");
+        at += hold();
+        steering.steer(at, &steady(9), Budget::default(), true);
+        assert_eq!(steering.baseline(), Some(ms(4)), "a slower look does not raise it");
+        // Measured again at the next quiet window, the spell still among the windows pooled; and
+        // lowered again at the next look.
+        steering.quiet_window(vec![ms(5); 80]);
+        assert_eq!(steering.baseline(), Some(ms(43)));
+        at += hold();
+        steering.steer(at, &steady(6), Budget::default(), true);
+        assert_eq!(steering.baseline(), Some(ms(6)));
     }
 
     #[test]
