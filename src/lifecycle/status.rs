@@ -315,8 +315,7 @@ pub fn start_note(
     start: &Start,
     cleaning: Option<Cleaning>,
 ) -> String {
-    let asked = &migration.spec.resource;
-    let resource = crate::api::GroupResource::name_of(&asked.group, &asked.resource);
+    let resource = migration.group_resource().name();
     let mut note = format!("{resource}: {}", start.note);
     if let Some(unknown) = migration.unknown_pace() {
         note.push_str(&format!(
