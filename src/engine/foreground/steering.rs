@@ -430,14 +430,14 @@ mod tests {
             }
         };
         assert!(close(grow(4), 3.0), "at the baseline: by the room, three times");
-        let first_increase = ProbeParams { first_increase: 2.0, ..params() };
-        let mut steering = Steering::new(now, first_increase);
-        steering.quiet_window(vec![ms(4); 80]);
-        let change = steering.steer(now + hold(), &steady(4), Budget::default(), true);
-        let most = first_increase.start_rate * first_increase.first_increase;
-        assert_eq!(change, Change::Grew { from: first_increase.start_rate, to: most });
         assert!(close(grow(8), 1.5), "at two thirds of it: by half");
         assert!(close(grow(10), params().increase), "near it: by the least increase");
+        // No more than `first_increase`, whatever the room.
+        let slow = ProbeParams { first_increase: 2.0, ..params() };
+        let mut steering = Steering::new(now, slow);
+        steering.quiet_window(vec![ms(4); 80]);
+        let change = steering.steer(now + hold(), &steady(4), Budget::default(), true);
+        assert_eq!(change, Change::Grew { from: slow.start_rate, to: slow.start_rate * 2.0 });
     }
 
     #[test]
