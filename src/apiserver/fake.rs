@@ -10,6 +10,7 @@ use http_body_util::BodyExt;
 use kube::Client;
 use kube::client::Body;
 use serde_json::{Value, json};
+use tower_test::mock::Mock;
 
 /// One request the fake apiserver was sent.
 #[derive(Clone, Debug)]
@@ -46,6 +47,14 @@ impl Recorded {
 pub fn client(
     answer: impl Fn(&Sent) -> (u16, Value) + Send + Sync + 'static,
 ) -> (Client, Recorded) {
+    let (service, requests) = service(answer);
+    (Client::new(service, "default"), requests)
+}
+
+/// The service under [`client`], for a client built with layers of its own.
+pub fn service(
+    answer: impl Fn(&Sent) -> (u16, Value) + Send + Sync + 'static,
+) -> (Mock<Request<Body>, Response<Body>>, Recorded) {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let requests = Recorded::default();
     let recorded = requests.clone();
@@ -69,7 +78,7 @@ pub fn client(
             respond.send_response(response);
         }
     });
-    (Client::new(service, "default"), requests)
+    (service, requests)
 }
 
 /// The apiserver's answer for something that does not exist.

@@ -5,6 +5,8 @@
 //! - [`requests`]: the clients, the leader's term and the request timeout, together; every
 //!   request is bounded by both.
 //! - [`fence`]: whether this process may still write, and for how long.
+//! - [`own_writes`]: the writes of the request client, counted, so the gentle pace does not take
+//!   them for another client's.
 //! - [`reachability`]: saying once that the apiserver is unreachable, and once that it is back.
 //! - [`in_tree`]: the in-tree migrator's `storagemigration.k8s.io/v1` migrations, to coexist.
 //! - `fake` (tests only): a `kube::Client` whose requests a test answers and records, for unit
@@ -15,5 +17,6 @@ pub mod answers;
 pub mod fake;
 pub mod fence;
 pub mod in_tree;
+pub mod own_writes;
 pub mod reachability;
 pub mod requests;

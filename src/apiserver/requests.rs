@@ -5,8 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
+use kube::client::ClientBuilder;
 
 use super::fence::Fence;
+use super::own_writes::OwnWrites;
 
 /// The way to the apiserver, shared by everything that asks it: a client whose every request
 /// has a deadline, one for watches, the configuration both came from (for fresh connections),
@@ -19,6 +21,8 @@ pub struct Requests {
     config: Arc<kube::Config>,
     fence: Fence,
     timeout: Duration,
+    /// The request client's writes, counted.
+    own_writes: OwnWrites,
 }
 
 impl Requests {
@@ -27,8 +31,10 @@ impl Requests {
     pub fn new(config: kube::Config, timeout: Duration) -> Result<Requests, kube::Error> {
         let watches = Client::try_from(config.clone())?;
         let config = with_deadlines(config, timeout);
-        let client = Client::try_from(config.clone())?;
-        Ok(Requests::with_clients(client, watches, config, timeout))
+        let own_writes = OwnWrites::default();
+        let client =
+            ClientBuilder::try_from(config.clone())?.with_layer(&own_writes.layer()).build();
+        Ok(Requests { own_writes, ..Requests::with_clients(client, watches, config, timeout) })
     }
 
     /// Requests through clients made elsewhere (a test's fake apiserver): `client` for requests,
@@ -39,7 +45,8 @@ impl Requests {
         config: kube::Config,
         timeout: Duration,
     ) -> Requests {
-        Requests { client, watches, config: Arc::new(config), fence: Fence::open(), timeout }
+        let (config, fence, own_writes) = (Arc::new(config), Fence::open(), OwnWrites::default());
+        Requests { client, watches, config, fence, timeout, own_writes }
     }
 
     /// The same requests, sent only while `fence` holds: a leader's term.
@@ -66,6 +73,11 @@ impl Requests {
     /// apiserver (the encoding check samples several).
     pub fn fresh_client(&self) -> Result<Client, kube::Error> {
         Client::try_from((*self.config).clone())
+    }
+
+    /// The writes the request client made so far (not the engine's: it has a client of its own).
+    pub fn own_writes(&self) -> &OwnWrites {
+        &self.own_writes
     }
 
     /// The leader's term: nothing is written once it closes.

@@ -139,6 +139,7 @@ impl EngineArgs {
             foreground_budget: foreground_budget.0,
             probe_params: pace_params,
             probe_namespace: probe_namespace.or(own_namespace),
+            own_writes: requests.own_writes().clone(),
             request_timeout,
             outage_timeout: seconds(apiserver_outage_timeout),
             ..engine::Settings::default()

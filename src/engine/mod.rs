@@ -44,6 +44,7 @@ use tokio::time::Instant;
 
 use crate::api::{Budget, Pace};
 use crate::apiserver::fence::Fence;
+use crate::apiserver::own_writes::OwnWrites;
 use crate::ops::metrics::{self, Metrics, results};
 use crate::rules::managed_fields::Served;
 use outage::Availability;
@@ -85,6 +86,9 @@ pub struct Settings {
     /// The namespace whose ConfigMap `kube-svm-probe` the probe writes; `None`: it only reads,
     /// in the kubeconfig's namespace.
     pub probe_namespace: Option<String>,
+    /// The process's writes outside the engine (its records, Events, lease), which the gentle
+    /// pace must not take for another client's.
+    pub own_writes: OwnWrites,
     /// Attempts per object before it is recorded as failed. Throttled attempts (429) count
     /// against [`Settings::throttled_attempts`] instead.
     pub write_attempts: u32,
@@ -120,6 +124,7 @@ impl Default for Settings {
             foreground_budget: None,
             probe_params: ProbeParams::default(),
             probe_namespace: None,
+            own_writes: OwnWrites::default(),
             write_attempts: 5,
             // A webhook's pod restarting, or rolled, is back within half a minute; the breaker
             // that ends a run whose writes all fail waits as long (failing.rs).
@@ -258,8 +263,9 @@ impl Engine {
         // own, as another client would.
         let foreground = settings.foreground_budget.map(|budget| {
             let namespace = settings.probe_namespace.as_deref();
-            let params = settings.probe_params;
-            Arc::new(Foreground::new(config.clone(), namespace, budget, params, metrics.clone()))
+            let (params, own_writes) = (settings.probe_params, settings.own_writes.clone());
+            let gate = Foreground::new(config.clone(), namespace, budget, params, metrics.clone());
+            Arc::new(gate.counting(own_writes))
         });
         let client = Client::try_from(config)?;
         let mut engine = Engine::with_client(client, limiter, settings, metrics);

@@ -3,8 +3,8 @@
 //! Every answer to a write carries etcd's revision after it (its resourceVersion), and that
 //! revision counts every write of every client. Between two looks the highest revision kube-svm's
 //! answers carried moves by kube-svm's own writes (the migrations' and the probe's, which also
-//! writes in the quiet window before the first migration write) and everyone else's, and
-//! kube-svm knows its own. A run with no company is paced by its write window alone, as `fast` is; a client that
+//! writes in the quiet window before the first migration write; its records, Events and lease,
+//! counted as they are answered) and everyone else's, and kube-svm knows its own. A run with no company is paced by its write window alone, as `fast` is; a client that
 //! starts writing is seen within two looks (one marks the span, the next judges it). Pure: time
 //! is passed in.
 //!
@@ -30,10 +30,20 @@ pub struct Company {
     top: Option<u64>,
     /// The revisions of kube-svm's writes past the older mark.
     ours: BTreeSet<u64>,
-    /// The last two looks' marks: when, and the highest revision then, older first.
-    marks: Vec<(Instant, u64)>,
+    /// The last two looks' marks, older first.
+    marks: Vec<Mark>,
     /// Other clients' writes per second in the last span judged.
     others: Option<f64>,
+}
+
+/// What one look saw.
+#[derive(Clone, Copy, Debug)]
+struct Mark {
+    at: Instant,
+    /// The highest revision answered by then.
+    top: u64,
+    /// The process's writes outside the engine answered by then.
+    own: u64,
 }
 
 impl Company {
@@ -41,9 +51,9 @@ impl Company {
     /// first mark, so that the looks can tell sooner.
     pub fn wrote(&mut self, now: Instant, revision: u64) {
         if self.marks.is_empty() {
-            self.marks.push((now, revision.saturating_sub(1)));
+            self.marks.push(Mark { at: now, top: revision.saturating_sub(1), own: 0 });
         }
-        if self.marks.first().is_some_and(|(_, oldest)| revision > *oldest) {
+        if self.marks.first().is_some_and(|oldest| revision > oldest.top) {
             self.ours.insert(revision);
         }
         self.top = Some(self.top.map_or(revision, |top| top.max(revision)));
@@ -54,24 +64,26 @@ impl Company {
         self.others
     }
 
-    /// A look at `now`: whether others wrote fewer than `below` writes per second in the last
-    /// span judged. Unknown (too few answers yet) counts as company.
-    pub fn look(&mut self, now: Instant, below: f64) -> bool {
+    /// A look at `now`, the process having made `own` writes outside the engine so far:
+    /// whether others wrote fewer than `below` writes per second in the last span judged.
+    /// Unknown (too few answers yet) counts as company.
+    pub fn look(&mut self, now: Instant, below: f64, own: u64) -> bool {
         let Some(top) = self.top else { return false };
-        if self.marks.last().is_some_and(|(at, _)| now.duration_since(*at) < SHORTEST_SPAN) {
+        if self.marks.last().is_some_and(|last| now.duration_since(last.at) < SHORTEST_SPAN) {
             return self.alone(below);
         }
-        if let [(from, older), (to, newer)] = self.marks[..] {
-            if newer > older {
-                let ours = self.ours.range(older + 1..=newer).count() as u64;
-                let theirs = (newer - older).saturating_sub(ours);
-                let seconds = to.duration_since(from).as_secs_f64().max(f64::MIN_POSITIVE);
-                self.others = Some(theirs as f64 / seconds);
+        if let [older, newer] = self.marks[..] {
+            if newer.top > older.top {
+                let ours = self.ours.range(older.top + 1..=newer.top).count() as u64;
+                let own = newer.own.saturating_sub(older.own);
+                let theirs = (newer.top - older.top).saturating_sub(ours + own);
+                let seconds = newer.at.duration_since(older.at).as_secs_f64();
+                self.others = Some(theirs as f64 / seconds.max(f64::MIN_POSITIVE));
             }
-            self.ours = self.ours.split_off(&(newer + 1));
+            self.ours = self.ours.split_off(&(newer.top + 1));
             self.marks.remove(0);
         }
-        self.marks.push((now, top));
+        self.marks.push(Mark { at: now, top, own });
         self.alone(below)
     }
 
@@ -111,7 +123,7 @@ mod tests {
             *revision += 1;
             company.wrote(at, *revision);
         }
-        company.look(at, 5.0)
+        company.look(at, 5.0, 0)
     }
 
     #[test]
@@ -146,10 +158,10 @@ mod tests {
     fn a_look_right_after_the_first_write_judges_nothing() {
         let (start, mut company) = (Instant::now(), Company::default());
         company.wrote(start, 100);
-        assert!(!company.look(start + Duration::from_millis(5), 5.0));
+        assert!(!company.look(start + Duration::from_millis(5), 5.0, 0));
         company.wrote(start + secs(1), 121);
-        assert!(!company.look(start + secs(1), 5.0), "the first span is marked, not judged");
-        assert!(!company.look(start + secs(2), 5.0), "101 to 120: another's, in a second");
+        assert!(!company.look(start + secs(1), 5.0, 0), "the first span is marked, not judged");
+        assert!(!company.look(start + secs(2), 5.0, 0), "101 to 120: another's, in a second");
         assert_eq!(company.others(), Some(20.0));
     }
 
@@ -162,23 +174,41 @@ mod tests {
         for revision in [101, 102, 103, 108] {
             company.wrote(start, revision);
         }
-        company.look(start + secs(1), 5.0);
+        company.look(start + secs(1), 5.0, 0);
         company.wrote(start + secs(1), 104);
         company.wrote(start + secs(1), 105);
         company.wrote(start + secs(2), 109);
-        company.look(start + secs(2), 5.0);
+        company.look(start + secs(2), 5.0, 0);
         assert_eq!(company.others(), Some(2.0));
     }
 
     #[test]
     fn nothing_seen_is_company_and_a_threshold_of_zero_is_never_alone() {
         let (start, mut company) = (Instant::now(), Company::default());
-        assert!(!company.look(start, 5.0), "no answer yet");
+        assert!(!company.look(start, 5.0, 0), "no answer yet");
         company.wrote(start, 100);
-        company.look(start + secs(1), 5.0);
+        company.look(start + secs(1), 5.0, 0);
         company.wrote(start + secs(1), 101);
-        assert!(company.look(start + secs(2), 5.0));
-        assert!(!company.look(start + secs(3), 0.0));
+        assert!(company.look(start + secs(2), 5.0, 0));
+        assert!(!company.look(start + secs(3), 0.0, 0));
+    }
+
+    #[test]
+    fn the_process_s_own_records_are_not_company() {
+        let (start, mut company) = (Instant::now(), Company::default());
+        company.wrote(start, 100);
+        company.look(start + secs(1), 5.0, 0);
+        // 101 to 150: 10 gentle writes, and 40 of the process's records.
+        for revision in 141..=150 {
+            company.wrote(start + secs(1), revision);
+        }
+        company.look(start + secs(2), 5.0, 40);
+        // 151 to 190: 20 of the process's records and 20 writes of another client; then 191.
+        company.wrote(start + secs(2), 191);
+        assert!(company.look(start + secs(3), 5.0, 60), "101 to 150: all the process's own");
+        assert_eq!(company.others(), Some(0.0));
+        assert!(!company.look(start + secs(4), 5.0, 60), "151 to 191: another client's 20");
+        assert_eq!(company.others(), Some(20.0));
     }
 
     #[test]

@@ -29,6 +29,7 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use crate::api::Budget;
+use crate::apiserver::own_writes::OwnWrites;
 use crate::ops::metrics::Metrics;
 use company::Company;
 pub use company::revision;
@@ -177,6 +178,8 @@ struct State {
     /// the write window allows, and the law waits.
     company: Company,
     alone: bool,
+    /// The process's writes outside the engine, which are not another client's.
+    own_writes: OwnWrites,
     seen: Steered,
 }
 
@@ -209,6 +212,13 @@ impl Foreground {
             writes: AtomicBool::new(writes),
             metrics,
         }
+    }
+
+    /// The gate, with the process's writes outside the engine (`own_writes`) told from other
+    /// clients': without them, its own records would pass for company.
+    pub fn counting(self, own_writes: OwnWrites) -> Self {
+        self.lock().own_writes = own_writes;
+        self
     }
 
     /// Waits until a gentle write may go: with room in flight, after any quiet window under
@@ -274,6 +284,7 @@ impl State {
             strictest: None,
             company: Company::default(),
             alone: false,
+            own_writes: OwnWrites::default(),
             seen: Steered { rate: params.start_rate, ..Steered::default() },
         }
     }
@@ -396,7 +407,7 @@ impl State {
             .filter(|(at, _)| *at > since)
             .map(|(_, latency)| *latency)
             .collect();
-        let alone = self.company.look(now, self.params.alone_below);
+        let alone = self.company.look(now, self.params.alone_below, self.own_writes.count());
         if alone != self.alone {
             self.alone = alone;
             self.next_slot = now;
