@@ -92,9 +92,11 @@ pub fn step<'a>(
     // A state without that time (kube-storage-version-migrator's, or one whose annotation was
     // lost) gets it now: no migration that began earlier proves anything about it.
     let since = rewound.unwrap_or(now);
-    let proves =
-        |m: &StorageVersionMigration| storage_state::proves(m, resource, &current, Some(since));
-    let proven = migrations.iter().any(proves);
+    let of_resource: Vec<&StorageVersionMigration> =
+        migrations.iter().filter(|m| m.is_of(&resource.group, &resource.resource)).collect();
+    let proof =
+        |m: &StorageVersionMigration| storage_state::proof(m, resource, &current, Some(since));
+    let proven = of_resource.iter().any(|m| proof(m).is_ok());
     // `hash` is what one apiserver publishes, trusted or not: persisted at once.
     let next = storage_state::next_status(status, &current, hash, proven, now, timing.stale_after);
     let stamp = match next.stamps() || recorded_since.is_none() {
@@ -102,13 +104,8 @@ pub fn step<'a>(
         false => rewound.filter(|_| rewound != recorded_since),
     };
     let write = stamp.is_some() || storage_state::worth_writing(status, &next, timing.beat);
-    let of_resource: Vec<&StorageVersionMigration> =
-        migrations.iter().filter(|m| m.is_of(&resource.group, &resource.resource)).collect();
-    let migration = storage_state::migration_due(&next, &current).then(|| {
-        let proof =
-            |m: &StorageVersionMigration| storage_state::proof(m, resource, &current, Some(since));
-        plan(&of_resource, proof, timing.first_wait, timing.longest_wait, now)
-    });
+    let migration = storage_state::migration_due(&next, &current)
+        .then(|| plan(&of_resource, proof, timing.first_wait, timing.longest_wait, now));
     let trusted = Trusted { current, next, write, stamp, since, of_resource, migration };
     Step { check, trusted: Some(trusted) }
 }
