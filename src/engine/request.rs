@@ -255,6 +255,8 @@ impl Engine {
                 Ok(request) => request,
                 Err(message) => return exchange.unsettled(Unsettled::Unbuilt(message)),
             };
+            // Named in the log when no answer comes: shares the request's bytes, copies none.
+            let uri = request.uri().clone();
             let (sent, result) = match exchange.paced() {
                 Some(Paced { listed }) => self.send_paced(request, run, listed).await,
                 None => (Instant::now(), self.send(request, run).await),
@@ -277,7 +279,8 @@ impl Engine {
                 Err(NoReply::Fenced) => return exchange.unsettled(Unsettled::Fenced),
                 Err(error) => {
                     let access = exchange.access();
-                    debug!(resource = %access.resource, verb = access.verb, %error, "request failed");
+                    let path = uri.path();
+                    debug!(resource = %access.resource, verb = access.verb, path, %error, "request failed");
                     Failure::NoAnswer(error)
                 }
             };
