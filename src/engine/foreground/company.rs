@@ -2,11 +2,13 @@
 //!
 //! Every answer to a write carries etcd's revision after it (its resourceVersion), and that
 //! revision counts every write of every client. Between two looks the highest revision kube-svm's
-//! answers carried moves by kube-svm's own writes (the migrations' and the probe's, which also
-//! writes in the quiet window before the first migration write; its records, Events and lease,
-//! counted as they are answered) and everyone else's, and kube-svm knows its own. A run with no company is paced by its write window alone, as `fast` is; a client that
-//! starts writing is seen within two looks (one marks the span, the next judges it). Pure: time
-//! is passed in.
+//! answers carried moves by kube-svm's own writes and everyone else's, and kube-svm knows its
+//! own: the migrations' and the probe's (which also writes in the quiet window before the first
+//! migration write) by their revisions; its records, Events and lease by their count, which a
+//! look takes at its own time (records answered after the last migration write before it are
+//! taken from that span, a write's spacing early). A run with no company is paced by its write
+//! window alone, as `fast` is; a client that starts writing is seen within two looks (one marks
+//! the span, the next judges it). Pure: time is passed in.
 //!
 //! A client that only reads is not seen; `alone_below=0` turns this off.
 
