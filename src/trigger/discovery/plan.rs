@@ -362,6 +362,52 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_stamp_goes_back_to_a_streak_and_a_state_without_one_gets_it_now() {
+        let timing = Timing {
+            stale_after: Duration::from_secs(600),
+            beat: Duration::from_secs(30),
+            first_wait: Duration::from_secs(2),
+            longest_wait: Duration::from_secs(60),
+        };
+        let at = |second: i64| Timestamp::from_second(second).unwrap();
+        let found = widgets("h2");
+        let switched = state(&["h1", "h2"], "h2", 9_990, 9_000);
+        // Polls since 8,000 showed h2 alone, each stamping its time: a success that began at
+        // 8,500 proves it.
+        let proven = vec![of_widgets(SUCCEEDED, "h2", 8_500)];
+        let trusted = Some("h2".to_owned());
+        let seen = Seen {
+            found: &found,
+            state: Some(&switched),
+            trusted,
+            streak: Some(at(8_000)),
+            crd: false,
+        };
+        let trusted = step(&seen, &proven, &timing, at(10_000)).trusted.expect("trusted");
+        assert_eq!(trusted.since, at(8_000));
+        assert!(trusted.migration.is_none(), "proven: no migration due");
+        let persisted = &trusted.next.status.persisted_storage_version_hashes;
+        assert_eq!(persisted, &["h2"]);
+        // Without the streak, the time recorded (9,000) stands: the same success proves nothing.
+        let trusted = Some("h2".to_owned());
+        let seen =
+            Seen { found: &found, state: Some(&switched), trusted, streak: None, crd: false };
+        let trusted = step(&seen, &proven, &timing, at(10_000)).trusted.expect("trusted");
+        assert_eq!(trusted.since, at(9_000));
+        assert!(matches!(trusted.migration, Some(Plan::Try)), "{:?}", trusted.migration);
+        // kube-storage-version-migrator's state carries no time: it gets now, and no migration
+        // that began earlier proves anything.
+        let mut unstamped = switched.clone();
+        unstamped.metadata.annotations = None;
+        let trusted = Some("h2".to_owned());
+        let seen =
+            Seen { found: &found, state: Some(&unstamped), trusted, streak: None, crd: false };
+        let trusted = step(&seen, &proven, &timing, at(10_000)).trusted.expect("trusted");
+        assert_eq!((trusted.since, trusted.stamp), (at(10_000), Some(at(10_000))));
+        assert!(matches!(trusted.migration, Some(Plan::Try)), "{:?}", trusted.migration);
+    }
+
     /// A success for the hash `hash` against the apiservers `against` that proves nothing.
     fn unproven(hash: &str, against: &str, second: i64) -> StorageVersionMigration {
         let mut migration = ended("unproven", SUCCEEDED, second);
