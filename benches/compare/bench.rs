@@ -38,6 +38,9 @@ pub struct Bench {
     pub foreground: Foreground,
     /// The chart's ServiceAccount's client configuration: kube-svm runs as it.
     pub account: kube::Config,
+    /// The round of `BENCH_REPEAT` being measured, when there are more than one: each row
+    /// measured in it is named `<contender> #<round>`.
+    pub round: Option<usize>,
 }
 
 /// What a contender needs.
@@ -99,6 +102,16 @@ impl Bench {
             controller: None,
             foreground,
             account,
+            round: None,
+        }
+    }
+
+    /// The name of `contender`'s row in the round being measured: `<contender> #<round>` when
+    /// the contenders are repeated, `contender` otherwise.
+    pub fn in_round(&self, contender: &str) -> String {
+        match self.round {
+            Some(round) => format!("{contender} #{round}"),
+            None => contender.to_owned(),
         }
     }
 
@@ -143,6 +156,8 @@ impl Bench {
     /// the contender of the measures that follow, until [`Bench::stop_controller`].
     pub async fn start_controller(&mut self, name: &str, args: &[String]) {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        // One controller at a time: two would both carry out a migration.
+        self.stop_controller();
         self.controller = Some(KubeSvm::start(&self.control_plane, name, &args).await);
     }
 
@@ -210,7 +225,7 @@ impl Bench {
         let per_1000 =
             |used: f64, idle: f64| (used - idle * seconds).max(0.0) * 1000.0 / objects as f64;
         let row = Row {
-            contender: contender.to_owned(),
+            contender: self.in_round(contender),
             note: note.to_owned(),
             objects,
             seconds,

@@ -30,6 +30,11 @@ pub struct Config {
     /// `BENCH_PACE`'s, at `BENCH_PACE`'s budget: a mechanism measured with and without it in one
     /// run. Default none.
     pub pace_variants: Vec<String>,
+    /// `BENCH_REPEAT`: how many rounds of the contenders that run beside the client at a pace of
+    /// their own (`kube-svm-controller` and its burst, `in-tree`, the budgets and variants of
+    /// `kube-svm-controller-probe`), one round after another, so that each is measured as
+    /// often as the others and the report gives the median of each. Default 1.
+    pub repeat: usize,
     /// `BENCH_BEFORE_BINARY`: another kube-svm build, whose defaults run first, alone and with
     /// the burst (`kube-svm-before`, `kube-svm-before-burst`). Default none.
     pub before_binary: Option<PathBuf>,
@@ -93,6 +98,10 @@ impl Config {
                     Err(error) => panic!("BENCH_PACE_VARIANTS: {variant}: {error}"),
                 })
                 .collect(),
+            repeat: var("BENCH_REPEAT").map_or(1, |value| match value.parse::<usize>() {
+                Ok(rounds) if rounds >= 1 => rounds,
+                _ => panic!("BENCH_REPEAT={value}: a number of rounds, 1 or more"),
+            }),
             before_binary: std::env::var_os("BENCH_BEFORE_BINARY").map(PathBuf::from),
             sweep: Sweep::parse(&var("BENCH_SWEEP").unwrap_or_default()),
             report: var("BENCH_REPORT")

@@ -48,8 +48,14 @@ async fn main() {
     let limit = "bare client, minimal patch, 64 in flight";
     contenders::limit(&mut bench, "limit-64", 64, limit).await;
     contenders::before_build(&mut bench).await;
-    contenders::controller_defaults(&mut bench).await;
-    contenders::in_tree_and_budgets(&mut bench).await;
+    // The contenders that pace themselves beside the client, in rounds (`BENCH_REPEAT`).
+    let rounds = bench.config.repeat;
+    for round in 1..=rounds {
+        bench.round = (rounds > 1).then_some(round);
+        contenders::controller_defaults(&mut bench).await;
+        contenders::in_tree_and_budgets(&mut bench).await;
+    }
+    bench.round = None;
     contenders::controller_fast(&mut bench).await;
     contenders::already_current(&mut bench).await;
     contenders::flow_control(&mut bench).await;

@@ -73,6 +73,9 @@ pub fn write(bench: &Bench, sweep: &[Point]) {
             row.note
         );
     }
+    if bench.config.repeat > 1 {
+        table.push_str(&rounds(&bench.rows));
+    }
     table.push_str("\nWhat the apiserver spent its time on while each ran, every client's requests together (requests a second, and the seconds they took each second: summed latencies; watches aside):\n\n");
     for row in bench.rows.iter().filter(|r| !r.busiest.is_empty()) {
         let busiest: Vec<String> = row
@@ -114,4 +117,52 @@ pub fn write(bench: &Bench, sweep: &[Point]) {
         serde_json::to_string_pretty(&json).expect("serializes"),
     )
     .expect("the numbers are written");
+}
+
+/// The contenders measured in rounds (`BENCH_REPEAT`, rows named `<contender> #<round>`): the
+/// median of each one's objects/s and foreground p99 over its rounds, and every round's figures.
+fn rounds(rows: &[Row]) -> String {
+    let mut contenders: Vec<(&str, Vec<&Row>)> = Vec::new();
+    for row in rows {
+        let Some((contender, _)) = row.contender.rsplit_once(" #") else { continue };
+        match contenders.iter_mut().find(|(name, _)| *name == contender) {
+            Some((_, rounds)) => rounds.push(row),
+            None => contenders.push((contender, vec![row])),
+        }
+    }
+    let mut table = String::from(
+        "\nEach contender over its rounds: the median, then each round in the order run.\n\n| contender | rounds | objects/s, median | foreground p99 (ms), median | objects/s | foreground p99 (ms) |\n| --- | --- | --- | --- | --- | --- |\n",
+    );
+    for (contender, rounds) in contenders {
+        let rates: Vec<f64> = rounds.iter().map(|r| r.objects_per_second).collect();
+        let p99s: Vec<f64> =
+            rounds.iter().filter_map(|r| r.foreground.as_ref()).map(|f| f.p99_ms).collect();
+        let list = |values: &[f64]| {
+            values.iter().map(|v| format!("{v:.1}")).collect::<Vec<_>>().join(", ")
+        };
+        let median =
+            |values: &[f64]| median(values).map_or_else(|| "-".to_owned(), |m| format!("{m:.1}"));
+        let _ = writeln!(
+            table,
+            "| {contender} | {} | {} | {} | {} | {} |",
+            rounds.len(),
+            median(&rates),
+            median(&p99s),
+            list(&rates),
+            list(&p99s),
+        );
+    }
+    table
+}
+
+/// The middle value (the mean of the two middle ones of an even count); `None` of none.
+fn median(values: &[f64]) -> Option<f64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let middle = sorted.len() / 2;
+    match sorted.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(sorted[middle]),
+        _ => Some((sorted[middle - 1] + sorted[middle]) / 2.0),
+    }
 }
