@@ -378,13 +378,14 @@ impl State {
         while self.samples.front().is_some_and(|(at, _)| answered.duration_since(*at) > KEEP) {
             self.samples.pop_front();
         }
+        let mut judged = Change::Held;
         if answered > until && !self.quiet.is_empty() {
-            self.steering.quiet_window(std::mem::take(&mut self.quiet));
+            judged = self.steering.quiet_window(answered, std::mem::take(&mut self.quiet));
         }
-        if answered.duration_since(self.last_look) < LOOK_EVERY {
+        if judged == Change::Held && answered.duration_since(self.last_look) < LOOK_EVERY {
             return None;
         }
-        Some(self.look(answered, default))
+        Some(self.look(answered, default, judged))
     }
 
     /// The budget that steers at `now`: the strictest a migration asked for lately, or the
@@ -396,8 +397,9 @@ impl State {
         }
     }
 
-    /// The law's look at the probe samples since the rate last changed.
-    fn look(&mut self, now: Instant, default: Budget) -> Change {
+    /// The law's look at the probe samples since the rate last changed, or at what a quiet
+    /// window just `judged` of a cut on trial.
+    fn look(&mut self, now: Instant, default: Budget, judged: Change) -> Change {
         self.last_look = now;
         let budget = self.budget(now, default);
         let since = self.steering.changed();
@@ -426,10 +428,15 @@ impl State {
         // Writes that waited once, long ago, say nothing of the rate now: a rate they no longer
         // wait on must not grow.
         let waited = std::mem::take(&mut self.waited);
-        let change = match alone {
-            true => Change::Held,
-            false => self.steering.steer(now, &recent, budget, waited),
+        let change = match (alone, judged) {
+            (true, _) => Change::Held,
+            (false, Change::Held) => self.steering.steer(now, &recent, budget, waited),
+            (false, judged) => judged,
         };
+        if change == Change::Judge {
+            // The writes pause at once: the probe without them tells whose the latency is.
+            self.next_quiet = Some(now);
+        }
         let baseline = self.steering.baseline();
         self.seen = Steered {
             rate: self.steering.rate(),
@@ -447,6 +454,8 @@ impl State {
                 info!(from, to, seen = %self.seen, "gentle rate cut undone")
             }
             Change::Grew { from, to } => debug!(from, to, seen = %self.seen, "gentle rate grew"),
+            Change::Judge => info!(seen = %self.seen, "gentle rate cut on trial"),
+            Change::Stood { rate } => info!(rate, seen = %self.seen, "gentle rate cut stands"),
             Change::Held => {}
         }
         change
@@ -579,20 +588,30 @@ mod tests {
     }
 
     #[test]
-    fn a_cut_that_does_not_make_the_probe_faster_is_undone_and_said() {
+    fn a_cut_that_does_not_make_the_probe_faster_is_judged_by_a_quiet_window_and_said() {
         let now = Instant::now();
         let (mut state, after) = measured(now, 4);
         let changes = probes(&mut state, after, 6, 13);
         let start = params().start_rate;
         let cut = start * params().cut;
         assert_eq!(changes, [Change::Cut { from: start, to: cut }]);
-        let changes = probes(&mut state, after + Duration::from_secs(6), 6, 13);
+        let judged_at = after + Duration::from_secs(6);
+        let changes = probes(&mut state, judged_at, 6, 13);
+        assert_eq!(changes, [Change::Judge]);
+        assert_eq!(state.seen.why, Why::Judging);
+        assert_eq!(state.seen.rate, cut, "held until a quiet window judges");
+        // The next write finds a quiet window begun at once.
+        let now = judged_at + Duration::from_secs(6);
+        let quiet_for = params().quiet_for;
+        assert_eq!(state.admit(now, None, Budget::default()), (now + quiet_for, false));
+        // As slow in it: the latency is not the run's, and the cut is undone.
+        let changes = probes(&mut state, now + QUIET_SETTLE, 3, 13);
         assert_eq!(changes, [Change::Undone { from: cut, to: start }]);
         assert_eq!(state.seen.why, Why::Undone);
         assert_eq!(state.seen.rate, start);
         assert!(
             state.seen.to_string().starts_with(
-                "100.0 objects/s (cut undone: the probe was no faster for it, the latency is not this run's); probe p99 13.0ms, budget 12.0ms (3x its quiet 4.0ms)"
+                "100.0 objects/s (cut undone: the probe was no faster for it, the latency is not this run's); probe p99 not measured yet, budget 39.0ms (3x its quiet 13.0ms)"
             ),
             "{}",
             state.seen
@@ -620,9 +639,9 @@ mod tests {
         let (mut state, _) = measured(now, 4);
         let fixed = Budget::Fixed(ms(6));
         state.admit(now, Some(fixed), Budget::default());
-        state.look(now, Budget::default());
+        state.look(now, Budget::default(), Change::Held);
         assert_eq!(state.seen.limit, Some(ms(6)));
-        state.look(now + BUDGET_MEMORY * 2, Budget::default());
+        state.look(now + BUDGET_MEMORY * 2, Budget::default(), Change::Held);
         assert_eq!(state.seen.limit, Some(ms(12)), "forgotten once it stops");
     }
 
@@ -637,10 +656,10 @@ mod tests {
             later += BUDGET_MEMORY / 2;
             state.admit(later, Some(loose), Budget::default());
         }
-        state.look(later, Budget::default());
+        state.look(later, Budget::default(), Change::Held);
         assert_eq!(state.seen.limit, Some(ms(12)), "the strict one lapsed");
         state.admit(later, Some(strict), Budget::default());
-        state.look(later, Budget::default());
+        state.look(later, Budget::default(), Change::Held);
         assert_eq!(state.seen.limit, Some(ms(6)), "and comes back with it");
     }
 
@@ -659,7 +678,7 @@ mod tests {
                 revision += 1;
                 state.company.wrote(at, revision);
             }
-            state.look(at, Budget::default());
+            state.look(at, Budget::default(), Change::Held);
         };
         second(&mut state, now, 1, 0);
         second(&mut state, now + Duration::from_secs(1), 1, 1);

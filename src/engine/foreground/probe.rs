@@ -110,7 +110,7 @@ impl Foreground {
             Some(Change::Cut { .. }) => "cut",
             Some(Change::Undone { .. }) => "undone",
             Some(Change::Grew { .. }) => "grew",
-            Some(Change::Held) | None => return,
+            Some(Change::Held | Change::Judge | Change::Stood { .. }) | None => return,
         };
         self.metrics.gentle_changes.with_label_values(&[counted]).inc();
     }

@@ -10,10 +10,12 @@
 //!   lowered at the first look after it, and at the first after each quiet window.
 //! - **Budget.** How slow the probe may get: a multiple of the baseline (`3x`) or a latency.
 //! - **Cut, on trial.** The probe's percentile past the budget cuts the rate, the deeper the
-//!   further past (down to two cuts at once). The next look judges
-//!   the cut: if the probe is not faster for it, the latency was not the run's, and the cut is
-//!   undone; that latency is then noted, and only a probe past it cuts again until the probe is
-//!   back within the budget. A cut that made the probe faster stands.
+//!   further past (down to two cuts at once). The next look judges the cut: one that made the
+//!   probe faster stands. If the probe is no faster for it, a quiet window comes at once and
+//!   tells whose the latency is: faster with none of the run's writes, it was the run's, and the
+//!   cut stands; as slow, it was not, and the cut is undone (a fixed budget, which takes no quiet
+//!   windows, undoes it at once). The latency of an undone cut is noted, and only a probe past
+//!   it cuts again until the probe is back within the budget.
 //! - **Growth.** Well within the budget, with writes waiting on the rate, the rate grows by the
 //!   room the probe leaves (up to `first_increase`) until a cut has stood, and by `increase` after.
 //!   One change per `hold` at most, judged on the probes since the last change.
@@ -32,7 +34,13 @@ use crate::api::Budget;
 pub enum Change {
     /// The probe passed the budget: the rate was cut.
     Cut { from: f64, to: f64 },
-    /// The cut before did not make the probe faster: the rate is back where it was.
+    /// The cut before did not make the probe faster: a quiet window is to tell whether the
+    /// latency goes with the run's writes.
+    Judge,
+    /// A quiet window found the probe faster without the run's writes: the cut stands.
+    Stood { rate: f64 },
+    /// The probe was as slow after a cut (in a quiet window, for a relative budget): the rate is
+    /// back where it was.
     Undone { from: f64, to: f64 },
     /// Room under the budget, and writes waited on the rate: it grew.
     Grew { from: f64, to: f64 },
@@ -54,6 +62,10 @@ pub enum Why {
     NotNeeded,
     /// The probe passed its budget.
     Cut,
+    /// The cut before did not make the probe faster: a quiet window tells whose the latency is.
+    Judging,
+    /// The probe was faster in a quiet window than with the run's writes: the cut stands.
+    Stood,
     /// The cut before did not make the probe faster: the latency is not the run's.
     Undone,
     /// The probe is past its budget by latency shown not to be the run's.
@@ -72,6 +84,10 @@ impl fmt::Display for Why {
             Why::NearBudget => "held: the probe is near its budget",
             Why::NotNeeded => "held: the writes go slower than the rate",
             Why::Cut => "cut: the probe passed its budget",
+            Why::Judging => {
+                "cut on trial: the probe was no faster for it, a quiet window tells whose the latency is"
+            }
+            Why::Stood => "cut stands: the probe was faster without this run's writes",
             Why::Undone => {
                 "cut undone: the probe was no faster for it, the latency is not this run's"
             }
@@ -89,6 +105,9 @@ struct Trial {
     rate: f64,
     /// The probe's latency that made the cut.
     latency: Duration,
+    /// The probe's latency at the look that found it no faster for the cut, which a quiet
+    /// window is to judge.
+    no_faster: Option<Duration>,
 }
 
 /// The law's state.
@@ -153,17 +172,42 @@ impl Steering {
         self.why = Why::Measuring;
     }
 
-    /// Records the probe's latencies in one quiet window.
-    pub fn quiet_window(&mut self, latencies: Vec<Duration>) {
+    /// Records the probe's latencies in one quiet window, answered by `now`; judges a cut on
+    /// trial by them.
+    pub fn quiet_window(&mut self, now: Instant, latencies: Vec<Duration>) -> Change {
         if latencies.is_empty() {
-            return;
+            return Change::Held;
         }
+        let judged = self.judge(now, percentile(&latencies, self.params.judged));
         self.quiet.push_back(latencies);
         while self.quiet.len() > self.params.quiet_windows {
             self.quiet.pop_front();
         }
         let pooled: Vec<Duration> = self.quiet.iter().flatten().copied().collect();
         self.baseline = Some(percentile(&pooled, self.params.judged));
+        judged
+    }
+
+    /// A cut on trial, judged by a quiet window whose probes read `quiet`: faster than with the
+    /// run's writes, the latency was the run's and the cut stands; as slow, it is undone.
+    fn judge(&mut self, now: Instant, quiet: Duration) -> Change {
+        let Some(trial @ Trial { no_faster: Some(no_faster), .. }) = self.trial else {
+            return Change::Held;
+        };
+        self.trial = None;
+        if quiet.as_secs_f64() >= no_faster.as_secs_f64() * self.params.undo_above {
+            return self.undo(now, trial, no_faster);
+        }
+        self.hurt = true;
+        self.change(now, Why::Stood, Change::Stood { rate: self.rate })
+    }
+
+    /// Back to the rate before `trial`'s cut: the probe, at `seen`, was no faster for it.
+    fn undo(&mut self, now: Instant, trial: Trial, seen: Duration) -> Change {
+        let from = self.rate;
+        self.rate = trial.rate;
+        self.ambient = Some(seen.max(trial.latency));
+        self.change(now, Why::Undone, Change::Undone { from, to: self.rate })
     }
 
     /// One look at the probe: `samples`, the latencies seen since the last change (outside quiet
@@ -189,10 +233,22 @@ impl Steering {
         let Some(limit) = budget.limit(self.baseline) else { return Change::Held };
         let from = self.rate;
         if let Some(trial) = self.trial.take() {
+            if trial.no_faster.is_some() {
+                // Waiting for its quiet window; one that never comes (no write asks for it)
+                // leaves the cut to be undone.
+                if now.duration_since(self.changed) < params.hold + params.quiet_every {
+                    self.trial = Some(trial);
+                    return Change::Held;
+                }
+                return self.undo(now, trial, seen);
+            }
             if seen.as_secs_f64() >= trial.latency.as_secs_f64() * params.undo_above {
-                self.rate = trial.rate;
-                self.ambient = Some(seen.max(trial.latency));
-                return self.change(now, Why::Undone, Change::Undone { from, to: self.rate });
+                if let Budget::Fixed(_) = budget {
+                    return self.undo(now, trial, seen);
+                }
+                self.trial = Some(Trial { no_faster: Some(seen), ..trial });
+                self.why = Why::Judging;
+                return Change::Judge;
             }
             self.hurt = true;
         }
@@ -212,7 +268,7 @@ impl Steering {
                 return Change::Held;
             }
             self.rate = to;
-            self.trial = Some(Trial { rate: from, latency: seen });
+            self.trial = Some(Trial { rate: from, latency: seen, no_faster: None });
             return self.change(now, Why::Cut, Change::Cut { from, to });
         }
         if seen > limit {
@@ -277,7 +333,7 @@ mod tests {
     /// A steering whose quiet probes all read `baseline` ms: the default budget is 3 times it.
     fn with_baseline(now: Instant, baseline: u64) -> Steering {
         let mut steering = Steering::new(now, params());
-        steering.quiet_window(vec![ms(baseline); 80]);
+        steering.quiet_window(now, vec![ms(baseline); 80]);
         steering
     }
 
@@ -287,19 +343,20 @@ mod tests {
 
     #[test]
     fn the_baseline_is_the_judged_percentile_of_the_last_quiet_windows_pooled() {
-        let mut steering = Steering::new(Instant::now(), params());
+        let now = Instant::now();
+        let mut steering = Steering::new(now, params());
         assert_eq!(steering.baseline(), None);
         // One slow probe in 100: the 99th percentile is the fast ones'.
         let mut window: Vec<Duration> = vec![ms(3); 99];
         window.push(ms(40));
-        steering.quiet_window(window);
+        steering.quiet_window(now, window);
         assert_eq!(steering.baseline(), Some(ms(3)));
         // A loaded window among three raises it: its probes are 1 in 3 of those pooled.
-        steering.quiet_window(vec![ms(9); 100]);
+        steering.quiet_window(now, vec![ms(9); 100]);
         assert_eq!(steering.baseline(), Some(ms(9)));
-        steering.quiet_window(vec![ms(3); 100]);
-        steering.quiet_window(vec![ms(3); 100]);
-        steering.quiet_window(vec![ms(3); 100]);
+        steering.quiet_window(now, vec![ms(3); 100]);
+        steering.quiet_window(now, vec![ms(3); 100]);
+        steering.quiet_window(now, vec![ms(3); 100]);
         assert_eq!(steering.baseline(), Some(ms(3)), "the loaded window is forgotten");
     }
 
@@ -310,7 +367,7 @@ mod tests {
         let later = now + hold();
         assert_eq!(steering.steer(later, &steady(100), Budget::default(), true), Change::Held);
         assert_eq!(steering.why(), Why::Measuring);
-        steering.quiet_window(vec![ms(4); 80]);
+        steering.quiet_window(now, vec![ms(4); 80]);
         let few = vec![ms(100); params().least_samples() - 1];
         assert_eq!(steering.steer(later, &few, Budget::default(), true), Change::Held);
         assert_eq!(steering.steer(now, &steady(100), Budget::default(), true), Change::Held);
@@ -326,8 +383,8 @@ mod tests {
         let start = params().start_rate;
         assert_eq!(change, Change::Cut { from: start, to: start * params().cut });
         assert_eq!(steering.why(), Why::Cut);
-        let cut = steering.clone().steer(at + hold(), &steady(13), Budget::default(), false);
-        assert!(matches!(cut, Change::Undone { .. }), "not faster: undone, {cut:?}");
+        let judged = steering.clone().steer(at + hold(), &steady(13), Budget::default(), false);
+        assert_eq!(judged, Change::Judge, "not faster: a quiet window is to judge");
         // Each cut stands, the probe faster after it, down to the floor.
         let mut steering = with_baseline(now, 4);
         let mut latency = 200.0;
@@ -362,7 +419,7 @@ mod tests {
     }
 
     #[test]
-    fn a_cut_that_leaves_the_probe_as_slow_is_undone_and_its_latency_cuts_no_more() {
+    fn a_cut_the_probe_is_no_faster_for_is_undone_when_a_quiet_window_is_as_slow() {
         let now = Instant::now();
         let mut steering = with_baseline(now, 4);
         let start = params().start_rate;
@@ -374,28 +431,96 @@ mod tests {
         );
         // Another client's load: the probe is as slow at the lower rate.
         at += hold();
+        assert_eq!(steering.steer(at, &steady(15), Budget::default(), true), Change::Judge);
+        assert_eq!(steering.why(), Why::Judging);
+        at += hold();
+        let waiting = steering.steer(at, &steady(15), Budget::default(), true);
+        assert_eq!(waiting, Change::Held, "the cut waits for its quiet window");
+        // As slow with none of the run's writes: not the run's.
+        let undone = steering.quiet_window(at, vec![ms(15); 80]);
+        assert_eq!(undone, Change::Undone { from: cut, to: start });
+        assert_eq!(steering.why(), Why::Undone);
+        // The baseline took the load in: the probe at it is within the budget.
+        assert_eq!(steering.baseline(), Some(ms(15)));
+        at += hold();
+        let within = steering.steer(at, &steady(16), Budget::default(), false);
+        assert_eq!((within, steering.why()), (Change::Held, Why::NotNeeded));
+    }
+
+    #[test]
+    fn a_cut_the_probe_is_no_faster_for_stands_when_a_quiet_window_is_faster() {
+        let now = Instant::now();
+        let mut steering = with_baseline(now, 4);
+        let mut at = now + hold();
+        steering.steer(at, &steady(15), Budget::default(), true);
+        let cut = steering.rate();
+        at += hold();
+        assert_eq!(steering.steer(at, &steady(15), Budget::default(), true), Change::Judge);
+        // Fast again as soon as the run's writes stop: the latency was the run's.
+        assert_eq!(steering.quiet_window(at, vec![ms(4); 80]), Change::Stood { rate: cut });
+        assert_eq!((steering.rate(), steering.why()), (cut, Why::Stood));
+        // Still past the budget: cut again; and growth after a cut that stood is slow.
+        at += hold();
+        assert!(matches!(steering.steer(at, &steady(15), Budget::default(), true), Change::Cut { .. }));
+        let again = steering.rate();
+        at += hold();
+        let grown = steering.steer(at, &steady(5), Budget::default(), true);
+        assert_eq!(grown, Change::Grew { from: again, to: again * params().increase });
+    }
+
+    #[test]
+    fn a_cut_whose_quiet_window_never_comes_is_undone() {
+        let now = Instant::now();
+        let mut steering = with_baseline(now, 4);
+        let mut at = now + hold();
+        steering.steer(at, &steady(15), Budget::default(), true);
+        let (cut, cut_at) = (steering.rate(), at);
+        at += hold();
+        assert_eq!(steering.steer(at, &steady(15), Budget::default(), true), Change::Judge);
+        let late = cut_at + params().hold + params().quiet_every;
+        let waiting = steering.steer(late - ms(1), &steady(15), Budget::default(), true);
+        assert_eq!(waiting, Change::Held);
+        let undone = steering.steer(late, &steady(15), Budget::default(), true);
+        assert_eq!(undone, Change::Undone { from: cut, to: params().start_rate });
+    }
+
+    #[test]
+    fn under_a_fixed_budget_a_cut_that_leaves_the_probe_as_slow_is_undone_and_its_latency_cuts_no_more() {
+        let now = Instant::now();
+        // 12 ms, as 3x the quiet 4: a fixed budget takes no quiet windows to judge a cut by.
+        let budget = Budget::Fixed(ms(12));
+        let mut steering = with_baseline(now, 4);
+        let start = params().start_rate;
+        let cut = start * params().cut;
+        let mut at = now + hold();
         assert_eq!(
-            steering.steer(at, &steady(15), Budget::default(), true),
+            steering.steer(at, &steady(15), budget, true),
+            Change::Cut { from: start, to: cut }
+        );
+        // Another client's load: the probe is as slow at the lower rate.
+        at += hold();
+        assert_eq!(
+            steering.steer(at, &steady(15), budget, true),
             Change::Undone { from: cut, to: start }
         );
         assert_eq!(steering.why(), Why::Undone);
         at += hold();
-        assert_eq!(steering.steer(at, &steady(16), Budget::default(), true), Change::Held);
+        assert_eq!(steering.steer(at, &steady(16), budget, true), Change::Held);
         assert_eq!(steering.why(), Why::NotOurs, "within what was shown not to be the run's");
         // Past it, the law cuts again; back within the budget, it is forgotten.
         at += hold();
-        let again = steering.steer(at, &steady(20), Budget::default(), true);
+        let again = steering.steer(at, &steady(20), budget, true);
         assert!(matches!(again, Change::Cut { .. }), "{again:?}");
         at += hold();
         assert!(matches!(
-            steering.steer(at, &steady(20), Budget::default(), true),
+            steering.steer(at, &steady(20), budget, true),
             Change::Undone { .. }
         ));
         at += hold();
-        let grown = steering.steer(at, &steady(4), Budget::default(), true);
+        let grown = steering.steer(at, &steady(4), budget, true);
         assert!(matches!(grown, Change::Grew { .. }), "{grown:?}");
         at += hold();
-        let cut_again = steering.steer(at, &steady(13), Budget::default(), true);
+        let cut_again = steering.steer(at, &steady(13), budget, true);
         assert!(
             matches!(cut_again, Change::Cut { .. }),
             "the latency noted is forgotten: {cut_again:?}"
@@ -435,7 +560,7 @@ mod tests {
         // No more than `first_increase`, whatever the room.
         let slow = ProbeParams { first_increase: 2.0, ..params() };
         let mut steering = Steering::new(now, slow);
-        steering.quiet_window(vec![ms(4); 80]);
+        steering.quiet_window(now, vec![ms(4); 80]);
         let change = steering.steer(now + hold(), &steady(4), Budget::default(), true);
         assert_eq!(change, Change::Grew { from: slow.start_rate, to: slow.start_rate * 2.0 });
     }
@@ -473,7 +598,7 @@ mod tests {
         assert_eq!(steering.baseline(), Some(ms(4)), "a slower look does not raise it");
         // Measured again at the next quiet window, the spell still among the windows pooled; and
         // lowered again at the next look.
-        steering.quiet_window(vec![ms(5); 80]);
+        steering.quiet_window(now, vec![ms(5); 80]);
         assert_eq!(steering.baseline(), Some(ms(43)));
         at += hold();
         steering.steer(at, &steady(6), Budget::default(), true);
