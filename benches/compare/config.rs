@@ -31,8 +31,8 @@ pub struct Config {
     /// run. Default none.
     pub pace_variants: Vec<String>,
     /// `BENCH_REPEAT`: how many rounds of the contenders that run beside the client at a pace of
-    /// their own (`kube-svm-controller` and its burst, `in-tree`, the budgets and variants of
-    /// `kube-svm-controller-probe`), one round after another, so that each is measured as
+    /// their own (`kube-svm-before`, `kube-svm-controller` and their bursts, `in-tree`, the
+    /// budgets and variants of `kube-svm-controller-probe`), one round after another, so that each is measured as
     /// often as the others and the report gives the median of each. Default 1.
     pub repeat: usize,
     /// `BENCH_BEFORE_BINARY`: another kube-svm build, whose defaults run first, alone and with
@@ -190,7 +190,7 @@ impl Sweep {
 pub struct PaceTuning {
     /// `budget`: the `--foreground-budget` of the controllers that run at the defaults
     /// (every contender but `kube-svm-controller-probe`), and the budget of the probe the bench
-    /// sends by itself. Default `3x`.
+    /// sends by itself. Default `2x`.
     pub budget: String,
     /// `writes_in_flight`: `--writes-in-flight` of every controller the bench starts, and the
     /// engine contender's most writes at once. Default kube-svm's (64).
@@ -211,7 +211,7 @@ impl PaceTuning {
         // The controller's default budget, named: the test support's controllers follow their own
         // latency unless told.
         let mut tuning = PaceTuning {
-            budget: "3x".to_owned(),
+            budget: "2x".to_owned(),
             writes_in_flight: None,
             band: Band::GENTLE,
             params: None,

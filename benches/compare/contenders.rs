@@ -69,6 +69,7 @@ pub async fn before_build(bench: &mut Bench) {
     let Some(before) = bench.config.before_binary.clone().filter(|_| selected) else { return };
     let args = bench.config.controller_args(&bench.config.pace.budget);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    bench.stop_controller();
     let kubeconfig = bench.control_plane.controller_kubeconfig().await;
     let controller =
         KubeSvm::start_built(&bench.control_plane, &before, "bench-before", &args, kubeconfig);
@@ -100,7 +101,7 @@ pub async fn controller_defaults(bench: &mut Bench) {
     bench
         .measure(
             "kube-svm-controller",
-            "defaults (gentle, steered by its probe at 3x), end to end, created once the encoding check's 10 s settle has passed",
+            "defaults (gentle, steered by its probe at 2x), end to end, created once the encoding check's 10 s settle has passed",
             true,
             SETTLE,
             |ctx| kube_svm_controller(ctx, None),

@@ -47,11 +47,11 @@ async fn main() {
     // The contenders, one after another, each after a storage switch.
     let limit = "bare client, minimal patch, 64 in flight";
     contenders::limit(&mut bench, "limit-64", 64, limit).await;
-    contenders::before_build(&mut bench).await;
     // The contenders that pace themselves beside the client, in rounds (`BENCH_REPEAT`).
     let rounds = bench.config.repeat;
     for round in 1..=rounds {
         bench.round = (rounds > 1).then_some(round);
+        contenders::before_build(&mut bench).await;
         contenders::controller_defaults(&mut bench).await;
         contenders::in_tree_and_budgets(&mut bench).await;
     }

@@ -52,7 +52,7 @@ pub enum Budget {
 
 impl Default for Budget {
     fn default() -> Budget {
-        Budget::Relative(3.0)
+        Budget::Relative(2.0)
     }
 }
 

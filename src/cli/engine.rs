@@ -44,13 +44,13 @@ pub struct EngineArgs {
     pub pace: Pace,
 
     /// How slow the gentle pace lets other clients get: the p99 of a probe kube-svm sends as
-    /// another client would, either a multiple of the probe's quiet baseline (`3x`, the default)
+    /// another client would, either a multiple of the probe's quiet baseline (`2x`, the default)
     /// or a latency (`25ms`, which needs no baseline: its writes take no quiet pause). The
     /// gentle pace sets a rate of writes, cut when the probe passes the budget (and the cut
     /// undone if the probe is no faster for it) and grown below it; a migration can ask for a stricter budget with the annotation
     /// `kube-svm.io/foreground-budget`. `off` paces gentle migrations by their own write latency
     /// instead. The fast pace ignores it.
-    #[arg(long, env = "KUBE_SVM_FOREGROUND_BUDGET", default_value = "3x", value_parser = budget)]
+    #[arg(long, env = "KUBE_SVM_FOREGROUND_BUDGET", default_value = "2x", value_parser = budget)]
     pub foreground_budget: ForegroundBudget,
 
     /// The gentle pace's numbers, by name, comma-separated (`hold_ms=10000,cut=0.5`); those not

@@ -466,6 +466,11 @@ impl State {
 mod tests {
     use super::*;
 
+    /// The budget the tests steer by: 3 times the quiet baseline.
+    fn budget() -> Budget {
+        Budget::Relative(3.0)
+    }
+
     /// The law with the company of other clients taken for granted (`alone_below=0`).
     fn params() -> ProbeParams {
         ProbeParams { alone_below: 0.0, ..ProbeParams::default() }
@@ -484,11 +489,11 @@ mod tests {
         let now = Instant::now();
         let mut state = state(now);
         let quiet_for = params().quiet_for;
-        assert_eq!(state.admit(now, None, Budget::default()), (now + quiet_for, false));
+        assert_eq!(state.admit(now, None, budget()), (now + quiet_for, false));
         let after = now + quiet_for;
-        assert_eq!(state.admit(after, None, Budget::default()), (after, true));
+        assert_eq!(state.admit(after, None, budget()), (after, true));
         let spacing = Duration::from_secs_f64(1.0 / params().start_rate);
-        assert_eq!(state.admit(after, None, Budget::default()), (after + spacing, true));
+        assert_eq!(state.admit(after, None, budget()), (after + spacing, true));
         assert!(state.waited, "the second write waited on the rate");
     }
 
@@ -497,12 +502,12 @@ mod tests {
         let now = Instant::now();
         let fixed = Budget::Fixed(ms(8));
         let mut state = state(now);
-        assert_eq!(state.admit(now, Some(fixed), Budget::default()), (now, true));
+        assert_eq!(state.admit(now, Some(fixed), budget()), (now, true));
         assert!(state.admit(now, None, fixed).1, "nor a default fixed one");
         assert!(!state.quiet_at(now));
-        let (until, admitted) = state.admit(now, None, Budget::default());
+        let (until, admitted) = state.admit(now, None, budget());
         assert!(!admitted && state.quiet_at(now), "a relative one does, and holds every write");
-        assert_eq!(state.admit(now, Some(fixed), Budget::default()), (until, false));
+        assert_eq!(state.admit(now, Some(fixed), budget()), (until, false));
     }
 
     #[test]
@@ -510,12 +515,12 @@ mod tests {
         let now = Instant::now();
         let ProbeParams { quiet_for, quiet_every, .. } = params();
         let mut state = state(now);
-        state.admit(now, None, Budget::default());
+        state.admit(now, None, budget());
         let next = now + quiet_for + quiet_every;
-        assert!(state.admit(next - ms(1), None, Budget::default()).1);
-        assert_eq!(state.admit(next, None, Budget::default()), (next + quiet_for, false));
+        assert!(state.admit(next - ms(1), None, budget()).1);
+        assert_eq!(state.admit(next, None, budget()), (next + quiet_for, false));
         let midway = next + quiet_for / 2;
-        assert_eq!(state.admit(midway, None, Budget::default()), (next + quiet_for, false));
+        assert_eq!(state.admit(midway, None, budget()), (next + quiet_for, false));
         assert!(state.quiet_at(midway) && !state.quiet_at(next + quiet_for));
     }
 
@@ -523,15 +528,15 @@ mod tests {
     fn a_quiet_window_s_settled_probes_make_the_baseline_and_the_rest_the_signal() {
         let now = Instant::now();
         let mut state = state(now);
-        state.admit(now, None, Budget::default());
+        state.admit(now, None, budget());
         // Unsettled: not counted anywhere.
-        state.record(now + ms(100), ms(30), Budget::default());
+        state.record(now + ms(100), ms(30), budget());
         for i in 0..10 {
-            state.record(now + QUIET_SETTLE + ms(50 * i), ms(4), Budget::default());
+            state.record(now + QUIET_SETTLE + ms(50 * i), ms(4), budget());
         }
         assert_eq!(state.steering.baseline(), None, "the window is still under way");
         let after = now + params().quiet_for + ms(10);
-        state.record(after, ms(9), Budget::default());
+        state.record(after, ms(9), budget());
         assert_eq!(state.steering.baseline(), Some(ms(4)));
         assert_eq!(state.samples.iter().map(|(_, l)| *l).collect::<Vec<_>>(), [ms(9)]);
     }
@@ -541,7 +546,7 @@ mod tests {
         let now = Instant::now();
         let mut state = state(now);
         let after = now + params().quiet_for;
-        state.admit(now, None, Budget::default());
+        state.admit(now, None, budget());
         assert!(!state.take_off(now), "the first quiet window holds it");
         assert!(state.take_off(after) && state.take_off(after));
         assert!(!state.room(), "two aloft at the starting rate, none back yet");
@@ -554,7 +559,7 @@ mod tests {
         let now = Instant::now();
         let mut state = state(now);
         assert_eq!(state.next_probe(now), None);
-        state.admit(now, None, Budget::default());
+        state.admit(now, None, budget());
         let every = params().probe_every;
         assert!(state.next_probe(now).is_some_and(|wait| wait <= every.mul_f64(0.75)));
         let writing = now + params().quiet_for;
@@ -568,21 +573,21 @@ mod tests {
     /// A state past its first quiet window, whose probes read `baseline` ms, writing.
     fn measured(now: Instant, baseline: u64) -> (State, Instant) {
         let mut state = state(now);
-        state.admit(now, None, Budget::default());
+        state.admit(now, None, budget());
         for i in 0..80 {
-            state.record(now + QUIET_SETTLE + ms(20 * i), ms(baseline), Budget::default());
+            state.record(now + QUIET_SETTLE + ms(20 * i), ms(baseline), budget());
         }
         let after = now + params().quiet_for;
-        state.record(after, ms(baseline), Budget::default());
+        state.record(after, ms(baseline), budget());
         assert_eq!(state.steering.baseline(), Some(ms(baseline)));
-        assert!(state.admit(after, None, Budget::default()).1);
+        assert!(state.admit(after, None, budget()).1);
         (state, after)
     }
 
     /// Probes that read `latency` ms every 50 ms from `from` for `seconds`; the changes the law made.
     fn probes(state: &mut State, from: Instant, seconds: u64, latency: u64) -> Vec<Change> {
         (0..seconds * 20)
-            .filter_map(|i| state.record(from + ms(50 * i), ms(latency), Budget::default()))
+            .filter_map(|i| state.record(from + ms(50 * i), ms(latency), budget()))
             .filter(|change| *change != Change::Held)
             .collect()
     }
@@ -603,7 +608,7 @@ mod tests {
         // The next write finds a quiet window begun at once.
         let now = judged_at + Duration::from_secs(6);
         let quiet_for = params().quiet_for;
-        assert_eq!(state.admit(now, None, Budget::default()), (now + quiet_for, false));
+        assert_eq!(state.admit(now, None, budget()), (now + quiet_for, false));
         // As slow in it: the latency is not the run's, and the cut is undone.
         let changes = probes(&mut state, now + QUIET_SETTLE, 3, 13);
         assert_eq!(changes, [Change::Undone { from: cut, to: start }]);
@@ -638,10 +643,10 @@ mod tests {
         let now = Instant::now();
         let (mut state, _) = measured(now, 4);
         let fixed = Budget::Fixed(ms(6));
-        state.admit(now, Some(fixed), Budget::default());
-        state.look(now, Budget::default(), Change::Held);
+        state.admit(now, Some(fixed), budget());
+        state.look(now, budget(), Change::Held);
         assert_eq!(state.seen.limit, Some(ms(6)));
-        state.look(now + BUDGET_MEMORY * 2, Budget::default(), Change::Held);
+        state.look(now + BUDGET_MEMORY * 2, budget(), Change::Held);
         assert_eq!(state.seen.limit, Some(ms(12)), "forgotten once it stops");
     }
 
@@ -650,16 +655,16 @@ mod tests {
         let now = Instant::now();
         let (mut state, _) = measured(now, 4);
         let (strict, loose) = (Budget::Fixed(ms(6)), Budget::Relative(3.0));
-        state.admit(now, Some(strict), Budget::default());
+        state.admit(now, Some(strict), budget());
         let mut later = now;
         for _ in 0..4 {
             later += BUDGET_MEMORY / 2;
-            state.admit(later, Some(loose), Budget::default());
+            state.admit(later, Some(loose), budget());
         }
-        state.look(later, Budget::default(), Change::Held);
+        state.look(later, budget(), Change::Held);
         assert_eq!(state.seen.limit, Some(ms(12)), "the strict one lapsed");
-        state.admit(later, Some(strict), Budget::default());
-        state.look(later, Budget::default(), Change::Held);
+        state.admit(later, Some(strict), budget());
+        state.look(later, budget(), Change::Held);
         assert_eq!(state.seen.limit, Some(ms(6)), "and comes back with it");
     }
 
@@ -668,7 +673,7 @@ mod tests {
         let now = Instant::now();
         let mut state = State::new(now, ProbeParams::default());
         let quiet_for = params().quiet_for;
-        assert_eq!(state.admit(now, None, Budget::default()), (now + quiet_for, false));
+        assert_eq!(state.admit(now, None, budget()), (now + quiet_for, false));
         // The probe's writes in the quiet window show what others write, and so do the
         // migration's after it.
         let mut revision = 1000;
@@ -678,7 +683,7 @@ mod tests {
                 revision += 1;
                 state.company.wrote(at, revision);
             }
-            state.look(at, Budget::default(), Change::Held);
+            state.look(at, budget(), Change::Held);
         };
         second(&mut state, now, 1, 0);
         second(&mut state, now + Duration::from_secs(1), 1, 1);
@@ -686,11 +691,7 @@ mod tests {
         assert_eq!(state.seen.why, Why::Alone, "judged in the quiet window");
         let mut at = now + quiet_for;
         for _ in 0..50 {
-            assert_eq!(
-                state.admit(at, None, Budget::default()),
-                (at, true),
-                "no spacing, no pause"
-            );
+            assert_eq!(state.admit(at, None, budget()), (at, true), "no spacing, no pause");
         }
         assert!(state.room(), "and no room held back but the write window's");
         for _ in 0..2 {
@@ -700,14 +701,10 @@ mod tests {
         assert_eq!(state.seen.why, Why::Measuring, "another client: the law steers again");
         assert_eq!(state.seen.rate, params().start_rate);
         let quiet_until = at + quiet_for;
-        assert_eq!(
-            state.admit(at, None, Budget::default()),
-            (quiet_until, false),
-            "a baseline first"
-        );
+        assert_eq!(state.admit(at, None, budget()), (quiet_until, false), "a baseline first");
         let spacing = Duration::from_secs_f64(1.0 / params().start_rate);
-        assert_eq!(state.admit(quiet_until, None, Budget::default()), (quiet_until, true));
-        let next = state.admit(quiet_until, None, Budget::default());
+        assert_eq!(state.admit(quiet_until, None, budget()), (quiet_until, true));
+        let next = state.admit(quiet_until, None, budget());
         assert_eq!(next, (quiet_until + spacing, true));
     }
 

@@ -314,6 +314,11 @@ pub fn percentile(samples: &[Duration], q: f64) -> Duration {
 mod tests {
     use super::*;
 
+    /// The budget the tests steer by: 3 times the quiet baseline.
+    fn budget() -> Budget {
+        Budget::Relative(3.0)
+    }
+
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
     }
@@ -365,12 +370,12 @@ mod tests {
         let now = Instant::now();
         let mut steering = Steering::new(now, params());
         let later = now + hold();
-        assert_eq!(steering.steer(later, &steady(100), Budget::default(), true), Change::Held);
+        assert_eq!(steering.steer(later, &steady(100), budget(), true), Change::Held);
         assert_eq!(steering.why(), Why::Measuring);
         steering.quiet_window(now, vec![ms(4); 80]);
         let few = vec![ms(100); params().least_samples() - 1];
-        assert_eq!(steering.steer(later, &few, Budget::default(), true), Change::Held);
-        assert_eq!(steering.steer(now, &steady(100), Budget::default(), true), Change::Held);
+        assert_eq!(steering.steer(later, &few, budget(), true), Change::Held);
+        assert_eq!(steering.steer(now, &steady(100), budget(), true), Change::Held);
         assert_eq!(steering.rate(), params().start_rate);
     }
 
@@ -379,11 +384,11 @@ mod tests {
         let now = Instant::now();
         let mut steering = with_baseline(now, 4);
         let at = now + hold();
-        let change = steering.steer(at, &steady(13), Budget::default(), false);
+        let change = steering.steer(at, &steady(13), budget(), false);
         let start = params().start_rate;
         assert_eq!(change, Change::Cut { from: start, to: start * params().cut });
         assert_eq!(steering.why(), Why::Cut);
-        let judged = steering.clone().steer(at + hold(), &steady(13), Budget::default(), false);
+        let judged = steering.clone().steer(at + hold(), &steady(13), budget(), false);
         assert_eq!(judged, Change::Judge, "not faster: a quiet window is to judge");
         // Each cut stands, the probe faster after it, down to the floor.
         let mut steering = with_baseline(now, 4);
@@ -391,12 +396,12 @@ mod tests {
         let mut at = now;
         for _ in 0..10 {
             at += hold();
-            steering.steer(at, &steady(latency as u64), Budget::default(), false);
+            steering.steer(at, &steady(latency as u64), budget(), false);
             latency *= 0.85;
         }
         assert_eq!(steering.rate(), params().min_rate);
         at += hold();
-        assert_eq!(steering.steer(at, &steady(13), Budget::default(), false), Change::Held);
+        assert_eq!(steering.steer(at, &steady(13), budget(), false), Change::Held);
         assert_eq!(steering.why(), Why::AtFloor);
     }
 
@@ -406,7 +411,7 @@ mod tests {
         let factor = |latency: u64| match with_baseline(now, 4).steer(
             now + hold(),
             &steady(latency),
-            Budget::default(),
+            budget(),
             true,
         ) {
             Change::Cut { from, to } => to / from,
@@ -426,15 +431,15 @@ mod tests {
         let cut = start * params().cut;
         let mut at = now + hold();
         assert_eq!(
-            steering.steer(at, &steady(15), Budget::default(), true),
+            steering.steer(at, &steady(15), budget(), true),
             Change::Cut { from: start, to: cut }
         );
         // Another client's load: the probe is as slow at the lower rate.
         at += hold();
-        assert_eq!(steering.steer(at, &steady(15), Budget::default(), true), Change::Judge);
+        assert_eq!(steering.steer(at, &steady(15), budget(), true), Change::Judge);
         assert_eq!(steering.why(), Why::Judging);
         at += hold();
-        let waiting = steering.steer(at, &steady(15), Budget::default(), true);
+        let waiting = steering.steer(at, &steady(15), budget(), true);
         assert_eq!(waiting, Change::Held, "the cut waits for its quiet window");
         // As slow with none of the run's writes: not the run's.
         let undone = steering.quiet_window(at, vec![ms(15); 80]);
@@ -443,7 +448,7 @@ mod tests {
         // The baseline took the load in: the probe at it is within the budget.
         assert_eq!(steering.baseline(), Some(ms(15)));
         at += hold();
-        let within = steering.steer(at, &steady(16), Budget::default(), false);
+        let within = steering.steer(at, &steady(16), budget(), false);
         assert_eq!((within, steering.why()), (Change::Held, Why::NotNeeded));
     }
 
@@ -452,19 +457,19 @@ mod tests {
         let now = Instant::now();
         let mut steering = with_baseline(now, 4);
         let mut at = now + hold();
-        steering.steer(at, &steady(15), Budget::default(), true);
+        steering.steer(at, &steady(15), budget(), true);
         let cut = steering.rate();
         at += hold();
-        assert_eq!(steering.steer(at, &steady(15), Budget::default(), true), Change::Judge);
+        assert_eq!(steering.steer(at, &steady(15), budget(), true), Change::Judge);
         // Fast again as soon as the run's writes stop: the latency was the run's.
         assert_eq!(steering.quiet_window(at, vec![ms(4); 80]), Change::Stood { rate: cut });
         assert_eq!((steering.rate(), steering.why()), (cut, Why::Stood));
         // Still past the budget: cut again; and growth after a cut that stood is slow.
         at += hold();
-        assert!(matches!(steering.steer(at, &steady(15), Budget::default(), true), Change::Cut { .. }));
+        assert!(matches!(steering.steer(at, &steady(15), budget(), true), Change::Cut { .. }));
         let again = steering.rate();
         at += hold();
-        let grown = steering.steer(at, &steady(5), Budget::default(), true);
+        let grown = steering.steer(at, &steady(5), budget(), true);
         assert_eq!(grown, Change::Grew { from: again, to: again * params().increase });
     }
 
@@ -473,19 +478,20 @@ mod tests {
         let now = Instant::now();
         let mut steering = with_baseline(now, 4);
         let mut at = now + hold();
-        steering.steer(at, &steady(15), Budget::default(), true);
+        steering.steer(at, &steady(15), budget(), true);
         let (cut, cut_at) = (steering.rate(), at);
         at += hold();
-        assert_eq!(steering.steer(at, &steady(15), Budget::default(), true), Change::Judge);
+        assert_eq!(steering.steer(at, &steady(15), budget(), true), Change::Judge);
         let late = cut_at + params().hold + params().quiet_every;
-        let waiting = steering.steer(late - ms(1), &steady(15), Budget::default(), true);
+        let waiting = steering.steer(late - ms(1), &steady(15), budget(), true);
         assert_eq!(waiting, Change::Held);
-        let undone = steering.steer(late, &steady(15), Budget::default(), true);
+        let undone = steering.steer(late, &steady(15), budget(), true);
         assert_eq!(undone, Change::Undone { from: cut, to: params().start_rate });
     }
 
     #[test]
-    fn under_a_fixed_budget_a_cut_that_leaves_the_probe_as_slow_is_undone_and_its_latency_cuts_no_more() {
+    fn under_a_fixed_budget_a_cut_that_leaves_the_probe_as_slow_is_undone_and_its_latency_cuts_no_more()
+     {
         let now = Instant::now();
         // 12 ms, as 3x the quiet 4: a fixed budget takes no quiet windows to judge a cut by.
         let budget = Budget::Fixed(ms(12));
@@ -512,10 +518,7 @@ mod tests {
         let again = steering.steer(at, &steady(20), budget, true);
         assert!(matches!(again, Change::Cut { .. }), "{again:?}");
         at += hold();
-        assert!(matches!(
-            steering.steer(at, &steady(20), budget, true),
-            Change::Undone { .. }
-        ));
+        assert!(matches!(steering.steer(at, &steady(20), budget, true), Change::Undone { .. }));
         at += hold();
         let grown = steering.steer(at, &steady(4), budget, true);
         assert!(matches!(grown, Change::Grew { .. }), "{grown:?}");
@@ -532,10 +535,10 @@ mod tests {
         let now = Instant::now();
         let mut steering = with_baseline(now, 4);
         let mut at = now + hold();
-        steering.steer(at, &steady(15), Budget::default(), true);
+        steering.steer(at, &steady(15), budget(), true);
         let cut = steering.rate();
         at += hold();
-        let grown = steering.steer(at, &steady(6), Budget::default(), true);
+        let grown = steering.steer(at, &steady(6), budget(), true);
         assert_eq!(grown, Change::Grew { from: cut, to: cut * params().increase });
     }
 
@@ -543,12 +546,8 @@ mod tests {
     fn before_any_cut_stood_it_grows_by_the_room_the_probe_leaves() {
         let now = Instant::now();
         let grow = |latency: u64| {
-            let change = with_baseline(now, 4).steer(
-                now + hold(),
-                &steady(latency),
-                Budget::default(),
-                true,
-            );
+            let change =
+                with_baseline(now, 4).steer(now + hold(), &steady(latency), budget(), true);
             match change {
                 Change::Grew { from, to } => to / from,
                 other => panic!("{other:?}"),
@@ -561,7 +560,7 @@ mod tests {
         let slow = ProbeParams { first_increase: 2.0, ..params() };
         let mut steering = Steering::new(now, slow);
         steering.quiet_window(now, vec![ms(4); 80]);
-        let change = steering.steer(now + hold(), &steady(4), Budget::default(), true);
+        let change = steering.steer(now + hold(), &steady(4), budget(), true);
         assert_eq!(change, Change::Grew { from: slow.start_rate, to: slow.start_rate * 2.0 });
     }
 
@@ -569,15 +568,9 @@ mod tests {
     fn it_does_not_grow_near_the_budget_or_when_writes_do_not_wait_on_it() {
         let now = Instant::now();
         let mut steering = with_baseline(now, 4);
-        assert_eq!(
-            steering.steer(now + hold(), &steady(5), Budget::default(), false),
-            Change::Held
-        );
+        assert_eq!(steering.steer(now + hold(), &steady(5), budget(), false), Change::Held);
         assert_eq!(steering.why(), Why::NotNeeded);
-        assert_eq!(
-            steering.steer(now + hold(), &steady(11), Budget::default(), true),
-            Change::Held
-        );
+        assert_eq!(steering.steer(now + hold(), &steady(11), budget(), true), Change::Held);
         assert_eq!(steering.why(), Why::NearBudget);
     }
 
@@ -587,21 +580,21 @@ mod tests {
         // The quiet window fell in a spell of the apiserver's: a budget of 129 ms.
         let mut steering = with_baseline(now, 43);
         let mut at = now + hold();
-        steering.steer(at, &steady(4), Budget::default(), true);
+        steering.steer(at, &steady(4), budget(), true);
         assert_eq!(steering.baseline(), Some(ms(4)), "writes never make the probe faster");
         // Past three times what the probe showed while writing: cut, where 129 ms would grow.
         at += hold();
-        let change = steering.steer(at, &steady(15), Budget::default(), true);
+        let change = steering.steer(at, &steady(15), budget(), true);
         assert!(matches!(change, Change::Cut { .. }), "{change:?}");
         at += hold();
-        steering.steer(at, &steady(9), Budget::default(), true);
+        steering.steer(at, &steady(9), budget(), true);
         assert_eq!(steering.baseline(), Some(ms(4)), "a slower look does not raise it");
         // Measured again at the next quiet window, the spell still among the windows pooled; and
         // lowered again at the next look.
         steering.quiet_window(now, vec![ms(5); 80]);
         assert_eq!(steering.baseline(), Some(ms(43)));
         at += hold();
-        steering.steer(at, &steady(6), Budget::default(), true);
+        steering.steer(at, &steady(6), budget(), true);
         assert_eq!(steering.baseline(), Some(ms(6)));
     }
 
