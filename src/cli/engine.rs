@@ -47,7 +47,7 @@ pub struct EngineArgs {
     /// another client would, either a multiple of the probe's quiet baseline (`2x`, the default)
     /// or a latency (`25ms`, which needs no baseline: its writes take no quiet pause). The
     /// gentle pace sets a rate of writes, cut when the probe passes the budget (and the cut
-    /// undone if the probe is no faster for it) and grown below it; a migration can ask for a stricter budget with the annotation
+    /// undone if the probe is as slow without the run's writes) and grown below it; a migration can ask for a stricter budget with the annotation
     /// `kube-svm.io/foreground-budget`. `off` paces gentle migrations by their own write latency
     /// instead. The fast pace ignores it.
     #[arg(long, env = "KUBE_SVM_FOREGROUND_BUDGET", default_value = "2x", value_parser = budget)]

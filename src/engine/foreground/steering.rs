@@ -8,7 +8,7 @@
 //!   Writes add to the probe's latency and never take from it, so the baseline is never above
 //!   what the probe shows while writing: one read in a passing spell of the apiserver's is
 //!   lowered at the first look after it, and at the first after each quiet window.
-//! - **Budget.** How slow the probe may get: a multiple of the baseline (`3x`) or a latency.
+//! - **Budget.** How slow the probe may get: a multiple of the baseline (`2x`) or a latency.
 //! - **Cut, on trial.** The probe's percentile past the budget cuts the rate, the deeper the
 //!   further past (down to two cuts at once). The next look judges the cut: one that made the
 //!   probe faster stands. If the probe is no faster for it, a quiet window comes at once and
