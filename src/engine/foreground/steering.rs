@@ -342,6 +342,15 @@ mod tests {
         steering
     }
 
+    /// A steering at a quiet 4 ms whose probe read 15 ms a hold in: cut once, on trial.
+    fn cut_once(now: Instant) -> (Steering, Instant) {
+        let mut steering = with_baseline(now, 4);
+        let at = now + hold();
+        let change = steering.steer(at, &steady(15), budget(), true);
+        assert!(matches!(change, Change::Cut { .. }), "{change:?}");
+        (steering, at)
+    }
+
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9
     }
@@ -454,10 +463,7 @@ mod tests {
 
     #[test]
     fn a_cut_the_probe_is_no_faster_for_stands_when_a_quiet_window_is_faster() {
-        let now = Instant::now();
-        let mut steering = with_baseline(now, 4);
-        let mut at = now + hold();
-        steering.steer(at, &steady(15), budget(), true);
+        let (mut steering, mut at) = cut_once(Instant::now());
         let cut = steering.rate();
         at += hold();
         assert_eq!(steering.steer(at, &steady(15), budget(), true), Change::Judge);
@@ -475,10 +481,7 @@ mod tests {
 
     #[test]
     fn a_cut_whose_quiet_window_never_comes_is_undone() {
-        let now = Instant::now();
-        let mut steering = with_baseline(now, 4);
-        let mut at = now + hold();
-        steering.steer(at, &steady(15), budget(), true);
+        let (mut steering, mut at) = cut_once(Instant::now());
         let (cut, cut_at) = (steering.rate(), at);
         at += hold();
         assert_eq!(steering.steer(at, &steady(15), budget(), true), Change::Judge);
@@ -532,12 +535,9 @@ mod tests {
 
     #[test]
     fn a_cut_that_makes_the_probe_faster_stands_and_growth_is_slow_after_it() {
-        let now = Instant::now();
-        let mut steering = with_baseline(now, 4);
-        let mut at = now + hold();
-        steering.steer(at, &steady(15), budget(), true);
+        let (mut steering, at) = cut_once(Instant::now());
         let cut = steering.rate();
-        at += hold();
+        let at = at + hold();
         let grown = steering.steer(at, &steady(6), budget(), true);
         assert_eq!(grown, Change::Grew { from: cut, to: cut * params().increase });
     }
