@@ -169,7 +169,12 @@ async fn probes_and_metrics_follow_a_real_migration() {
         1.0
     );
     assert_eq!(admin.value("kube_svm_leader").await, 1.0);
-    assert_eq!(admin.value("kube_svm_migrations_running").await, 0.0);
+    // The run ends after its status says Succeeded (its last records follow): wait for it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while admin.value("kube_svm_migrations_running").await != 0.0 {
+        assert!(Instant::now() < deadline, "the run never ended\n{}", controller.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert_eq!(admin.value("kube_svm_writes_in_flight").await, 0.0);
     assert!(admin.value("process_resident_memory_bytes").await > 0.0);
     let (_, text) = admin.get("/metrics").await;
