@@ -26,7 +26,7 @@ pub struct Config {
     /// in the run, `in-tree-relative` that p99 over the idle one). Default `in-tree,off`.
     pub foreground_budgets: Vec<String>,
     /// `BENCH_PACE_VARIANTS`: one more `kube-svm-controller-probe` per entry, `;`-separated, each
-    /// the `--pace-params` it runs with (`alone_below=0`, `headroom=100,undo_above=0.5`) on top of
+    /// the `--pace-params` it runs with (`alone_below=0`, `headroom=100,margin=0.5`) on top of
     /// `BENCH_PACE`'s, at `BENCH_PACE`'s budget: a mechanism measured with and without it in one
     /// run. Default none.
     pub pace_variants: Vec<String>,

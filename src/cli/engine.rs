@@ -59,8 +59,8 @@ pub struct EngineArgs {
     #[arg(long, env = "KUBE_SVM_PACE_PARAMS", default_value = "", hide_default_value = true, value_parser = ProbeParams::parse)]
     pub pace_params: ProbeParams,
 
-    /// The namespace of the ConfigMap `kube-svm-probe` that the gentle pace's probe writes at
-    /// most once a second (the chart creates it in the release's namespace). The controller
+    /// The namespace of the ConfigMap `kube-svm-probe` that the gentle pace's probe writes (one
+    /// probe in four; the chart creates it in the release's namespace). The controller
     /// defaults to its own namespace; `kube-svm migrate` writes no probe without it.
     #[arg(long, env = "KUBE_SVM_PROBE_NAMESPACE")]
     pub probe_namespace: Option<String>,

@@ -50,10 +50,6 @@ pub const PROBE_OBJECT: &str = "kube-svm-probe";
 /// The annotation the probe's writes set on [`PROBE_OBJECT`]: how many probes had been sent.
 pub const PROBE_ANNOTATION: &str = "kube-svm.io/probe";
 
-/// The probe writes its object at most once in this long (it reads otherwise), so that it
-/// feels what writes wait for without adding to them.
-const PROBE_WRITE_EVERY: Duration = Duration::from_secs(1);
-
 /// A probe unanswered this long counts as this slow.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -142,13 +138,14 @@ pub struct Foreground {
     /// Told when a gentle write in flight comes back.
     landed: tokio::sync::Notify,
     probing: AtomicBool,
-    /// Probes sent so far, which says which is a write.
+    /// Probes sent so far, which says which is a write (one in `write_every`).
     probes: AtomicU64,
+    write_every: u64,
+    /// Whether a write of the probe is in flight.
+    writing: AtomicBool,
     /// Whether the probe writes too: when it has a namespace of its own, until a write is
     /// refused (no such object, no permission).
     writes: AtomicBool,
-    /// When the probe's last write was answered ([`PROBE_WRITE_EVERY`]).
-    last_write: std::sync::Mutex<Option<std::time::Instant>>,
     metrics: Arc<Metrics>,
 }
 
@@ -202,13 +199,14 @@ impl Foreground {
         Foreground {
             config,
             path: format!("/api/v1/namespaces/{namespace}/configmaps/{PROBE_OBJECT}"),
-            last_write: std::sync::Mutex::new(None),
             budget,
             state: Mutex::new(State::new(Instant::now(), params)),
             turn: tokio::sync::Mutex::new(()),
             landed: tokio::sync::Notify::new(),
             probing: AtomicBool::new(false),
             probes: AtomicU64::new(0),
+            write_every: params.write_every,
+            writing: AtomicBool::new(false),
             writes: AtomicBool::new(writes),
             metrics,
         }
@@ -316,7 +314,12 @@ impl State {
         let relative = matches!(budget.unwrap_or(default), Budget::Relative(_));
         if relative && !self.alone && self.next_quiet.is_none_or(|next| now >= next) {
             (self.quiet_from, self.quiet_until) = (now, now + self.params.quiet_for);
-            self.next_quiet = Some(self.quiet_until + self.params.quiet_every);
+            // The first few come a hold apart, so that no one window makes the baseline.
+            let apart = match self.steering.settled() {
+                true => self.params.quiet_every,
+                false => self.params.hold,
+            };
+            self.next_quiet = Some(self.quiet_until + apart);
             self.quiet.clear();
             return (self.quiet_until, false);
         }
@@ -511,10 +514,19 @@ mod tests {
     }
 
     #[test]
-    fn quiet_windows_come_back_every_quiet_every_and_hold_every_write() {
+    fn quiet_windows_come_a_hold_apart_then_every_quiet_every_and_hold_every_write() {
         let now = Instant::now();
-        let ProbeParams { quiet_for, quiet_every, .. } = params();
+        let ProbeParams { quiet_for, quiet_every, hold, quiet_windows, .. } = params();
         let mut state = state(now);
+        state.admit(now, None, budget());
+        let second = now + quiet_for + hold;
+        assert!(state.admit(second - ms(1), None, budget()).1);
+        assert_eq!(state.admit(second, None, budget()), (second + quiet_for, false));
+        for _ in 0..quiet_windows {
+            state.steering.quiet_window(second, vec![ms(4); 80]);
+        }
+        // The baseline made of as many windows as it takes: the next comes a while later.
+        let now = second + quiet_for + hold;
         state.admit(now, None, budget());
         let next = now + quiet_for + quiet_every;
         assert!(state.admit(next - ms(1), None, budget()).1);
@@ -616,7 +628,7 @@ mod tests {
         assert_eq!(state.seen.rate, start);
         assert!(
             state.seen.to_string().starts_with(
-                "100.0 objects/s (cut undone: the probe was no faster for it, the latency is not this run's); probe p99 not measured yet, budget 39.0ms (3x its quiet 13.0ms)"
+                "100.0 objects/s (cut undone: the probe was no faster for it, the latency is not this run's); probe p99 not measured yet, budget 12.0ms (3x its quiet 4.0ms)"
             ),
             "{}",
             state.seen

@@ -15,11 +15,13 @@ pub struct ProbeParams {
     pub min_rate: f64,
     /// Time between two probes while gentle writes go, on average (a quiet window probes twice as often).
     pub probe_every: Duration,
+    /// One probe in this many writes its ConfigMap (the others read), as a client that updates what it reads.
+    pub write_every: u64,
     /// How often the gentle writes pause for a quiet window, in which the probe measures its baseline.
     pub quiet_every: Duration,
     /// How long a quiet window lasts.
     pub quiet_for: Duration,
-    /// Quiet windows whose probes make the baseline (their latencies pooled).
+    /// Quiet windows whose judged percentiles make the baseline (their median).
     pub quiet_windows: usize,
     /// The percentile of the probe's latency that is judged, in quiet windows and while writing alike.
     pub judged: f64,
@@ -31,10 +33,8 @@ pub struct ProbeParams {
     pub first_increase: f64,
     /// The rate's growth in one step once a cut has shown that it hurt.
     pub increase: f64,
-    /// The probe below this fraction of its budget leaves room for the rate to grow.
-    pub room: f64,
-    /// A cut is undone unless the probe's latency falls below this fraction of the latency that cut it.
-    pub undo_above: f64,
+    /// A latency under this fraction of another is lower: of the budget, room to grow; of a cut's, the cut helped.
+    pub margin: f64,
     /// Writes in flight allowed, as a multiple of what the rate keeps in flight on average.
     pub headroom: f64,
     /// Other clients' writes per second below which (over a second, judged a look later) a run counts as alone and goes as its write window allows, as `fast` does (0: never).
@@ -47,6 +47,7 @@ impl Default for ProbeParams {
             start_rate: 100.0,
             min_rate: 2.0,
             probe_every: Duration::from_millis(50),
+            write_every: 4,
             quiet_every: Duration::from_secs(60),
             quiet_for: Duration::from_millis(2500),
             quiet_windows: 3,
@@ -55,8 +56,7 @@ impl Default for ProbeParams {
             cut: 0.7,
             first_increase: 4.0,
             increase: 1.2,
-            room: 0.85,
-            undo_above: 0.9,
+            margin: 0.85,
             headroom: 3.0,
             alone_below: 5.0,
         }
@@ -82,6 +82,7 @@ impl ProbeParams {
         ("start_rate", Kind::Rate),
         ("min_rate", Kind::Rate),
         ("probe_every_ms", Kind::Millis),
+        ("write_every", Kind::Count),
         ("quiet_every_ms", Kind::Millis),
         ("quiet_for_ms", Kind::Millis),
         ("quiet_windows", Kind::Count),
@@ -90,8 +91,7 @@ impl ProbeParams {
         ("cut", Kind::Fraction),
         ("first_increase", Kind::Multiple),
         ("increase", Kind::Multiple),
-        ("room", Kind::Fraction),
-        ("undo_above", Kind::Fraction),
+        ("margin", Kind::Fraction),
         ("headroom", Kind::Multiple),
         ("alone_below", Kind::Writes),
     ];
@@ -150,17 +150,17 @@ impl ProbeParams {
             "start_rate" => self.start_rate = number,
             "min_rate" => self.min_rate = number,
             "probe_every_ms" => self.probe_every = millis,
+            "write_every" => self.write_every = number as u64,
             "quiet_every_ms" => self.quiet_every = millis,
             "quiet_for_ms" => self.quiet_for = millis,
-            // Checked whole and positive; far past any sensible count saturates.
+            // Counts are checked whole and positive; far past any sensible count saturates.
             "quiet_windows" => self.quiet_windows = number as usize,
             "judged" => self.judged = number,
             "hold_ms" => self.hold = millis,
             "cut" => self.cut = number,
             "first_increase" => self.first_increase = number,
             "increase" => self.increase = number,
-            "room" => self.room = number,
-            "undo_above" => self.undo_above = number,
+            "margin" => self.margin = number,
             "headroom" => self.headroom = number,
             "alone_below" => self.alone_below = number,
             _ => unreachable!("every name of NAMES is set"),
@@ -185,12 +185,13 @@ impl fmt::Display for ProbeParams {
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         write!(
             f,
-            "start_rate={},min_rate={},probe_every_ms={},quiet_every_ms={},quiet_for_ms={},\
-             quiet_windows={},judged={},hold_ms={},cut={},first_increase={},increase={},room={},\
-             undo_above={},headroom={},alone_below={}",
+            "start_rate={},min_rate={},probe_every_ms={},write_every={},quiet_every_ms={},\
+             quiet_for_ms={},quiet_windows={},judged={},hold_ms={},cut={},first_increase={},\
+             increase={},margin={},headroom={},alone_below={}",
             self.start_rate,
             self.min_rate,
             ms(self.probe_every),
+            self.write_every,
             ms(self.quiet_every),
             ms(self.quiet_for),
             self.quiet_windows,
@@ -199,8 +200,7 @@ impl fmt::Display for ProbeParams {
             self.cut,
             self.first_increase,
             self.increase,
-            self.room,
-            self.undo_above,
+            self.margin,
             self.headroom,
             self.alone_below,
         )
@@ -218,7 +218,7 @@ mod tests {
         assert_eq!(params.hold, Duration::from_secs(10));
         assert_eq!(params.cut, 0.5);
         assert_eq!(params.quiet_windows, 5);
-        assert_eq!(params.room, ProbeParams::default().room, "the others keep their defaults");
+        assert_eq!(params.margin, ProbeParams::default().margin, "the others keep their defaults");
     }
 
     #[test]

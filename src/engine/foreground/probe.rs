@@ -11,23 +11,9 @@ use tracing::warn;
 
 use super::company::revision;
 use super::steering::Change;
-use super::{Foreground, PROBE_ANNOTATION, PROBE_TIMEOUT, PROBE_WRITE_EVERY};
+use super::{Foreground, PROBE_ANNOTATION, PROBE_TIMEOUT};
 
 impl Foreground {
-    /// Whether the probe may write now: [`PROBE_WRITE_EVERY`] since the last write was answered,
-    /// so that a slow write is followed by reads, not by another write at once.
-    fn write_due(&self) -> bool {
-        let last = self.last_write.lock().unwrap_or_else(|p| p.into_inner());
-        let now = std::time::Instant::now();
-        last.is_none_or(|at| now.duration_since(at) >= PROBE_WRITE_EVERY)
-    }
-
-    /// A write of the probe was answered (or given up on) now.
-    fn wrote(&self) {
-        *self.last_write.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(std::time::Instant::now());
-    }
-
     /// Starts the probe task on its first call; later calls do nothing.
     pub(super) fn start_probing(self: &Arc<Self>) {
         if self.probing.swap(true, Ordering::Relaxed) {
@@ -48,11 +34,20 @@ impl Foreground {
         }
     }
 
-    /// One probe through `client`, a read or now and then a write: its latency, or `None` when
-    /// no answer came (the connection failed).
-    async fn probe_once(&self, client: &Client) -> Option<Duration> {
+    /// Whether the next probe writes: one in `write_every`, in quiet windows and out alike,
+    /// unless the probe's last write is still unanswered (then it reads). A write taken is in
+    /// flight until [`Foreground::probe_once`] answers it.
+    fn write_turn(&self) -> bool {
         let nth = self.probes.fetch_add(1, Ordering::Relaxed);
-        let write = self.writes.load(Ordering::Relaxed) && self.write_due();
+        nth.is_multiple_of(self.write_every)
+            && self.writes.load(Ordering::Relaxed)
+            && !self.writing.swap(true, Ordering::Relaxed)
+    }
+
+    /// One probe through `client`, a `write` or a read: its latency, or `None` when no answer
+    /// came (the connection failed).
+    async fn probe_once(&self, client: &Client, write: bool) -> Option<Duration> {
+        let nth = self.probes.load(Ordering::Relaxed);
         let request = match write {
             true => http::Request::patch(&self.path)
                 .header(http::header::CONTENT_TYPE, "application/merge-patch+json")
@@ -73,7 +68,7 @@ impl Foreground {
         })
         .await;
         if write {
-            self.wrote();
+            self.writing.store(false, Ordering::Relaxed);
         }
         match answered {
             Ok(Some((code, body))) => {
@@ -136,8 +131,17 @@ pub(super) async fn probe(gate: Weak<Foreground>, config: kube::Config) {
         };
         tokio::time::sleep(wait).await;
         let sent = Instant::now();
-        if let Some(latency) = foreground.probe_once(&client).await {
-            foreground.record(sent, latency);
+        let write = foreground.write_turn();
+        let client = client.clone();
+        let probe = async move {
+            if let Some(latency) = foreground.probe_once(&client, write).await {
+                foreground.record(sent, latency);
+            }
+        };
+        // A write goes beside the reads: one held long (a webhook, etcd's commit) holds no read.
+        match write {
+            true => drop(tokio::spawn(probe)),
+            false => probe.await,
         }
     }
 }

@@ -1,9 +1,10 @@
 //! The gentle pace's law: a rate of writes per second, steered by a probe's latency against a
 //! budget measured from the probe's own quiet baseline. Pure: time is passed in.
 //!
-//! - **Baseline.** Now and then the gentle writes pause for a quiet window. The baseline is the
-//!   judged percentile of the probe's latencies in the last few quiet windows, pooled: the same
-//!   statistic the law judges while writing, over about as many probes. Load that is not
+//! - **Baseline.** Now and then the gentle writes pause for a quiet window (the first few come a
+//!   hold apart). The baseline is the median of the last few windows' judged percentiles, each
+//!   the same statistic the law judges while writing, over about as many probes; one window in a
+//!   passing spell of the apiserver's does not move it. Load that is not
 //!   kube-svm's (another client, a busy machine) raises it as it raises the figure judged.
 //!   Writes add to the probe's latency and never take from it, so the baseline is never above
 //!   what the probe shows while writing: one read in a passing spell of the apiserver's is
@@ -115,9 +116,10 @@ struct Trial {
 pub struct Steering {
     params: ProbeParams,
     rate: f64,
-    /// The probe's latencies in each recent quiet window, newest last.
-    quiet: VecDeque<Vec<Duration>>,
-    /// The quiet windows' judged percentile, lowered to any look's since the last window.
+    /// The judged percentile of the probe's latencies in each recent quiet window, newest last.
+    quiet: VecDeque<Duration>,
+    /// The median of the quiet windows' judged percentiles, lowered to any look's since the
+    /// last window.
     baseline: Option<Duration>,
     trial: Option<Trial>,
     /// Latency shown not to be the run's (a cut did not lower it), until the probe is back
@@ -160,9 +162,14 @@ impl Steering {
         self.changed
     }
 
-    /// The quiet baseline: the judged percentile of the recent quiet windows' probes.
+    /// The quiet baseline: the median of the recent quiet windows' judged percentiles.
     pub fn baseline(&self) -> Option<Duration> {
         self.baseline
+    }
+
+    /// Whether the baseline is made of as many quiet windows as it takes.
+    pub fn settled(&self) -> bool {
+        self.quiet.len() >= self.params.quiet_windows
     }
 
     /// The law steers again from `now`, on the probes from then on, after a time it did not.
@@ -178,13 +185,16 @@ impl Steering {
         if latencies.is_empty() {
             return Change::Held;
         }
-        let judged = self.judge(now, percentile(&latencies, self.params.judged));
-        self.quiet.push_back(latencies);
+        let window = percentile(&latencies, self.params.judged);
+        let judged = self.judge(now, window);
+        self.quiet.push_back(window);
         while self.quiet.len() > self.params.quiet_windows {
             self.quiet.pop_front();
         }
-        let pooled: Vec<Duration> = self.quiet.iter().flatten().copied().collect();
-        self.baseline = Some(percentile(&pooled, self.params.judged));
+        let mut windows: Vec<Duration> = self.quiet.iter().copied().collect();
+        windows.sort_unstable();
+        // The lower of the middle two, for an even count.
+        self.baseline = Some(windows[(windows.len() - 1) / 2]);
         judged
     }
 
@@ -195,7 +205,7 @@ impl Steering {
             return Change::Held;
         };
         self.trial = None;
-        if quiet.as_secs_f64() >= no_faster.as_secs_f64() * self.params.undo_above {
+        if quiet.as_secs_f64() >= no_faster.as_secs_f64() * self.params.margin {
             return self.undo(now, trial, no_faster);
         }
         self.hurt = true;
@@ -242,7 +252,7 @@ impl Steering {
                 }
                 return self.undo(now, trial, seen);
             }
-            if seen.as_secs_f64() >= trial.latency.as_secs_f64() * params.undo_above {
+            if seen.as_secs_f64() >= trial.latency.as_secs_f64() * params.margin {
                 if let Budget::Fixed(_) = budget {
                     return self.undo(now, trial, seen);
                 }
@@ -256,8 +266,7 @@ impl Steering {
             self.ambient = None;
         }
         // Past the budget, and past any latency shown not to be the run's.
-        let bar =
-            self.ambient.map_or(limit, |ambient| ambient.max(limit).div_f64(params.undo_above));
+        let bar = self.ambient.map_or(limit, |ambient| ambient.max(limit).div_f64(params.margin));
         if seen > bar {
             // As deep as the probe is past the budget, down to two cuts at once.
             let depth =
@@ -276,7 +285,7 @@ impl Steering {
             return Change::Held;
         }
         let room = limit.as_secs_f64() / seen.as_secs_f64().max(f64::MIN_POSITIVE);
-        if room <= 1.0 / params.room {
+        if room <= 1.0 / params.margin {
             self.why = Why::NearBudget;
             return Change::Held;
         }
@@ -356,7 +365,7 @@ mod tests {
     }
 
     #[test]
-    fn the_baseline_is_the_judged_percentile_of_the_last_quiet_windows_pooled() {
+    fn the_baseline_is_the_median_of_the_last_quiet_windows_percentiles() {
         let now = Instant::now();
         let mut steering = Steering::new(now, params());
         assert_eq!(steering.baseline(), None);
@@ -365,13 +374,19 @@ mod tests {
         window.push(ms(40));
         steering.quiet_window(now, window);
         assert_eq!(steering.baseline(), Some(ms(3)));
-        // A loaded window among three raises it: its probes are 1 in 3 of those pooled.
+        assert!(!steering.settled(), "one window of three");
+        // A window in a spell of the apiserver's moves it neither beside one window nor two.
         steering.quiet_window(now, vec![ms(9); 100]);
-        assert_eq!(steering.baseline(), Some(ms(9)));
+        assert_eq!(steering.baseline(), Some(ms(3)));
+        steering.quiet_window(now, vec![ms(4); 100]);
+        assert_eq!(steering.baseline(), Some(ms(4)), "the middle of 3, 4 and 9");
+        assert!(steering.settled());
+        // Load that lasts through most of the windows raises it.
+        steering.quiet_window(now, vec![ms(8); 100]);
+        assert_eq!(steering.baseline(), Some(ms(8)), "the middle of 4, 8 and 9");
         steering.quiet_window(now, vec![ms(3); 100]);
         steering.quiet_window(now, vec![ms(3); 100]);
-        steering.quiet_window(now, vec![ms(3); 100]);
-        assert_eq!(steering.baseline(), Some(ms(3)), "the loaded window is forgotten");
+        assert_eq!(steering.baseline(), Some(ms(3)), "the loaded windows are forgotten");
     }
 
     #[test]
@@ -406,7 +421,7 @@ mod tests {
         for _ in 0..10 {
             at += hold();
             steering.steer(at, &steady(latency as u64), budget(), false);
-            latency *= 0.85;
+            latency *= 0.8;
         }
         assert_eq!(steering.rate(), params().min_rate);
         at += hold();
@@ -454,11 +469,12 @@ mod tests {
         let undone = steering.quiet_window(at, vec![ms(15); 80]);
         assert_eq!(undone, Change::Undone { from: cut, to: start });
         assert_eq!(steering.why(), Why::Undone);
-        // The baseline took the load in: the probe at it is within the budget.
-        assert_eq!(steering.baseline(), Some(ms(15)));
+        // One loaded window does not move the baseline; the latency undone is noted instead,
+        // and the probe at it, past the budget, cuts no more.
+        assert_eq!(steering.baseline(), Some(ms(4)));
         at += hold();
-        let within = steering.steer(at, &steady(16), budget(), false);
-        assert_eq!((within, steering.why()), (Change::Held, Why::NotNeeded));
+        let noted = steering.steer(at, &steady(16), budget(), true);
+        assert_eq!((noted, steering.why()), (Change::Held, Why::NotOurs));
     }
 
     #[test]
@@ -589,10 +605,10 @@ mod tests {
         at += hold();
         steering.steer(at, &steady(9), budget(), true);
         assert_eq!(steering.baseline(), Some(ms(4)), "a slower look does not raise it");
-        // Measured again at the next quiet window, the spell still among the windows pooled; and
+        // Measured again at the next quiet window, the spell one of the two: the lower, and
         // lowered again at the next look.
-        steering.quiet_window(now, vec![ms(5); 80]);
-        assert_eq!(steering.baseline(), Some(ms(43)));
+        steering.quiet_window(now, vec![ms(7); 80]);
+        assert_eq!(steering.baseline(), Some(ms(7)));
         at += hold();
         steering.steer(at, &steady(6), budget(), true);
         assert_eq!(steering.baseline(), Some(ms(6)));

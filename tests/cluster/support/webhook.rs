@@ -45,6 +45,8 @@ pub enum Answer {
     Hang,
     /// Hold the request until [`Webhook::release`], then allow it.
     Hold,
+    /// Allow the request after this long.
+    Delay(std::time::Duration),
 }
 
 /// What the webhook does: the answer for every object when `everyone` is set, else the one for
@@ -224,6 +226,10 @@ async fn review(body: Bytes, mut shared: Shared) -> Value {
     let response = match answer {
         None => json!({ "uid": request["uid"], "allowed": true }),
         Some(Answer::Hang) => std::future::pending().await,
+        Some(Answer::Delay(delay)) => {
+            tokio::time::sleep(delay).await;
+            json!({ "uid": request["uid"], "allowed": true })
+        }
         Some(Answer::Hold) => {
             shared.held.fetch_add(1, Ordering::Relaxed);
             let _ = shared.released.wait_for(|released| *released).await;
