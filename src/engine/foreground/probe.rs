@@ -36,7 +36,7 @@ impl Foreground {
 
     /// Whether the next probe writes: one in `write_every`, in quiet windows and out alike,
     /// unless the probe's last write is still unanswered (then it reads). A write taken is in
-    /// flight until [`Foreground::probe_once`] answers it.
+    /// flight until the probe task has its answer.
     fn write_turn(&self) -> bool {
         let nth = self.probes.fetch_add(1, Ordering::Relaxed);
         nth.is_multiple_of(self.write_every)
@@ -67,9 +67,6 @@ impl Foreground {
             response.into_body().collect_bytes().await.ok().map(|body| (code, body))
         })
         .await;
-        if write {
-            self.writing.store(false, Ordering::Relaxed);
-        }
         match answered {
             Ok(Some((code, body))) => {
                 if let Some(revision) = write.then(|| revision(&body)).flatten() {
@@ -134,7 +131,11 @@ pub(super) async fn probe(gate: Weak<Foreground>, config: kube::Config) {
         let write = foreground.write_turn();
         let client = client.clone();
         let probe = async move {
-            if let Some(latency) = foreground.probe_once(&client, write).await {
+            let latency = foreground.probe_once(&client, write).await;
+            if write {
+                foreground.writing.store(false, Ordering::Relaxed);
+            }
+            if let Some(latency) = latency {
                 foreground.record(sent, latency);
             }
         };
