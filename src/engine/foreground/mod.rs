@@ -628,7 +628,7 @@ mod tests {
         assert_eq!(state.seen.rate, start);
         assert!(
             state.seen.to_string().starts_with(
-                "100.0 objects/s (cut undone: the probe was no faster for it, the latency is not this run's); probe p99 not measured yet, budget 12.0ms (3x its quiet 4.0ms)"
+                "50.0 objects/s (cut undone: the probe was no faster for it, the latency is not this run's); probe p99 not measured yet, budget 12.0ms (3x its quiet 4.0ms)"
             ),
             "{}",
             state.seen

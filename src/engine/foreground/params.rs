@@ -44,7 +44,7 @@ pub struct ProbeParams {
 impl Default for ProbeParams {
     fn default() -> ProbeParams {
         ProbeParams {
-            start_rate: 100.0,
+            start_rate: 50.0,
             min_rate: 2.0,
             probe_every: Duration::from_millis(50),
             write_every: 4,
@@ -242,7 +242,7 @@ mod tests {
             "quiet_windows=2.5: must be a whole number, 1 or more"
         );
         assert_eq!(refused("hold_ms=0.5"), "hold_ms=0.5: must be 1 ms or more");
-        assert_eq!(refused("min_rate=300"), "min_rate=300 is above start_rate=100");
+        assert_eq!(refused("min_rate=300"), "min_rate=300 is above start_rate=50");
     }
 
     #[test]
