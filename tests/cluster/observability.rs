@@ -396,7 +396,6 @@ async fn a_cut_that_does_not_make_the_probe_faster_is_undone() {
         .await;
     let (controller, admin) = Admin::controller(&control_plane, &args).await;
     admin.wait_for("/readyz", 200, &controller).await;
-    let reviewed = webhook.reviews();
 
     let widgets = WidgetCrd::stale(&client, "undone", 600).await;
     create_migration(&client, "undone", &widgets.group, "widgets").await;
@@ -415,7 +414,7 @@ async fn a_cut_that_does_not_make_the_probe_faster_is_undone() {
         wait_for(&client, "undone", Duration::from_secs(180), &[&controller], is_terminal).await;
     assert!(phase_is(Phase::Succeeded)(&done), "{:?}\n{}", done.status, controller.logs());
     widgets.assert_all_stored_as(&control_plane.etcd(), "v2", 600).await;
-    assert!(webhook.reviews() > reviewed, "the probe's writes went through the webhook");
+    assert!(webhook.delayed() > 0, "the probe's own writes were slowed");
     let rate = admin.value("kube_svm_gentle_rate_objects_per_second").await;
     assert!(rate > 2.0, "not parked at its floor by latency it does not cause: {rate}");
     assert!(controller.logs().contains("gentle rate cut undone"), "{}", controller.logs());

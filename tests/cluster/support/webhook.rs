@@ -65,6 +65,8 @@ pub struct Webhook {
     /// Reviews held now ([`Answer::Hold`]), and the release they wait for.
     held: Arc<AtomicU64>,
     released: tokio::sync::watch::Sender<bool>,
+    /// Reviews answered after a delay ([`Answer::Delay`]).
+    delayed: Arc<AtomicU64>,
     client: Client,
 }
 
@@ -75,6 +77,7 @@ struct Shared {
     reviews: Arc<AtomicU64>,
     held: Arc<AtomicU64>,
     released: tokio::sync::watch::Receiver<bool>,
+    delayed: Arc<AtomicU64>,
 }
 
 impl Webhook {
@@ -94,12 +97,14 @@ impl Webhook {
             reviews: Arc::new(AtomicU64::new(0)),
             held: Arc::new(AtomicU64::new(0)),
             released: release,
+            delayed: Arc::new(AtomicU64::new(0)),
         };
         let answering = shared.clone();
         let server = Tls::serve(move |body| review(body, answering.clone())).await;
         register(client, name, group, resources, timeout_seconds, &server).await;
-        let Shared { rules, reviews, held, .. } = shared;
-        Webhook { name: name.to_owned(), rules, reviews, held, released, client: client.clone() }
+        let Shared { rules, reviews, held, delayed, .. } = shared;
+        let client = client.clone();
+        Webhook { name: name.to_owned(), rules, reviews, held, released, delayed, client }
     }
 
     /// Installs a webhook on the widgets of `widgets` (allowing everything until told
@@ -145,6 +150,11 @@ impl Webhook {
     /// Reviews held now ([`Answer::Hold`]).
     pub fn held(&self) -> u64 {
         self.held.load(Ordering::Relaxed)
+    }
+
+    /// Reviews answered after a delay so far ([`Answer::Delay`]).
+    pub fn delayed(&self) -> u64 {
+        self.delayed.load(Ordering::Relaxed)
     }
 
     /// Lets every held review (and every later one) through, allowed.
@@ -228,6 +238,7 @@ async fn review(body: Bytes, mut shared: Shared) -> Value {
         Some(Answer::Hang) => std::future::pending().await,
         Some(Answer::Delay(delay)) => {
             tokio::time::sleep(delay).await;
+            shared.delayed.fetch_add(1, Ordering::Relaxed);
             json!({ "uid": request["uid"], "allowed": true })
         }
         Some(Answer::Hold) => {
